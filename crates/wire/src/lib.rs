@@ -1,0 +1,23 @@
+//! The eventrelay wire format, shared by import between the service, the
+//! publisher and the Rust client: the event envelope, the notification codec,
+//! SSE framing, the audience predicate and Standard Webhooks signing.
+//!
+//! This crate does no I/O; it depends on serde and small pure crates only.
+
+pub mod audience;
+pub mod envelope;
+pub mod notification;
+#[cfg(feature = "json-schema")]
+pub mod schema;
+pub mod sse;
+pub mod webhook;
+
+pub use audience::{PermissionEvaluator, Subscriber, is_envelope_permitted};
+pub use envelope::{
+    Audience, EnvelopeError, EventEnvelope, Lane, MAX_EVENT_TYPE_BYTES, MAX_SCOPE_KEY_BYTES,
+    NewEvent, validate_event_type, validate_scope_key,
+};
+pub use notification::{
+    DecodeError, EncodeError, EventNotification, MAX_NOTIFY_PAYLOAD_BYTES, decode_notification,
+    encode_inline, encode_pointer,
+};

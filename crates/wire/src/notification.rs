@@ -1,0 +1,289 @@
+//! The notification codec: what travels on the Postgres `NOTIFY` channel.
+//!
+//! A durable event travels as a pointer `{"k":"ptr","s":scopeKey,"q":seq}`
+//! (the row itself stays in the outbox); an ephemeral event travels whole,
+//! `{"k":"evt","e":envelope}`. Decoding never panics: every malformed payload
+//! maps to a [`DecodeError`] the listener can log, count and drop.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::envelope::{EnvelopeError, EventEnvelope, Lane, validate_scope_key};
+
+/// Postgres refuses a `NOTIFY` payload of 8000 bytes or more (with the default
+/// build), so an encoded notification may be at most this long.
+pub const MAX_NOTIFY_PAYLOAD_BYTES: usize = 7999;
+
+/// One message on the notification channel.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "json-schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "json-schema",
+    schemars(
+        title = "EventNotification",
+        description = "A message on the eventrelay notification channel, discriminated on `k`."
+    )
+)]
+#[serde(tag = "k")]
+pub enum EventNotification {
+    /// A durable event was committed to the outbox at `seq` in `scopeKey`.
+    #[serde(rename = "ptr")]
+    Pointer {
+        /// The event's scope key.
+        #[serde(rename = "s")]
+        scope_key: String,
+        /// The outbox row's sequence number.
+        #[serde(rename = "q")]
+        #[cfg_attr(feature = "json-schema", schemars(range(min = 1)))]
+        seq: i64,
+    },
+    /// An ephemeral event, carried whole.
+    #[serde(rename = "evt")]
+    Inline {
+        /// The ephemeral envelope (never has a `seq`).
+        #[serde(rename = "e")]
+        envelope: EventEnvelope,
+    },
+}
+
+/// Why a notification could not be encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    #[error(
+        "notification is {len} bytes; Postgres NOTIFY allows at most {max}. Keep ephemeral data to identifiers, or emit a durable event"
+    )]
+    TooLarge { len: usize, max: usize },
+    #[error("only ephemeral events travel inline; durable events travel as pointers")]
+    NotEphemeral,
+    #[error("seq must be positive, got {0}")]
+    InvalidSeq(i64),
+    #[error(transparent)]
+    Envelope(#[from] EnvelopeError),
+    #[error("envelope could not be serialised: {0}")]
+    Json(String),
+}
+
+/// Why a payload on the channel is not a valid notification.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("payload is {len} bytes, above the {max}-byte NOTIFY limit")]
+    TooLarge { len: usize, max: usize },
+    #[error("payload is not valid UTF-8")]
+    NotUtf8,
+    #[error("payload is not JSON: {0}")]
+    NotJson(String),
+    #[error("payload is not a JSON object")]
+    NotAnObject,
+    #[error("payload has no string field `k`")]
+    MissingKind,
+    #[error("payload has unknown kind {0:?}")]
+    UnknownKind(String),
+    #[error("pointer is malformed: {0}")]
+    InvalidPointer(String),
+    #[error("inline event is malformed: {0}")]
+    InvalidEnvelope(String),
+    #[error("inline event must be ephemeral")]
+    InlineNotEphemeral,
+}
+
+/// Encodes the pointer for a committed durable row.
+pub fn encode_pointer(scope_key: &str, seq: i64) -> Result<String, EncodeError> {
+    validate_scope_key(scope_key)?;
+    if seq < 1 {
+        return Err(EncodeError::InvalidSeq(seq));
+    }
+    let pointer = EventNotification::Pointer {
+        scope_key: scope_key.to_owned(),
+        seq,
+    };
+    finish(&pointer)
+}
+
+/// Encodes an ephemeral event inline, refusing one over the NOTIFY limit.
+pub fn encode_inline(envelope: &EventEnvelope) -> Result<String, EncodeError> {
+    if envelope.lane != Lane::Ephemeral {
+        return Err(EncodeError::NotEphemeral);
+    }
+    envelope.validate()?;
+    finish(&EventNotification::Inline {
+        envelope: envelope.clone(),
+    })
+}
+
+fn finish(notification: &EventNotification) -> Result<String, EncodeError> {
+    let payload =
+        serde_json::to_string(notification).map_err(|e| EncodeError::Json(e.to_string()))?;
+    if payload.len() > MAX_NOTIFY_PAYLOAD_BYTES {
+        return Err(EncodeError::TooLarge {
+            len: payload.len(),
+            max: MAX_NOTIFY_PAYLOAD_BYTES,
+        });
+    }
+    Ok(payload)
+}
+
+/// Decodes one payload from the channel.
+pub fn decode_notification(payload: &[u8]) -> Result<EventNotification, DecodeError> {
+    if payload.len() > MAX_NOTIFY_PAYLOAD_BYTES {
+        return Err(DecodeError::TooLarge {
+            len: payload.len(),
+            max: MAX_NOTIFY_PAYLOAD_BYTES,
+        });
+    }
+    let text = std::str::from_utf8(payload).map_err(|_| DecodeError::NotUtf8)?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+    let Value::Object(mut object) = value else {
+        return Err(DecodeError::NotAnObject);
+    };
+    let kind = match object.get("k") {
+        Some(Value::String(kind)) => kind.clone(),
+        _ => return Err(DecodeError::MissingKind),
+    };
+    match kind.as_str() {
+        "ptr" => decode_pointer(&object),
+        "evt" => decode_inline(object.remove("e")),
+        _ => Err(DecodeError::UnknownKind(kind)),
+    }
+}
+
+fn decode_pointer(object: &Map<String, Value>) -> Result<EventNotification, DecodeError> {
+    let scope_key = match object.get("s") {
+        Some(Value::String(s)) => s.clone(),
+        _ => {
+            return Err(DecodeError::InvalidPointer(
+                "`s` must be the scope key string".into(),
+            ));
+        }
+    };
+    validate_scope_key(&scope_key).map_err(|e| DecodeError::InvalidPointer(e.to_string()))?;
+    let seq = match object.get("q").and_then(Value::as_i64) {
+        Some(seq) if seq > 0 => seq,
+        _ => {
+            return Err(DecodeError::InvalidPointer(
+                "`q` must be a positive integer seq".into(),
+            ));
+        }
+    };
+    Ok(EventNotification::Pointer { scope_key, seq })
+}
+
+fn decode_inline(envelope: Option<Value>) -> Result<EventNotification, DecodeError> {
+    let Some(envelope) = envelope else {
+        return Err(DecodeError::InvalidEnvelope("missing field `e`".into()));
+    };
+    let envelope: EventEnvelope = serde_json::from_value(envelope)
+        .map_err(|e| DecodeError::InvalidEnvelope(e.to_string()))?;
+    if envelope.lane != Lane::Ephemeral {
+        return Err(DecodeError::InlineNotEphemeral);
+    }
+    envelope
+        .validate()
+        .map_err(|e| DecodeError::InvalidEnvelope(e.to_string()))?;
+    Ok(EventNotification::Inline { envelope })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::NewEvent;
+    use chrono::Utc;
+    use serde_json::json;
+
+    #[test]
+    fn pointer_round_trips() {
+        let payload = encode_pointer("org-1", 42).unwrap();
+        assert_eq!(payload, r#"{"k":"ptr","s":"org-1","q":42}"#);
+        assert_eq!(
+            decode_notification(payload.as_bytes()).unwrap(),
+            EventNotification::Pointer {
+                scope_key: "org-1".into(),
+                seq: 42
+            }
+        );
+    }
+
+    #[test]
+    fn pointer_written_by_sql_decodes() {
+        // jsonb_build_object orders keys by length and adds spaces.
+        let payload = br#"{"k": "ptr", "q": 9, "s": "org-1"}"#;
+        assert!(matches!(
+            decode_notification(payload),
+            Ok(EventNotification::Pointer { seq: 9, .. })
+        ));
+    }
+
+    #[test]
+    fn inline_round_trips() {
+        let envelope = NewEvent::ephemeral("sync.progress", "org-1", json!({"done": 3}))
+            .into_envelope(Utc::now());
+        let payload = encode_inline(&envelope).unwrap();
+        assert_eq!(
+            decode_notification(payload.as_bytes()).unwrap(),
+            EventNotification::Inline { envelope }
+        );
+    }
+
+    #[test]
+    fn oversized_inline_is_refused() {
+        let envelope = NewEvent::ephemeral("big", "org-1", json!({"blob": "x".repeat(8000)}))
+            .into_envelope(Utc::now());
+        assert!(matches!(
+            encode_inline(&envelope),
+            Err(EncodeError::TooLarge { max: MAX_NOTIFY_PAYLOAD_BYTES, .. })
+        ));
+    }
+
+    #[test]
+    fn durable_envelopes_do_not_travel_inline() {
+        let mut envelope = NewEvent::durable("a", "s", json!({})).into_envelope(Utc::now());
+        envelope.seq = Some(1);
+        assert_eq!(encode_inline(&envelope), Err(EncodeError::NotEphemeral));
+    }
+
+    #[test]
+    fn every_malformed_payload_has_a_named_error() {
+        let cases: &[(&[u8], fn(&DecodeError) -> bool)] = &[
+            (b"\xff\xfe", |e| matches!(e, DecodeError::NotUtf8)),
+            (b"not json", |e| matches!(e, DecodeError::NotJson(_))),
+            (b"[1,2]", |e| matches!(e, DecodeError::NotAnObject)),
+            (b"{}", |e| matches!(e, DecodeError::MissingKind)),
+            (br#"{"k":3}"#, |e| matches!(e, DecodeError::MissingKind)),
+            (br#"{"k":"zip"}"#, |e| matches!(e, DecodeError::UnknownKind(_))),
+            (br#"{"k":"ptr","q":1}"#, |e| matches!(e, DecodeError::InvalidPointer(_))),
+            (br#"{"k":"ptr","s":"","q":1}"#, |e| matches!(e, DecodeError::InvalidPointer(_))),
+            (br#"{"k":"ptr","s":"a","q":0}"#, |e| matches!(e, DecodeError::InvalidPointer(_))),
+            (br#"{"k":"ptr","s":"a","q":1.5}"#, |e| matches!(e, DecodeError::InvalidPointer(_))),
+            (br#"{"k":"ptr","s":"a","q":"1"}"#, |e| matches!(e, DecodeError::InvalidPointer(_))),
+            (br#"{"k":"evt"}"#, |e| matches!(e, DecodeError::InvalidEnvelope(_))),
+            (br#"{"k":"evt","e":{"id":"nope"}}"#, |e| matches!(e, DecodeError::InvalidEnvelope(_))),
+        ];
+        for (payload, expected) in cases {
+            let err = decode_notification(payload).unwrap_err();
+            assert!(expected(&err), "{:?} gave {err:?}", String::from_utf8_lossy(payload));
+        }
+        let huge = vec![b' '; MAX_NOTIFY_PAYLOAD_BYTES + 1];
+        assert!(matches!(
+            decode_notification(&huge),
+            Err(DecodeError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn inline_durable_or_bad_type_is_refused() {
+        let mut envelope = NewEvent::durable("a", "s", json!({})).into_envelope(Utc::now());
+        envelope.seq = Some(1);
+        let payload = json!({"k": "evt", "e": envelope}).to_string();
+        assert_eq!(
+            decode_notification(payload.as_bytes()),
+            Err(DecodeError::InlineNotEphemeral)
+        );
+        let mut envelope = NewEvent::ephemeral("a", "s", json!({})).into_envelope(Utc::now());
+        envelope.event_type = "a\nevent: forged".into();
+        let payload = json!({"k": "evt", "e": envelope}).to_string();
+        assert!(matches!(
+            decode_notification(payload.as_bytes()),
+            Err(DecodeError::InvalidEnvelope(_))
+        ));
+    }
+}
