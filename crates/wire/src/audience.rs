@@ -130,7 +130,8 @@ mod tests {
         assert!(!is_envelope_permitted(&event, &without));
 
         let expected = permission.clone();
-        let allows = Subscriber::new("org-1", "alice").with_evaluator(move |p: &Value| *p == expected);
+        let allows =
+            Subscriber::new("org-1", "alice").with_evaluator(move |p: &Value| *p == expected);
         assert!(is_envelope_permitted(&event, &allows));
         let denies = Subscriber::new("org-1", "alice").with_evaluator(|_: &Value| false);
         assert!(!is_envelope_permitted(&event, &denies));

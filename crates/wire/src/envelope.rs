@@ -208,7 +208,11 @@ pub struct NewEvent {
 
 impl NewEvent {
     /// A durable event: stored in the outbox, replayable.
-    pub fn durable(event_type: impl Into<String>, scope_key: impl Into<String>, data: Value) -> Self {
+    pub fn durable(
+        event_type: impl Into<String>,
+        scope_key: impl Into<String>,
+        data: Value,
+    ) -> Self {
         Self::new(Lane::Durable, event_type, scope_key, data)
     }
 
@@ -291,8 +295,8 @@ mod tests {
     use serde_json::json;
 
     fn durable(seq: Option<i64>) -> EventEnvelope {
-        let mut envelope =
-            NewEvent::durable("order.created", "org-1", json!({"orderId": 7})).into_envelope(Utc::now());
+        let mut envelope = NewEvent::durable("order.created", "org-1", json!({"orderId": 7}))
+            .into_envelope(Utc::now());
         envelope.seq = seq;
         envelope
     }
@@ -311,10 +315,17 @@ mod tests {
 
     #[test]
     fn lane_and_seq_must_agree() {
-        assert_eq!(durable(None).validate(), Err(EnvelopeError::DurableWithoutSeq));
-        assert_eq!(durable(Some(0)).validate(), Err(EnvelopeError::DurableWithoutSeq));
+        assert_eq!(
+            durable(None).validate(),
+            Err(EnvelopeError::DurableWithoutSeq)
+        );
+        assert_eq!(
+            durable(Some(0)).validate(),
+            Err(EnvelopeError::DurableWithoutSeq)
+        );
         assert_eq!(durable(Some(1)).validate(), Ok(()));
-        let mut ephemeral = NewEvent::ephemeral("tick", "org-1", json!(1)).into_envelope(Utc::now());
+        let mut ephemeral =
+            NewEvent::ephemeral("tick", "org-1", json!(1)).into_envelope(Utc::now());
         assert_eq!(ephemeral.validate(), Ok(()));
         ephemeral.seq = Some(4);
         assert_eq!(ephemeral.validate(), Err(EnvelopeError::EphemeralWithSeq));

@@ -230,7 +230,10 @@ mod tests {
             .into_envelope(Utc::now());
         assert!(matches!(
             encode_inline(&envelope),
-            Err(EncodeError::TooLarge { max: MAX_NOTIFY_PAYLOAD_BYTES, .. })
+            Err(EncodeError::TooLarge {
+                max: MAX_NOTIFY_PAYLOAD_BYTES,
+                ..
+            })
         ));
     }
 
@@ -249,18 +252,38 @@ mod tests {
             (b"[1,2]", |e| matches!(e, DecodeError::NotAnObject)),
             (b"{}", |e| matches!(e, DecodeError::MissingKind)),
             (br#"{"k":3}"#, |e| matches!(e, DecodeError::MissingKind)),
-            (br#"{"k":"zip"}"#, |e| matches!(e, DecodeError::UnknownKind(_))),
-            (br#"{"k":"ptr","q":1}"#, |e| matches!(e, DecodeError::InvalidPointer(_))),
-            (br#"{"k":"ptr","s":"","q":1}"#, |e| matches!(e, DecodeError::InvalidPointer(_))),
-            (br#"{"k":"ptr","s":"a","q":0}"#, |e| matches!(e, DecodeError::InvalidPointer(_))),
-            (br#"{"k":"ptr","s":"a","q":1.5}"#, |e| matches!(e, DecodeError::InvalidPointer(_))),
-            (br#"{"k":"ptr","s":"a","q":"1"}"#, |e| matches!(e, DecodeError::InvalidPointer(_))),
-            (br#"{"k":"evt"}"#, |e| matches!(e, DecodeError::InvalidEnvelope(_))),
-            (br#"{"k":"evt","e":{"id":"nope"}}"#, |e| matches!(e, DecodeError::InvalidEnvelope(_))),
+            (br#"{"k":"zip"}"#, |e| {
+                matches!(e, DecodeError::UnknownKind(_))
+            }),
+            (br#"{"k":"ptr","q":1}"#, |e| {
+                matches!(e, DecodeError::InvalidPointer(_))
+            }),
+            (br#"{"k":"ptr","s":"","q":1}"#, |e| {
+                matches!(e, DecodeError::InvalidPointer(_))
+            }),
+            (br#"{"k":"ptr","s":"a","q":0}"#, |e| {
+                matches!(e, DecodeError::InvalidPointer(_))
+            }),
+            (br#"{"k":"ptr","s":"a","q":1.5}"#, |e| {
+                matches!(e, DecodeError::InvalidPointer(_))
+            }),
+            (br#"{"k":"ptr","s":"a","q":"1"}"#, |e| {
+                matches!(e, DecodeError::InvalidPointer(_))
+            }),
+            (br#"{"k":"evt"}"#, |e| {
+                matches!(e, DecodeError::InvalidEnvelope(_))
+            }),
+            (br#"{"k":"evt","e":{"id":"nope"}}"#, |e| {
+                matches!(e, DecodeError::InvalidEnvelope(_))
+            }),
         ];
         for (payload, expected) in cases {
             let err = decode_notification(payload).unwrap_err();
-            assert!(expected(&err), "{:?} gave {err:?}", String::from_utf8_lossy(payload));
+            assert!(
+                expected(&err),
+                "{:?} gave {err:?}",
+                String::from_utf8_lossy(payload)
+            );
         }
         let huge = vec![b' '; MAX_NOTIFY_PAYLOAD_BYTES + 1];
         assert!(matches!(

@@ -88,7 +88,11 @@ fn split_lines(text: &str) -> impl Iterator<Item = &str> {
         let current = rest?;
         match current.find(['\r', '\n']) {
             Some(at) => {
-                let skip = if current[at..].starts_with("\r\n") { 2 } else { 1 };
+                let skip = if current[at..].starts_with("\r\n") {
+                    2
+                } else {
+                    1
+                };
                 rest = Some(&current[at + skip..]);
                 Some(&current[..at])
             }
@@ -115,7 +119,8 @@ mod tests {
 
     #[test]
     fn durable_frames_carry_an_id() {
-        let mut envelope = NewEvent::durable("order.created", "s", json!({"a": 1})).into_envelope(Utc::now());
+        let mut envelope =
+            NewEvent::durable("order.created", "s", json!({"a": 1})).into_envelope(Utc::now());
         envelope.seq = Some(17);
         let frame = event_frame(&envelope);
         assert!(frame.starts_with("id: 17\nevent: order.created\ndata: {"));

@@ -202,7 +202,12 @@ mod tests {
         let secret = WebhookSecret::parse(VECTOR_SECRET).unwrap();
         let header = format!("v1,bm90IGl0 v2,xyz {VECTOR_SIGNATURE}");
         assert_eq!(
-            verify_at(&secret, headers("1614265330", &header), VECTOR_BODY, VECTOR_TIMESTAMP),
+            verify_at(
+                &secret,
+                headers("1614265330", &header),
+                VECTOR_BODY,
+                VECTOR_TIMESTAMP
+            ),
             Ok(())
         );
     }

@@ -1,0 +1,161 @@
+//! Emitting events inside the caller's transaction.
+//!
+//! A durable emit calls the `emit` SQL function the migrations install: it
+//! inserts the outbox row and its trigger queues the pointer notification,
+//! all on the caller's connection, so COMMIT publishes both and ROLLBACK
+//! discards both. Errors are returned, never swallowed: inside a transaction
+//! an error must reach the caller so it rolls back.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use eventrelay_wire::{EncodeError, EnvelopeError, EventEnvelope, Lane, NewEvent, encode_inline};
+use tokio_postgres::types::{ToSql, Type};
+
+use crate::executor::PgExecutor;
+use crate::identifier::{Identifier, IdentifierError};
+use crate::registry::{SchemaError, SchemaRegistry};
+
+/// The schema eventrelay's tables live in unless configured otherwise.
+pub const DEFAULT_SCHEMA: &str = "eventrelay";
+
+/// Why an emit did not happen. Nothing was written in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("invalid event: {0}")]
+    InvalidEvent(#[from] EnvelopeError),
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    #[error("cannot send the event: {0}")]
+    Encode(#[from] EncodeError),
+    #[error("database error while emitting: {0}")]
+    Database(#[from] tokio_postgres::Error),
+    #[cfg(feature = "sqlx")]
+    #[error("database error while emitting: {0}")]
+    Sqlx(#[from] sqlx::Error),
+    #[error("invalid schema name: {0}")]
+    SchemaName(#[from] IdentifierError),
+}
+
+/// Emits events into one eventrelay schema.
+///
+/// Cheap to clone; build one at start and share it.
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    schema: Identifier,
+    registry: Option<Arc<SchemaRegistry>>,
+    emit_sql: Arc<str>,
+    notify_sql: Arc<str>,
+    /// sqlx binds everything as text, so its statement casts explicitly.
+    #[cfg(feature = "sqlx")]
+    sqlx_emit_sql: Arc<str>,
+}
+
+impl Publisher {
+    /// A publisher for the tables in `schema` (see [`DEFAULT_SCHEMA`]).
+    pub fn new(schema: &str) -> Result<Self, PublishError> {
+        let schema = Identifier::new(schema)?;
+        Ok(Publisher {
+            emit_sql: format!("SELECT {schema}.emit($1, $2, $3, $4, $5, $6, $7)").into(),
+            notify_sql: format!("SELECT {schema}.notify_inline($1)").into(),
+            #[cfg(feature = "sqlx")]
+            sqlx_emit_sql: format!(
+                "SELECT {schema}.emit($1, $2, $3::text::jsonb, $4::text::jsonb, $5, \
+                 $6::text::uuid, $7::text::timestamptz)"
+            )
+            .into(),
+            schema,
+            registry: None,
+        })
+    }
+
+    /// Makes emit typed: only event types in `registry` are accepted, and
+    /// their data must match their schema.
+    pub fn with_registry(mut self, registry: SchemaRegistry) -> Self {
+        self.registry = Some(Arc::new(registry));
+        self
+    }
+
+    /// The schema this publisher writes to.
+    pub fn schema(&self) -> &Identifier {
+        &self.schema
+    }
+
+    /// Emits `event` on `client`, which should be the transaction of the
+    /// write the event announces.
+    ///
+    /// Durable events become an outbox row plus a pointer notification;
+    /// ephemeral events become one inline notification and no row. Either is
+    /// delivered at COMMIT when `client` is a transaction, and at once when it
+    /// is a plain connection. Returns the envelope as subscribers will see it.
+    pub async fn emit<C: PgExecutor>(
+        &self,
+        client: &C,
+        event: NewEvent,
+    ) -> Result<EventEnvelope, PublishError> {
+        let mut envelope = self.prepare(event)?;
+        match envelope.lane {
+            Lane::Durable => {
+                let row = DurableRow::of(&envelope);
+                let rows = client.query_typed(&self.emit_sql, &row.params()).await?;
+                envelope.seq = rows.first().and_then(|row| row.get::<_, Option<i64>>(0));
+            }
+            Lane::Ephemeral => {
+                let payload = encode_inline(&envelope)?;
+                client
+                    .query_typed(&self.notify_sql, &[(&payload, Type::TEXT)])
+                    .await?;
+            }
+        }
+        Ok(envelope)
+    }
+
+    /// Validates `event` (and checks it against the registry when there is
+    /// one) and assigns its id and time.
+    pub(crate) fn prepare(&self, event: NewEvent) -> Result<EventEnvelope, PublishError> {
+        event.validate()?;
+        if let Some(registry) = &self.registry {
+            registry.check(&event.event_type, &event.data)?;
+        }
+        let envelope = event.into_envelope(Utc::now());
+        if envelope.lane == Lane::Ephemeral {
+            // Size-check before touching the database.
+            encode_inline(&envelope)?;
+        }
+        Ok(envelope)
+    }
+
+    #[cfg(feature = "sqlx")]
+    pub(crate) fn sqlx_statements(&self) -> (&str, &str) {
+        (&self.sqlx_emit_sql, &self.notify_sql)
+    }
+}
+
+/// The `emit` function's arguments for one envelope.
+struct DurableRow<'a> {
+    envelope: &'a EventEnvelope,
+    audience: Option<serde_json::Value>,
+}
+
+impl<'a> DurableRow<'a> {
+    fn of(envelope: &'a EventEnvelope) -> Self {
+        let audience = envelope
+            .audience
+            .as_ref()
+            .and_then(|a| serde_json::to_value(a).ok());
+        DurableRow { envelope, audience }
+    }
+
+    fn params(&self) -> [(&(dyn ToSql + Sync), Type); 7] {
+        let e = self.envelope;
+        [
+            (&e.event_type, Type::TEXT),
+            (&e.scope_key, Type::TEXT),
+            (&e.data, Type::JSONB),
+            (&self.audience, Type::JSONB),
+            (&e.resources, Type::TEXT_ARRAY),
+            (&e.id, Type::UUID),
+            (&e.occurred_at, Type::TIMESTAMPTZ),
+        ]
+    }
+}
