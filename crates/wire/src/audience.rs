@@ -78,7 +78,7 @@ pub fn is_envelope_permitted(envelope: &EventEnvelope, subscriber: &Subscriber) 
         return true;
     };
     if let Some(users) = &audience.users {
-        if !users.iter().any(|user| *user == subscriber.subscriber_id) {
+        if !users.contains(&subscriber.subscriber_id) {
             return false;
         }
     }

@@ -244,9 +244,11 @@ mod tests {
         assert_eq!(encode_inline(&envelope), Err(EncodeError::NotEphemeral));
     }
 
+    type Expectation = fn(&DecodeError) -> bool;
+
     #[test]
     fn every_malformed_payload_has_a_named_error() {
-        let cases: &[(&[u8], fn(&DecodeError) -> bool)] = &[
+        let cases: &[(&[u8], Expectation)] = &[
             (b"\xff\xfe", |e| matches!(e, DecodeError::NotUtf8)),
             (b"not json", |e| matches!(e, DecodeError::NotJson(_))),
             (b"[1,2]", |e| matches!(e, DecodeError::NotAnObject)),

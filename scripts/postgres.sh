@@ -1,0 +1,84 @@
+# Sourced by scripts/test (and other scripts that need a database): makes
+# sure a Postgres answers and exports DATABASE_URL for it.
+#
+# Order of preference:
+#   1. DATABASE_URL, when set;
+#   2. a server already answering on 127.0.0.1:5432;
+#   3. the machine's own cluster (Debian's pg_ctlcluster), started;
+#   4. a throwaway cluster under target/pgtest on port 54329, after
+#      installing Debian's postgresql package when it is missing and we are root.
+
+pg_port_answers() { # host port
+  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+}
+
+pg_wait_for() { # host port
+  for _ in $(seq 1 60); do
+    pg_port_answers "$1" "$2" && return 0
+    sleep 0.5
+  done
+  return 1
+}
+
+pg_as_owner() { # command... : runs as the postgres user when we are root
+  if [ "$(id -u)" = 0 ]; then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+pg_start_machine_cluster() {
+  command -v pg_ctlcluster >/dev/null 2>&1 || return 1
+  local version
+  version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$version" ] && [ -d "/etc/postgresql/$version/main" ] || return 1
+  echo "postgres: starting the machine's cluster $version/main" >&2
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start >&2 || return 1
+  pg_wait_for 127.0.0.1 5432
+}
+
+pg_find_bin() {
+  ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
+}
+
+pg_install_package() {
+  [ "$(id -u)" = 0 ] || { echo "postgres: not installed, and installing needs root" >&2; return 1; }
+  echo "postgres: installing Debian's postgresql package" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
+}
+
+pg_start_throwaway_cluster() {
+  local bin dir port=54329
+  bin=$(pg_find_bin)
+  if [ -z "$bin" ]; then
+    pg_install_package || return 1
+    bin=$(pg_find_bin)
+  fi
+  dir="$PWD/target/pgtest"
+  if [ ! -f "$dir/PG_VERSION" ]; then
+    echo "postgres: creating a throwaway cluster in $dir" >&2
+    mkdir -p "$dir"
+    [ "$(id -u)" = 0 ] && chown postgres "$dir"
+    pg_as_owner "$bin/initdb" -D "$dir" -U postgres --auth=trust >/dev/null
+  fi
+  if ! pg_port_answers 127.0.0.1 "$port"; then
+    pg_as_owner "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w \
+      -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200" start >&2
+  fi
+  export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+}
+
+ensure_postgres() {
+  if [ -n "${DATABASE_URL:-}" ]; then
+    echo "postgres: using DATABASE_URL" >&2
+    return 0
+  fi
+  if pg_port_answers 127.0.0.1 5432 || pg_start_machine_cluster; then
+    export DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres"
+    echo "postgres: using the server on 127.0.0.1:5432" >&2
+    return 0
+  fi
+  pg_start_throwaway_cluster
+}

@@ -1,0 +1,172 @@
+//! Test harness: every test gets its own schema and notification channel on
+//! the real Postgres named by `DATABASE_URL` (default: the local server), so
+//! tests run in parallel without seeing each other. The schema is dropped
+//! when the `TestDb` goes out of scope.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use eventrelay::publisher::Identifier;
+use eventrelay::store::migrate;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+/// Longest any test waits for something that should happen.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+}
+
+pub struct TestDb {
+    pub url: String,
+    pub schema: Identifier,
+    pub channel: Identifier,
+}
+
+impl TestDb {
+    /// A fresh, migrated schema with its own channel.
+    pub async fn new() -> Self {
+        let db = Self::unmigrated();
+        let mut client = db.connect().await;
+        migrate(&mut client, &db.schema, &db.channel)
+            .await
+            .expect("migrations apply");
+        db
+    }
+
+    /// Fresh names, nothing created yet.
+    pub fn unmigrated() -> Self {
+        let suffix = uuid::Uuid::new_v4().simple().to_string();
+        let schema = Identifier::new(&format!("ert_{}", &suffix[..20])).unwrap();
+        // Every connection a test opens is tagged with its schema name, so
+        // cleanup can end sessions the test left behind.
+        let base = database_url();
+        let separator = if base.contains('?') { '&' } else { '?' };
+        TestDb {
+            url: format!("{base}{separator}application_name={schema}"),
+            channel: Identifier::new(&format!("erc_{}", &suffix[..20])).unwrap(),
+            schema,
+        }
+    }
+
+    pub async fn connect(&self) -> Client {
+        eventrelay::connect(&self.url).await.unwrap_or_else(|e| {
+            panic!(
+                "cannot reach Postgres at {} ({e}); set DATABASE_URL or run scripts/test",
+                self.url
+            )
+        })
+    }
+
+    /// A separate connection LISTENing on this test's channel.
+    pub async fn listen(&self) -> Notifications {
+        let (client, mut connection) = tokio_postgres::connect(&self.url, NoTls).await.unwrap();
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        tokio::spawn(async move {
+            while let Some(Ok(message)) = messages.next().await {
+                if let AsyncMessage::Notification(n) = message {
+                    if sender.send(n.payload().to_owned()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        client
+            .batch_execute(&format!("LISTEN {}", self.channel))
+            .await
+            .unwrap();
+        Notifications {
+            receiver,
+            _client: client,
+            sentinel: 0,
+        }
+    }
+
+    /// Number of rows in this test's outbox.
+    pub async fn outbox_count(&self) -> i64 {
+        let client = self.connect().await;
+        client
+            .query_one(&format!("SELECT count(*) FROM {}.outbox", self.schema), &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let schema = self.schema.clone();
+        // Drop runs inside the test's runtime, which is blocked while this
+        // waits; so clean up from a thread with a runtime of its own, and end
+        // the test's sessions first (a connection whose task cannot run now
+        // may still hold locks).
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                if let Ok((client, connection)) = tokio_postgres::connect(&url, NoTls).await {
+                    tokio::spawn(connection);
+                    let _ = client
+                        .execute(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                             WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                            &[&schema.as_str()],
+                        )
+                        .await;
+                    let _ = client
+                        .batch_execute(&format!(
+                            "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS {schema} CASCADE"
+                        ))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Notifications received by a LISTEN connection, in commit order.
+pub struct Notifications {
+    receiver: mpsc::UnboundedReceiver<String>,
+    _client: Client,
+    sentinel: u64,
+}
+
+impl Notifications {
+    /// The next payload, or a panic after the deadline.
+    pub async fn next(&mut self) -> String {
+        tokio::time::timeout(DEADLINE, self.receiver.recv())
+            .await
+            .expect("a notification arrives before the deadline")
+            .expect("listener still running")
+    }
+
+    /// Everything delivered so far: sends a sentinel notification from
+    /// another connection and collects what arrives before it. Postgres
+    /// delivers notifications in commit order, so anything committed before
+    /// the sentinel is in the result, and nothing needs a sleep.
+    pub async fn drain(&mut self, db: &TestDb) -> Vec<String> {
+        self.sentinel += 1;
+        let marker = format!("sentinel-{}", self.sentinel);
+        db.connect()
+            .await
+            .execute("SELECT pg_notify($1, $2)", &[&db.channel.as_str(), &marker])
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        loop {
+            let payload = self.next().await;
+            if payload == marker {
+                return seen;
+            }
+            seen.push(payload);
+        }
+    }
+}

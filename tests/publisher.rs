@@ -1,0 +1,309 @@
+//! The publisher against a real Postgres: what a commit, a rollback and a
+//! refused event leave behind, on every kind of client it accepts.
+
+mod common;
+
+use common::TestDb;
+use eventrelay::publisher::{
+    Audience, EventEnvelope, NewEvent, PublishError, Publisher, SchemaError, SchemaRegistry,
+};
+use eventrelay::store::Outbox;
+use eventrelay::wire::{EncodeError, EventNotification, decode_notification, encode_pointer};
+use serde_json::{Value, json};
+
+fn publisher(db: &TestDb) -> Publisher {
+    Publisher::new(db.schema.as_str()).unwrap()
+}
+
+fn order_created() -> NewEvent {
+    NewEvent::durable("order.created", "org-1", json!({"orderId": 42}))
+        .with_audience(Audience::permission(json!({"orders": ["read"]})))
+        .with_resources(["order:42"])
+}
+
+async fn read_all(db: &TestDb, scope: &str) -> Vec<EventEnvelope> {
+    let client = db.connect().await;
+    Outbox::new(&db.schema)
+        .read_since(&client, scope, 0, 1000)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_committed_emit_leaves_the_row_and_notifies_only_at_commit() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let mut client = db.connect().await;
+
+    let tx = client.transaction().await.unwrap();
+    let envelope = publisher(&db).emit(&tx, order_created()).await.unwrap();
+    let seq = envelope.seq.expect("durable events get a seq");
+    assert!(
+        listener.drain(&db).await.is_empty(),
+        "nothing may be announced before COMMIT"
+    );
+    assert_eq!(
+        db.outbox_count().await,
+        0,
+        "the row is invisible before COMMIT"
+    );
+
+    tx.commit().await.unwrap();
+    let payload = listener.next().await;
+    assert_eq!(
+        decode_notification(payload.as_bytes()).unwrap(),
+        EventNotification::Pointer {
+            scope_key: "org-1".into(),
+            seq
+        }
+    );
+    assert_eq!(read_all(&db, "org-1").await, vec![envelope]);
+}
+
+#[tokio::test]
+async fn a_rolled_back_emit_leaves_no_row_and_no_notification() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let mut client = db.connect().await;
+
+    let tx = client.transaction().await.unwrap();
+    let publisher = publisher(&db);
+    publisher.emit(&tx, order_created()).await.unwrap();
+    publisher
+        .emit(
+            &tx,
+            NewEvent::ephemeral("sync.progress", "org-1", json!({"done": 1})),
+        )
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    assert!(listener.drain(&db).await.is_empty());
+    assert_eq!(db.outbox_count().await, 0);
+}
+
+#[tokio::test]
+async fn an_ephemeral_event_travels_inline_and_is_never_stored() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let client = db.connect().await;
+    let envelope = publisher(&db)
+        .emit(
+            &client,
+            NewEvent::ephemeral("sync.progress", "org-1", json!({"done": 3, "total": 9})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(envelope.seq, None);
+    assert_eq!(
+        decode_notification(listener.next().await.as_bytes()).unwrap(),
+        EventNotification::Inline { envelope }
+    );
+    assert_eq!(db.outbox_count().await, 0);
+}
+
+#[tokio::test]
+async fn an_oversized_ephemeral_event_is_refused_and_nothing_is_sent() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let client = db.connect().await;
+    let error = publisher(&db)
+        .emit(
+            &client,
+            NewEvent::ephemeral("big", "org-1", json!({"blob": "x".repeat(8_000)})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, PublishError::Encode(EncodeError::TooLarge { .. })),
+        "{error}"
+    );
+    assert!(error.to_string().contains("NOTIFY allows at most 7999"));
+    assert!(listener.drain(&db).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_typed_emit_that_fails_its_schema_writes_nothing() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let registry = SchemaRegistry::new()
+        .with(
+            "order.created",
+            &json!({
+                "type": "object",
+                "properties": {"orderId": {"type": "integer"}},
+                "required": ["orderId"]
+            }),
+        )
+        .unwrap();
+    let publisher = publisher(&db).with_registry(registry);
+    let client = db.connect().await;
+
+    let bad = NewEvent::durable("order.created", "org-1", json!({"orderId": "42"}));
+    assert!(matches!(
+        publisher.emit(&client, bad).await,
+        Err(PublishError::Schema(SchemaError::Invalid { .. }))
+    ));
+    let unregistered = NewEvent::durable("order.deleted", "org-1", json!({}));
+    assert!(matches!(
+        publisher.emit(&client, unregistered).await,
+        Err(PublishError::Schema(SchemaError::Unregistered(_)))
+    ));
+    let ephemeral_bad = NewEvent::ephemeral("order.created", "org-1", json!({}));
+    assert!(matches!(
+        publisher.emit(&client, ephemeral_bad).await,
+        Err(PublishError::Schema(SchemaError::Invalid { .. }))
+    ));
+    assert_eq!(db.outbox_count().await, 0);
+    assert!(listener.drain(&db).await.is_empty());
+
+    publisher.emit(&client, order_created()).await.unwrap();
+    assert_eq!(db.outbox_count().await, 1);
+}
+
+#[tokio::test]
+async fn an_invalid_event_type_is_refused_before_the_database() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let error = publisher(&db)
+        .emit(
+            &client,
+            NewEvent::durable("a\nevent: forged", "org-1", json!({})),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(error, PublishError::InvalidEvent(_)), "{error}");
+    assert_eq!(db.outbox_count().await, 0);
+}
+
+#[tokio::test]
+async fn the_sql_function_and_the_rust_publisher_write_identical_rows() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let client = db.connect().await;
+
+    let from_rust = publisher(&db).emit(&client, order_created()).await.unwrap();
+    let sql_seq: i64 = client
+        .query_one(
+            &format!(
+                "SELECT {}.emit('order.created', 'org-1', '{{\"orderId\": 42}}', \
+                 '{{\"permission\": {{\"orders\": [\"read\"]}}}}', ARRAY['order:42'])",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    let rows = read_all(&db, "org-1").await;
+    assert_eq!(rows.len(), 2);
+    let from_sql = rows[1].clone();
+    assert_eq!(from_sql.seq, Some(sql_seq));
+    let comparable = |e: &EventEnvelope| {
+        let mut value = serde_json::to_value(e).unwrap();
+        let object = value.as_object_mut().unwrap();
+        for key in ["id", "seq", "occurredAt"] {
+            object.remove(key);
+        }
+        value
+    };
+    assert_eq!(comparable(&rows[0]), comparable(&from_rust));
+    assert_eq!(comparable(&from_sql), comparable(&from_rust));
+
+    // Both notifications are byte-for-byte what the codec encodes.
+    for envelope in [&from_rust, &from_sql] {
+        assert_eq!(
+            listener.next().await,
+            encode_pointer("org-1", envelope.seq.unwrap()).unwrap()
+        );
+    }
+}
+
+#[tokio::test]
+async fn notifications_sent_by_sql_validate_against_the_published_schema() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let client = db.connect().await;
+    client
+        .execute(
+            &format!(
+                "SELECT {}.emit('a.b', 'scope \"quoted\" é', '{{}}')",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let schema_text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("schema/event-notification.schema.json"),
+    )
+    .unwrap();
+    let validator =
+        jsonschema::validator_for(&serde_json::from_str::<Value>(&schema_text).unwrap()).unwrap();
+    let payload: Value = serde_json::from_str(&listener.next().await).unwrap();
+    assert!(validator.is_valid(&payload), "{payload}");
+    assert_eq!(payload["s"], "scope \"quoted\" é");
+}
+
+#[tokio::test]
+async fn deadpool_clients_and_transactions_are_accepted() {
+    let db = TestDb::new().await;
+    let config: tokio_postgres::Config = db.url.parse().unwrap();
+    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(2)
+        .build()
+        .unwrap();
+    let publisher = publisher(&db);
+
+    let client = pool.get().await.unwrap();
+    publisher.emit(&client, order_created()).await.unwrap();
+
+    let mut client = pool.get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    publisher.emit(&tx, order_created()).await.unwrap();
+    tx.rollback().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    publisher.emit(&tx, order_created()).await.unwrap();
+    tx.commit().await.unwrap();
+
+    assert_eq!(db.outbox_count().await, 2);
+}
+
+#[cfg(feature = "sqlx")]
+#[tokio::test]
+async fn sqlx_transactions_are_accepted() {
+    use sqlx::Connection;
+
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let publisher = publisher(&db);
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+
+    let mut tx = conn.begin().await.unwrap();
+    publisher.emit_sqlx(&mut tx, order_created()).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert!(listener.drain(&db).await.is_empty());
+
+    let mut tx = conn.begin().await.unwrap();
+    let envelope = publisher.emit_sqlx(&mut tx, order_created()).await.unwrap();
+    let ephemeral = publisher
+        .emit_sqlx(&mut tx, NewEvent::ephemeral("tick", "org-1", json!(1)))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    assert_eq!(read_all(&db, "org-1").await, vec![envelope.clone()]);
+    assert_eq!(
+        listener.next().await,
+        encode_pointer("org-1", envelope.seq.unwrap()).unwrap()
+    );
+    assert_eq!(
+        decode_notification(listener.next().await.as_bytes()).unwrap(),
+        EventNotification::Inline {
+            envelope: ephemeral
+        }
+    );
+}
