@@ -1,7 +1,16 @@
-//! eventrelay as a library: the Postgres side of the service (migrations and
-//! the outbox read side). The relay, its HTTP API and the webhook dispatcher
-//! build on these.
+//! eventrelay as a library: the relay service (listener, relay, per-scope
+//! hubs, SSE sessions, HTTP API) and its Postgres side (migrations, outbox).
+//! An embedding application calls [`server::run`] with its own
+//! [`auth::SubscriberResolver`].
 
+pub mod actors;
+pub mod auth;
+pub mod config;
+pub mod http;
+pub mod limiter;
+pub mod metrics;
+pub mod server;
+pub mod session;
 pub mod store;
 
 pub use eventrelay_publisher as publisher;

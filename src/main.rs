@@ -1,13 +1,25 @@
 //! The `eventrelay` command line.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use eventrelay::auth::{
+    Algorithm, AuthConfig, AuthConfigError, JwtConfig, MintError, MintOptions, SubscriberResolver,
+    TokenSpec, build_resolver, mint_token,
+};
+use eventrelay::config::{Config, ConfigError};
 use eventrelay::publisher::{
     Audience, DEFAULT_SCHEMA, Identifier, IdentifierError, NewEvent, PublishError, Publisher,
 };
+use eventrelay::server::ServeError;
 use eventrelay::store::{MigrateError, migrate};
 use serde_json::Value;
+
+/// Where development mode keeps its generated secrets.
+const DEV_DIR: &str = ".eventrelay";
 
 /// Live events from Postgres to browsers and webhooks.
 #[derive(Parser)]
@@ -19,6 +31,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the relay: SSE stream, publish API, metrics.
+    Serve(ConfigArgs),
+    /// Load and validate the configuration, then print it.
+    CheckConfig(ConfigArgs),
+    /// Mint a development token for the configured HMAC secret.
+    Token(TokenArgs),
     /// Create or upgrade eventrelay's tables and SQL functions.
     Migrate(Database),
     /// Emit one event (for trying things out and for scripts).
@@ -36,6 +54,31 @@ struct Database {
     /// Notification channel relays LISTEN on.
     #[arg(long, env = "EVENTRELAY_CHANNEL", default_value = "eventrelay")]
     channel: String,
+}
+
+#[derive(Args)]
+struct ConfigArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "EVENTRELAY_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct TokenArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Subscriber id (the `sub` claim by default).
+    #[arg(long)]
+    subscriber: String,
+    /// Scope key the subscriber belongs to.
+    #[arg(long)]
+    scope: String,
+    /// Grants as JSON, such as '{"orders":["read"]}'.
+    #[arg(long, default_value = "{}")]
+    grants: String,
+    /// Lifetime in seconds.
+    #[arg(long, default_value_t = 3600)]
+    ttl_secs: u64,
 }
 
 #[derive(Args)]
@@ -67,6 +110,18 @@ struct EmitArgs {
 
 #[derive(Debug, thiserror::Error)]
 enum CliError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Auth(#[from] AuthConfigError),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    #[error("cannot mint a token: {0}")]
+    Mint(#[from] MintError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
     #[error("cannot connect to Postgres: {0}")]
     Connect(tokio_postgres::Error),
     #[error(transparent)]
@@ -82,7 +137,7 @@ enum CliError {
     },
 }
 
-#[tokio::main]
+#[actix_web::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -101,6 +156,45 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
+        Command::Serve(args) => serve(args).await?,
+        Command::CheckConfig(args) => {
+            let config = Config::load(args.config.as_deref())?;
+            if let Some(auth) = &config.auth {
+                build_resolver(auth)?;
+            }
+            println!("configuration is valid:");
+            println!("{config:#?}");
+        }
+        Command::Token(args) => {
+            let config = Config::load(args.config.config.as_deref())?;
+            let (secret, jwt) = match &config.auth {
+                Some(AuthConfig::Jwt(jwt)) => (
+                    jwt.secret.clone().ok_or_else(|| {
+                        CliError::Usage("auth.jwt.secret is not set: tokens can only be minted for HMAC secrets".into())
+                    })?,
+                    jwt.clone(),
+                ),
+                Some(AuthConfig::Forward(_)) => {
+                    return Err(CliError::Usage(
+                        "auth.mode is `forward`: the application issues credentials, not eventrelay".into(),
+                    ));
+                }
+                None => (dev_secret(Path::new(DEV_DIR), "jwt-secret")?, JwtConfig::default()),
+            };
+            let grants = parse_json("grants", &args.grants)?;
+            let token = mint_token(
+                &secret,
+                jwt.algorithm,
+                &TokenSpec {
+                    subscriber_id: args.subscriber,
+                    scope_key: args.scope,
+                    grants,
+                    ttl: Duration::from_secs(args.ttl_secs),
+                },
+                &MintOptions::from_config(&jwt),
+            )?;
+            println!("{token}");
+        }
         Command::Migrate(database) => {
             let schema = Identifier::new(&database.schema)?;
             let channel = Identifier::new(&database.channel)?;
@@ -153,4 +247,70 @@ impl EmitArgs {
 
 fn parse_json(flag: &'static str, text: &str) -> Result<Value, CliError> {
     serde_json::from_str(text).map_err(|error| CliError::Json { flag, error })
+}
+
+/// Reads (or creates) a random development secret under `dir`.
+fn dev_secret(dir: &Path, name: &str) -> Result<String, CliError> {
+    let path = dir.join(name);
+    if let Ok(secret) = std::fs::read_to_string(&path) {
+        return Ok(secret.trim().to_owned());
+    }
+    std::fs::create_dir_all(dir)?;
+    let secret = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    std::fs::write(&path, &secret)?;
+    Ok(secret)
+}
+
+async fn serve(args: ConfigArgs) -> Result<(), CliError> {
+    let mut config = Config::load(args.config.as_deref())?;
+    let development = config.auth.is_none();
+    let resolver: Arc<dyn SubscriberResolver> = match &config.auth {
+        Some(auth) => build_resolver(auth)?,
+        None => {
+            let secret = dev_secret(Path::new(DEV_DIR), "jwt-secret")?;
+            build_resolver(&AuthConfig::Jwt(JwtConfig {
+                algorithm: Algorithm::HS256,
+                secret: Some(secret),
+                ..JwtConfig::default()
+            }))?
+        }
+    };
+    if development && config.publish.token.is_none() {
+        config.publish.token = Some(dev_secret(Path::new(DEV_DIR), "publish-token")?);
+    }
+    let listener = std::net::TcpListener::bind(config.http.bind)?;
+    let address = listener.local_addr()?;
+    println!("eventrelay listening on http://{address}");
+    println!("  stream:  GET  http://{address}/v1/events   (Authorization: Bearer <token>)");
+    println!("  publish: POST http://{address}/v1/events");
+    if development {
+        println!(
+            "development mode: no [auth] is configured, so tokens are signed with a secret in {DEV_DIR}/jwt-secret"
+        );
+        println!("  subscriber token: eventrelay token --subscriber alice --scope org-1");
+        println!("  publish token:    cat {DEV_DIR}/publish-token");
+    }
+    eventrelay::server::run(config, resolver, listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("can install a SIGTERM handler");
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
 }

@@ -24,6 +24,8 @@ pub struct Outbox {
     read_sql: String,
     prune_sql: String,
     oldest_sql: String,
+    newest_sql: String,
+    horizon_sql: String,
 }
 
 impl Outbox {
@@ -45,6 +47,8 @@ impl Outbox {
                  SELECT count(*) FROM gone"
             ),
             oldest_sql: format!("SELECT min(seq) FROM {schema}.outbox WHERE scope_key = $1"),
+            newest_sql: format!("SELECT max(seq) FROM {schema}.outbox WHERE scope_key = $1"),
+            horizon_sql: format!("SELECT min(seq) FROM {schema}.outbox"),
         }
     }
 
@@ -81,6 +85,25 @@ impl Outbox {
         let rows = db
             .query_typed(&self.oldest_sql, &[(&scope_key, Type::TEXT)])
             .await?;
+        Ok(rows.first().and_then(|row| row.get(0)))
+    }
+
+    /// The highest seq the outbox holds for `scope_key`, if any.
+    pub async fn newest_seq(
+        &self,
+        db: &impl PgExecutor,
+        scope_key: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        let rows = db
+            .query_typed(&self.newest_sql, &[(&scope_key, Type::TEXT)])
+            .await?;
+        Ok(rows.first().and_then(|row| row.get(0)))
+    }
+
+    /// The lowest seq the outbox still holds in any scope. Pruning removes
+    /// rows by age across all scopes, so every seq below this is gone.
+    pub async fn horizon(&self, db: &impl PgExecutor) -> Result<Option<i64>, StoreError> {
+        let rows = db.query_typed(&self.horizon_sql, &[]).await?;
         Ok(rows.first().and_then(|row| row.get(0)))
     }
 

@@ -1,0 +1,170 @@
+//! The hub: one actor per active scope, holding the scope's subscribers and
+//! its bounded tail. Each event arrives encoded once; the hub filters it per
+//! subscriber with the audience predicate and queues the shared frame. A
+//! subscriber whose queue is full is dropped on the spot (it reconnects and
+//! replays), so one slow reader never stalls the others.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix::{Actor, Context, Handler, Message, MessageResult};
+use chrono::Utc;
+use eventrelay_wire::{Subscriber, is_envelope_permitted};
+use tokio::sync::mpsc::{self, error::TrySendError};
+
+use super::encoded::EncodedEvent;
+use super::tail::{Bound, Tail};
+use crate::metrics::Metrics;
+
+/// A subscriber's outgoing queue, as the hub sees it.
+pub type FrameSender = mpsc::Sender<Arc<EncodedEvent>>;
+
+pub struct Hub {
+    scope_key: String,
+    tail: Tail,
+    members: HashMap<u64, Member>,
+    metrics: Arc<Metrics>,
+}
+
+struct Member {
+    subscriber: Subscriber,
+    queue: FrameSender,
+}
+
+impl Hub {
+    pub fn new(
+        scope_key: String,
+        max_events: Bound,
+        max_bytes: Bound,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Hub {
+            scope_key,
+            tail: Tail::new(max_events, max_bytes),
+            members: HashMap::new(),
+            metrics,
+        }
+    }
+
+    fn fan_out(&mut self, event: &Arc<EncodedEvent>) {
+        let metrics = &self.metrics;
+        let scope_key = &self.scope_key;
+        self.members.retain(|id, member| {
+            if !is_envelope_permitted(&event.envelope, &member.subscriber) {
+                metrics.events_filtered.inc();
+                return true;
+            }
+            match member.queue.try_send(Arc::clone(event)) {
+                Ok(()) => {
+                    metrics.events_delivered.inc();
+                    true
+                }
+                Err(TrySendError::Full(_)) => {
+                    metrics.slow_subscribers_dropped.inc();
+                    tracing::info!(
+                        scope_key,
+                        session = id,
+                        "subscriber too slow for its queue; disconnecting"
+                    );
+                    false
+                }
+                Err(TrySendError::Closed(_)) => false,
+            }
+        });
+        let latency = (Utc::now() - event.envelope.occurred_at)
+            .to_std()
+            .unwrap_or_default();
+        self.metrics
+            .commit_to_send_seconds
+            .observe(latency.as_secs_f64());
+        self.metrics.events_relayed.inc();
+    }
+}
+
+impl Actor for Hub {
+    type Context = Context<Self>;
+}
+
+/// Durable events read from the outbox after `read_after`, new to this hub,
+/// in seq order.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PublishDurable {
+    pub read_after: i64,
+    pub events: Vec<Arc<EncodedEvent>>,
+}
+
+impl Handler<PublishDurable> for Hub {
+    type Result = ();
+
+    fn handle(&mut self, msg: PublishDurable, _: &mut Context<Self>) {
+        self.tail.publish(msg.read_after, &msg.events);
+        for event in &msg.events {
+            self.fan_out(event);
+        }
+    }
+}
+
+/// An ephemeral event: fanned out, never kept.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PublishEphemeral(pub Arc<EncodedEvent>);
+
+impl Handler<PublishEphemeral> for Hub {
+    type Result = ();
+
+    fn handle(&mut self, msg: PublishEphemeral, _: &mut Context<Self>) {
+        self.fan_out(&msg.0);
+    }
+}
+
+/// Adds a subscriber. With `replay_after`, answers the events after it from
+/// the tail (already filtered for this subscriber), or `None` when the tail
+/// does not reach back that far. Registration and the tail snapshot happen
+/// in one step, so replay and live neither overlap nor leave a gap.
+#[derive(Message)]
+#[rtype(result = "Option<Vec<Arc<EncodedEvent>>>")]
+pub struct Attach {
+    pub session: u64,
+    pub subscriber: Subscriber,
+    pub queue: FrameSender,
+    pub replay_after: Option<i64>,
+}
+
+impl Handler<Attach> for Hub {
+    type Result = MessageResult<Attach>;
+
+    fn handle(&mut self, msg: Attach, _: &mut Context<Self>) -> Self::Result {
+        let replay = msg
+            .replay_after
+            .and_then(|after| self.tail.recent(after))
+            .map(|events| {
+                events
+                    .into_iter()
+                    .filter(|event| is_envelope_permitted(&event.envelope, &msg.subscriber))
+                    .collect()
+            });
+        self.members.insert(
+            msg.session,
+            Member {
+                subscriber: msg.subscriber,
+                queue: msg.queue,
+            },
+        );
+        MessageResult(replay)
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Detach {
+    pub session: u64,
+}
+
+impl Handler<Detach> for Hub {
+    type Result = ();
+
+    fn handle(&mut self, msg: Detach, _: &mut Context<Self>) {
+        self.members.remove(&msg.session);
+    }
+}

@@ -1,0 +1,13 @@
+//! The actors that move events: the listener hears notifications, the relay
+//! reads the outbox for active scopes, and one hub per scope fans out to its
+//! subscribers. Messages are typed next to the actor that handles them.
+
+pub mod encoded;
+pub mod hub;
+pub mod listener;
+pub mod relay;
+pub mod tail;
+
+pub use encoded::EncodedEvent;
+pub use listener::Listener;
+pub use relay::Relay;

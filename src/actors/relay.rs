@@ -1,0 +1,402 @@
+//! The relay: turns notifications into hub deliveries.
+//!
+//! It keeps a watermark (the highest seq handed to the hub) for every scope
+//! with a subscriber on this replica, and ignores every other scope. On a
+//! pointer it reads the scope's outbox from `min(watermark, seq - 1)`, so an
+//! event that committed after a higher seq was delivered is still found, and
+//! drops what it already delivered. After the listener reconnects it re-reads
+//! every active scope, because notifications sent meanwhile are gone. Reads
+//! for one scope never overlap: a pointer that arrives mid-read widens the
+//! next read instead.
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{
+    Actor, ActorContext, Addr, ArbiterHandle, AsyncContext, Context, Handler, Message,
+    ResponseFuture,
+};
+use deadpool_postgres::Pool;
+use eventrelay_wire::{EventEnvelope, Subscriber};
+
+use super::encoded::EncodedEvent;
+use super::hub::{Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral};
+use super::tail::Bound;
+use crate::metrics::Metrics;
+use crate::store::Outbox;
+
+/// Rows per outbox read.
+const PAGE: i64 = 500;
+/// Delivered seqs remembered per scope for de-duplication.
+const DELIVERED_MEMORY: usize = 4096;
+/// How far below the watermark a post-reconnect read starts, for events that
+/// committed late while no notification could arrive.
+const RECONNECT_LOOKBACK: i64 = 1000;
+/// Wait before retrying a failed outbox read.
+const READ_RETRY: Duration = Duration::from_secs(1);
+
+pub struct Relay {
+    pool: Pool,
+    outbox: Outbox,
+    arbiters: Vec<ArbiterHandle>,
+    tail_events: Bound,
+    tail_bytes: Bound,
+    metrics: Arc<Metrics>,
+    scopes: HashMap<String, ScopeState>,
+    next_session: u64,
+}
+
+struct ScopeState {
+    hub: Addr<Hub>,
+    subscribers: usize,
+    watermark: Option<i64>,
+    reading: bool,
+    /// Lowest start of a read requested while one was running.
+    pending_from: Option<i64>,
+    delivered: BTreeSet<i64>,
+}
+
+impl Relay {
+    pub fn new(
+        pool: Pool,
+        outbox: Outbox,
+        arbiters: Vec<ArbiterHandle>,
+        tail_events: Bound,
+        tail_bytes: Bound,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        assert!(
+            !arbiters.is_empty(),
+            "the relay needs at least one hub arbiter"
+        );
+        Relay {
+            pool,
+            outbox,
+            arbiters,
+            tail_events,
+            tail_bytes,
+            metrics,
+            scopes: HashMap::new(),
+            next_session: 0,
+        }
+    }
+
+    fn arbiter_for(&self, scope_key: &str) -> &ArbiterHandle {
+        let mut hasher = DefaultHasher::new();
+        scope_key.hash(&mut hasher);
+        &self.arbiters[hasher.finish() as usize % self.arbiters.len()]
+    }
+
+    fn activate(&mut self, scope_key: &str, ctx: &mut Context<Self>) -> &mut ScopeState {
+        if !self.scopes.contains_key(scope_key) {
+            let hub = Hub::new(
+                scope_key.to_owned(),
+                Arc::clone(&self.tail_events),
+                Arc::clone(&self.tail_bytes),
+                Arc::clone(&self.metrics),
+            );
+            let hub = Hub::start_in_arbiter(self.arbiter_for(scope_key), |_| hub);
+            self.scopes.insert(
+                scope_key.to_owned(),
+                ScopeState {
+                    hub,
+                    subscribers: 0,
+                    watermark: None,
+                    reading: false,
+                    pending_from: None,
+                    delivered: BTreeSet::new(),
+                },
+            );
+            self.metrics.active_scopes.set(self.scopes.len() as i64);
+            self.seed_watermark(scope_key.to_owned(), ctx);
+        }
+        self.scopes.get_mut(scope_key).expect("inserted above")
+    }
+
+    /// Starts a new scope's watermark at its newest row, so a listener
+    /// reconnect can re-read from there.
+    fn seed_watermark(&self, scope_key: String, ctx: &mut Context<Self>) {
+        let pool = self.pool.clone();
+        let outbox = self.outbox.clone();
+        let relay = ctx.address();
+        actix::spawn(async move {
+            let newest = match pool.get().await {
+                Ok(client) => outbox.newest_seq(&client, &scope_key).await.ok(),
+                Err(_) => None,
+            };
+            if let Some(seq) = newest {
+                relay.do_send(SeedWatermark {
+                    scope_key,
+                    seq: seq.unwrap_or(0),
+                });
+            }
+        });
+    }
+
+    fn schedule_read(&mut self, scope_key: &str, from: i64, ctx: &mut Context<Self>) {
+        let Some(state) = self.scopes.get_mut(scope_key) else {
+            return;
+        };
+        if state.reading {
+            state.pending_from = Some(state.pending_from.map_or(from, |p| p.min(from)));
+            return;
+        }
+        state.reading = true;
+        let pool = self.pool.clone();
+        let outbox = self.outbox.clone();
+        let relay = ctx.address();
+        let scope_key = scope_key.to_owned();
+        actix::spawn(async move {
+            let result = read_all_after(&pool, &outbox, &scope_key, from).await;
+            relay.do_send(ReadDone {
+                scope_key,
+                from,
+                result,
+            });
+        });
+    }
+}
+
+async fn read_all_after(
+    pool: &Pool,
+    outbox: &Outbox,
+    scope_key: &str,
+    from: i64,
+) -> Result<Vec<EventEnvelope>, String> {
+    let client = pool.get().await.map_err(|e| e.to_string())?;
+    let mut events = Vec::new();
+    let mut cursor = from;
+    loop {
+        let page = outbox
+            .read_since(&client, scope_key, cursor, PAGE)
+            .await
+            .map_err(|e| e.to_string())?;
+        let done = (page.len() as i64) < PAGE;
+        if let Some(last) = page.last().and_then(|e| e.seq) {
+            cursor = last;
+        }
+        events.extend(page);
+        if done {
+            return Ok(events);
+        }
+    }
+}
+
+impl Actor for Relay {
+    type Context = Context<Self>;
+}
+
+/// A durable event committed at `seq` in `scope_key`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Pointer {
+    pub scope_key: String,
+    pub seq: i64,
+}
+
+impl Handler<Pointer> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, msg: Pointer, ctx: &mut Context<Self>) {
+        let Some(state) = self.scopes.get(&msg.scope_key) else {
+            return;
+        };
+        let before = msg.seq - 1;
+        let from = state.watermark.map_or(before, |w| w.min(before));
+        self.schedule_read(&msg.scope_key, from, ctx);
+    }
+}
+
+/// An ephemeral event from the channel.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Ephemeral(pub EventEnvelope);
+
+impl Handler<Ephemeral> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, msg: Ephemeral, _: &mut Context<Self>) {
+        if let Some(state) = self.scopes.get(&msg.0.scope_key) {
+            state
+                .hub
+                .do_send(PublishEphemeral(Arc::new(EncodedEvent::new(msg.0))));
+        }
+    }
+}
+
+/// The listener (re)connected: notifications may have been missed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ListenerConnected;
+
+impl Handler<ListenerConnected> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, _: ListenerConnected, ctx: &mut Context<Self>) {
+        let reads: Vec<(String, i64)> = self
+            .scopes
+            .iter()
+            .filter_map(|(scope, state)| {
+                state
+                    .watermark
+                    .map(|w| (scope.clone(), (w - RECONNECT_LOOKBACK).max(0)))
+            })
+            .collect();
+        for (scope, from) in reads {
+            self.schedule_read(&scope, from, ctx);
+        }
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct SeedWatermark {
+    scope_key: String,
+    seq: i64,
+}
+
+impl Handler<SeedWatermark> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, msg: SeedWatermark, _: &mut Context<Self>) {
+        if let Some(state) = self.scopes.get_mut(&msg.scope_key) {
+            if state.watermark.is_none() {
+                state.watermark = Some(msg.seq);
+            }
+        }
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ReadDone {
+    scope_key: String,
+    from: i64,
+    result: Result<Vec<EventEnvelope>, String>,
+}
+
+impl Handler<ReadDone> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, msg: ReadDone, ctx: &mut Context<Self>) {
+        let Some(state) = self.scopes.get_mut(&msg.scope_key) else {
+            return;
+        };
+        state.reading = false;
+        match msg.result {
+            Ok(envelopes) => {
+                let mut fresh = Vec::new();
+                for envelope in envelopes {
+                    let Some(seq) = envelope.seq else { continue };
+                    if state.delivered.insert(seq) {
+                        state.watermark = Some(state.watermark.map_or(seq, |w| w.max(seq)));
+                        fresh.push(Arc::new(EncodedEvent::new(envelope)));
+                    }
+                }
+                while state.delivered.len() > DELIVERED_MEMORY {
+                    state.delivered.pop_first();
+                }
+                if !fresh.is_empty() {
+                    state.hub.do_send(PublishDurable {
+                        read_after: msg.from,
+                        events: fresh,
+                    });
+                }
+            }
+            Err(error) => {
+                tracing::warn!(scope_key = %msg.scope_key, %error, "outbox read failed; retrying");
+                let scope_key = msg.scope_key.clone();
+                let from = msg.from;
+                ctx.run_later(READ_RETRY, move |relay, ctx| {
+                    relay.schedule_read(&scope_key, from, ctx)
+                });
+            }
+        }
+        if let Some(next) = self
+            .scopes
+            .get_mut(&msg.scope_key)
+            .and_then(|s| s.pending_from.take())
+        {
+            self.schedule_read(&msg.scope_key, next, ctx);
+        }
+    }
+}
+
+/// What a new session gets back.
+pub struct Attached {
+    pub session: u64,
+    /// Replay from the hub's tail, when it covered the request.
+    pub from_tail: Option<Vec<Arc<EncodedEvent>>>,
+}
+
+/// Subscribes a session to its scope, activating the scope if needed.
+#[derive(Message)]
+#[rtype(result = "Result<Attached, actix::MailboxError>")]
+pub struct Subscribe {
+    pub subscriber: Subscriber,
+    pub queue: FrameSender,
+    pub replay_after: Option<i64>,
+}
+
+impl Handler<Subscribe> for Relay {
+    type Result = ResponseFuture<Result<Attached, actix::MailboxError>>;
+
+    fn handle(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> Self::Result {
+        self.next_session += 1;
+        let session = self.next_session;
+        let state = self.activate(&msg.subscriber.scope_key, ctx);
+        state.subscribers += 1;
+        let attach = state.hub.send(Attach {
+            session,
+            subscriber: msg.subscriber,
+            queue: msg.queue,
+            replay_after: msg.replay_after,
+        });
+        Box::pin(async move {
+            let from_tail = attach.await?;
+            Ok(Attached { session, from_tail })
+        })
+    }
+}
+
+/// A session ended.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Unsubscribe {
+    pub scope_key: String,
+    pub session: u64,
+}
+
+impl Handler<Unsubscribe> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, msg: Unsubscribe, _: &mut Context<Self>) {
+        let Some(state) = self.scopes.get_mut(&msg.scope_key) else {
+            return;
+        };
+        state.hub.do_send(Detach {
+            session: msg.session,
+        });
+        state.subscribers = state.subscribers.saturating_sub(1);
+        if state.subscribers == 0 {
+            // Dropping the last address stops the hub once its mailbox drains.
+            self.scopes.remove(&msg.scope_key);
+            self.metrics.active_scopes.set(self.scopes.len() as i64);
+        }
+    }
+}
+
+/// Stops the relay (used at shutdown).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopRelay;
+
+impl Handler<StopRelay> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, _: StopRelay, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

@@ -1,0 +1,394 @@
+//! Service configuration: defaults < TOML file < `EVENTRELAY_*` environment,
+//! validated once at start with errors that name the setting.
+//!
+//! Nested keys use a double underscore in the environment:
+//! `EVENTRELAY_SSE__HEARTBEAT_SECS=10` sets `sse.heartbeat_secs`.
+//! `DATABASE_URL` is honoured as `database.url` when the latter is unset.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use eventrelay_publisher::{DEFAULT_SCHEMA, Identifier};
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::auth::AuthConfig;
+
+/// Everything the service reads at start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub database: DatabaseConfig,
+    pub http: HttpConfig,
+    pub sse: SseConfig,
+    pub hub: HubConfig,
+    /// How subscribers authenticate; see `docs/auth.md`.
+    #[serde(skip_serializing)]
+    pub auth: Option<AuthConfig>,
+    pub publish: PublishConfig,
+    pub outbox: OutboxConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// Postgres URL for the pool (reads, publish API, migrations).
+    pub url: Option<String>,
+    /// URL for the dedicated LISTEN connection; defaults to `url`. Point it
+    /// past any transaction-mode pooler: such poolers drop LISTEN.
+    pub listen_url: Option<String>,
+    pub schema: String,
+    pub channel: String,
+    pub pool_size: usize,
+    /// Apply migrations at start.
+    pub migrate: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    pub bind: SocketAddr,
+    /// Worker threads for HTTP; 0 means one per core.
+    pub workers: usize,
+    /// Largest accepted request body (publish API), in bytes.
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SseConfig {
+    pub heartbeat_secs: u64,
+    /// Streams end after this long (minus up to 10% jitter), so credentials
+    /// are re-checked on reconnect and replay is exercised routinely.
+    pub max_age_secs: u64,
+    pub max_connections_per_subscriber: usize,
+    pub retry_ms: u64,
+    /// How far before `Last-Event-ID` replay starts, to catch events that
+    /// committed late with a lower seq.
+    pub replay_lookback: i64,
+    /// Frames a subscriber may have queued before it counts as too slow and
+    /// is disconnected.
+    pub queue_capacity: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HubConfig {
+    /// Threads the per-scope hubs are spread over.
+    pub arbiters: usize,
+    pub tail_events: usize,
+    pub tail_bytes: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PublishConfig {
+    /// Bearer token for `POST /v1/events`; the endpoint is off without one.
+    pub token: Option<String>,
+    /// Directory of `<event type>.json` JSON Schemas; when set, only those
+    /// types may be published, and their data must match.
+    pub schemas_dir: Option<String>,
+    /// Most events in one publish request.
+    pub max_batch: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxConfig {
+    pub retention_secs: u64,
+    pub prune_interval_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: String,
+    /// A tracing filter such as `info` or `eventrelay=debug`.
+    pub level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            database: DatabaseConfig::default(),
+            http: HttpConfig::default(),
+            sse: SseConfig::default(),
+            hub: HubConfig::default(),
+            auth: None,
+            publish: PublishConfig {
+                max_batch: 100,
+                ..PublishConfig::default()
+            },
+            outbox: OutboxConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            url: None,
+            listen_url: None,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            channel: "eventrelay".to_owned(),
+            pool_size: 16,
+            migrate: true,
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            workers: 0,
+            max_body_bytes: 1024 * 1024,
+        }
+    }
+}
+
+impl Default for SseConfig {
+    fn default() -> Self {
+        SseConfig {
+            heartbeat_secs: 20,
+            max_age_secs: 300,
+            max_connections_per_subscriber: 5,
+            retry_ms: 3000,
+            replay_lookback: 100,
+            queue_capacity: 1024,
+        }
+    }
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        HubConfig {
+            arbiters: 2,
+            tail_events: 128,
+            tail_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig {
+            retention_secs: 24 * 60 * 60,
+            prune_interval_secs: 60,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: "text".to_owned(),
+            level: "info".to_owned(),
+        }
+    }
+}
+
+/// Why the configuration cannot be used; every variant names the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration: {0}")]
+    Load(String),
+    #[error("{setting}: {message}")]
+    Invalid {
+        setting: &'static str,
+        message: String,
+    },
+}
+
+fn invalid(setting: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        setting,
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Loads defaults, then `file` (if given), then the environment.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Load(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        figment = figment.merge(Env::prefixed("EVENTRELAY_").split("__"));
+        let mut config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Load(e.to_string()))?;
+        if config.database.url.is_none() {
+            config.database.url = std::env::var("DATABASE_URL").ok();
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every value that could otherwise fail later, or silently.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        Identifier::new(&self.database.schema)
+            .map_err(|e| invalid("database.schema", e.to_string()))?;
+        Identifier::new(&self.database.channel)
+            .map_err(|e| invalid("database.channel", e.to_string()))?;
+        if self.database.pool_size == 0 {
+            return Err(invalid("database.pool_size", "must be at least 1"));
+        }
+        for (setting, url) in [
+            ("database.url", &self.database.url),
+            ("database.listen_url", &self.database.listen_url),
+        ] {
+            if let Some(url) = url {
+                url.parse::<tokio_postgres::Config>()
+                    .map_err(|e| invalid(setting, format!("not a Postgres URL: {e}")))?;
+            }
+        }
+        let sse = &self.sse;
+        if sse.heartbeat_secs == 0 {
+            return Err(invalid("sse.heartbeat_secs", "must be at least 1"));
+        }
+        if sse.max_age_secs < 10 {
+            return Err(invalid("sse.max_age_secs", "must be at least 10"));
+        }
+        if sse.max_connections_per_subscriber == 0 {
+            return Err(invalid(
+                "sse.max_connections_per_subscriber",
+                "must be at least 1",
+            ));
+        }
+        if sse.replay_lookback < 0 {
+            return Err(invalid("sse.replay_lookback", "must not be negative"));
+        }
+        if sse.queue_capacity < 16 {
+            return Err(invalid("sse.queue_capacity", "must be at least 16"));
+        }
+        if self.hub.arbiters == 0 {
+            return Err(invalid("hub.arbiters", "must be at least 1"));
+        }
+        if self.hub.tail_events == 0 {
+            return Err(invalid("hub.tail_events", "must be at least 1"));
+        }
+        if self.publish.max_batch == 0 {
+            return Err(invalid("publish.max_batch", "must be at least 1"));
+        }
+        if self.publish.token.as_deref().is_some_and(|t| t.len() < 16) {
+            return Err(invalid(
+                "publish.token",
+                "must be at least 16 characters; use a long random value",
+            ));
+        }
+        if self.outbox.retention_secs < 60 {
+            return Err(invalid("outbox.retention_secs", "must be at least 60"));
+        }
+        if self.outbox.prune_interval_secs == 0 {
+            return Err(invalid("outbox.prune_interval_secs", "must be at least 1"));
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            return Err(invalid("log.format", "must be `text` or `json`"));
+        }
+        Ok(())
+    }
+
+    pub fn schema(&self) -> Identifier {
+        Identifier::new(&self.database.schema).expect("validated at load")
+    }
+
+    pub fn channel(&self) -> Identifier {
+        Identifier::new(&self.database.channel).expect("validated at load")
+    }
+
+    /// The URL for the LISTEN connection.
+    pub fn listen_url(&self) -> Option<&str> {
+        self.database
+            .listen_url
+            .as_deref()
+            .or(self.database.url.as_deref())
+    }
+}
+
+impl SseConfig {
+    pub fn heartbeat(&self) -> Duration {
+        Duration::from_secs(self.heartbeat_secs)
+    }
+
+    pub fn max_age(&self) -> Duration {
+        Duration::from_secs(self.max_age_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_design() {
+        let config = Config::default();
+        assert_eq!(config.sse.heartbeat_secs, 20);
+        assert_eq!(config.sse.max_age_secs, 300);
+        assert_eq!(config.sse.max_connections_per_subscriber, 5);
+        assert_eq!(config.sse.retry_ms, 3000);
+        assert_eq!(config.sse.replay_lookback, 100);
+        assert_eq!(config.hub.tail_events, 128);
+        assert_eq!(config.hub.tail_bytes, 4 * 1024 * 1024);
+        assert_eq!(config.outbox.retention_secs, 86_400);
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_setting() {
+        let mut config = Config::default();
+        config.database.schema = "Bad-Name".into();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.starts_with("database.schema:"), "{error}");
+
+        let mut config = Config::default();
+        config.sse.heartbeat_secs = 0;
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("sse.heartbeat_secs:")
+        );
+
+        let mut config = Config::default();
+        config.database.url = Some("not a url at all".into());
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("database.url:")
+        );
+    }
+
+    #[test]
+    fn file_then_environment_override_defaults() {
+        let dir = std::env::temp_dir().join(format!("eventrelay-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("eventrelay.toml");
+        std::fs::write(&file, "[sse]\nheartbeat_secs = 7\nretry_ms = 100\n").unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("EVENTRELAY_SSE__RETRY_MS", "250");
+            let config = Config::load(Some(&file)).unwrap();
+            assert_eq!(config.sse.heartbeat_secs, 7);
+            assert_eq!(config.sse.retry_ms, 250);
+            assert_eq!(config.sse.max_age_secs, 300);
+            Ok(())
+        });
+        std::fs::write(&file, "[sse]\nheartbeat = 7\n").unwrap();
+        let error = Config::load(Some(&file)).unwrap_err().to_string();
+        assert!(error.contains("heartbeat"), "{error}");
+    }
+}

@@ -1,0 +1,57 @@
+//! The HTTP API (actix-web): the SSE stream, the publish API and the
+//! operations endpoints, over one shared application state.
+
+pub mod error;
+pub mod ops;
+pub mod publish;
+pub mod sse;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use actix::Addr;
+use actix_web::web;
+use deadpool_postgres::Pool;
+use eventrelay_publisher::Publisher;
+
+use crate::actors::Relay;
+use crate::auth::SubscriberResolver;
+use crate::config::Config;
+use crate::limiter::ConnectionLimiter;
+use crate::metrics::Metrics;
+use crate::store::Outbox;
+use error::ApiError;
+
+/// What every handler can reach.
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub relay: Addr<Relay>,
+    pub resolver: Arc<dyn SubscriberResolver>,
+    pub limiter: Arc<ConnectionLimiter>,
+    pub pool: Pool,
+    pub outbox: Outbox,
+    pub publisher: Publisher,
+    pub metrics: Arc<Metrics>,
+    pub listener_connected: Arc<AtomicBool>,
+}
+
+/// Registers every route.
+pub fn routes(config: &mut web::ServiceConfig, max_body_bytes: usize) {
+    config
+        .app_data(web::QueryConfig::default().error_handler(|error, _| {
+            ApiError::bad_request("invalid_query", error.to_string()).into()
+        }))
+        .app_data(web::PayloadConfig::new(max_body_bytes))
+        .route("/v1/events", web::get().to(sse::stream_events))
+        .route("/v1/events", web::post().to(publish::publish_events))
+        .route("/healthz", web::get().to(ops::healthz))
+        .route("/readyz", web::get().to(ops::readyz))
+        .route("/metrics", web::get().to(ops::metrics))
+        .default_service(web::to(|| async {
+            Err::<actix_web::HttpResponse, _>(ApiError::new(
+                actix_web::http::StatusCode::NOT_FOUND,
+                "not_found",
+                "no such endpoint",
+            ))
+        }));
+}

@@ -1,0 +1,153 @@
+//! `POST /v1/events`: the HTTP publish API, for applications that cannot
+//! emit inside their own transaction.
+//!
+//! This is not atomic with the application's own writes: the event commits
+//! in a transaction of its own. A batch is one transaction: every durable
+//! event in it commits together (with its notification) or none does;
+//! ephemeral events in it are sent at that same commit.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use eventrelay_publisher::{NewEvent, PublishError};
+use eventrelay_wire::EncodeError;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::AppState;
+use super::error::ApiError;
+
+fn check_token(request: &HttpRequest, expected: Option<&str>) -> Result<(), ApiError> {
+    let Some(expected) = expected else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "publish_disabled",
+            "the publish API is off: set publish.token to enable it",
+        ));
+    };
+    let provided = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .ok_or_else(|| {
+            ApiError::unauthorized("publishing needs `Authorization: Bearer <publish token>`")
+        })?;
+    // Comparing digests keeps the comparison's timing independent of how
+    // much of the token was right.
+    if Sha256::digest(provided.trim().as_bytes()) != Sha256::digest(expected.as_bytes()) {
+        return Err(ApiError::unauthorized("the publish token is not valid"));
+    }
+    Ok(())
+}
+
+fn parse_events(body: &[u8], max_batch: usize) -> Result<Vec<NewEvent>, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request("invalid_body", format!("body is not JSON: {e}")))?;
+    let items = match value {
+        Value::Array(items) => items,
+        single @ Value::Object(_) => vec![single],
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                "body must be an event object or an array of them",
+            ));
+        }
+    };
+    if items.is_empty() {
+        return Err(ApiError::bad_request("invalid_body", "the batch is empty"));
+    }
+    if items.len() > max_batch {
+        return Err(ApiError::bad_request(
+            "batch_too_large",
+            format!(
+                "{} events in one request; the limit is {max_batch}",
+                items.len()
+            ),
+        ));
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(index, item)| {
+            serde_json::from_value::<NewEvent>(item)
+                .map_err(|e| ApiError::bad_request("invalid_event", format!("event {index}: {e}")))
+        })
+        .collect()
+}
+
+fn publish_error(index: usize, error: PublishError) -> ApiError {
+    let message = format!("event {index}: {error}");
+    match error {
+        PublishError::InvalidEvent(_) => ApiError::bad_request("invalid_event", message),
+        PublishError::Schema(_) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "schema_violation",
+            message,
+        ),
+        PublishError::Encode(EncodeError::TooLarge { .. }) => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "event_too_large", message)
+        }
+        PublishError::Encode(_) => ApiError::bad_request("invalid_event", message),
+        _ => ApiError::unavailable(message),
+    }
+}
+
+pub async fn publish_events(
+    request: HttpRequest,
+    body: web::Bytes,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_token(&request, state.config.publish.token.as_deref())?;
+    let events = parse_events(&body, state.config.publish.max_batch)?;
+    let mut client = state
+        .pool
+        .get()
+        .await
+        .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))?;
+    let mut envelopes = Vec::with_capacity(events.len());
+    for (index, event) in events.into_iter().enumerate() {
+        let envelope = state
+            .publisher
+            .emit(&tx, event)
+            .await
+            .map_err(|e| publish_error(index, e))?;
+        envelopes.push(envelope);
+    }
+    tx.commit()
+        .await
+        .map_err(|e| ApiError::unavailable(format!("commit failed: {e}")))?;
+    state
+        .metrics
+        .events_published
+        .inc_by(envelopes.len() as u64);
+    Ok(HttpResponse::Ok().json(json!({ "events": envelopes })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_one_event_or_a_batch_and_names_what_is_wrong() {
+        let one = br#"{"type":"a","scopeKey":"s","lane":"durable","data":{}}"#;
+        assert_eq!(parse_events(one, 10).unwrap().len(), 1);
+        let two = br#"[{"type":"a","scopeKey":"s","lane":"durable"},{"type":"b","scopeKey":"s","lane":"ephemeral"}]"#;
+        assert_eq!(parse_events(two, 10).unwrap().len(), 2);
+        assert_eq!(parse_events(two, 1).unwrap_err().code, "batch_too_large");
+        assert_eq!(parse_events(b"nope", 10).unwrap_err().code, "invalid_body");
+        assert_eq!(parse_events(b"[]", 10).unwrap_err().code, "invalid_body");
+        assert_eq!(parse_events(b"3", 10).unwrap_err().code, "invalid_body");
+        let wrong = br#"[{"type":"a","scopeKey":"s","lane":"sometimes"}]"#;
+        let error = parse_events(wrong, 10).unwrap_err();
+        assert_eq!(error.code, "invalid_event");
+        assert!(error.message.starts_with("event 0:"));
+    }
+}

@@ -1,0 +1,206 @@
+//! `GET /v1/events`: the Server-Sent Events stream.
+//!
+//! Per connection: resolve the credentials (401 without valid ones), take a
+//! connection permit (429 past the cap), parse `Last-Event-ID` (400 when
+//! malformed), subscribe through the relay, and stream the session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::http::{StatusCode, header};
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::Utc;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::actors::relay::Subscribe;
+use crate::auth::Credentials;
+use crate::session::{Registration, Replay, Session, SessionParams, count_replay};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamQuery {
+    /// Replay start for a first connection, when no header can be set.
+    last_event_id: Option<String>,
+    /// End the stream right after delivering an event of this type.
+    until: Option<String>,
+}
+
+/// Parses a `Last-Event-ID`: a seq, which is a non-negative integer.
+pub fn parse_last_event_id(value: &str) -> Result<i64, ApiError> {
+    let trimmed = value.trim();
+    trimmed
+        .parse::<i64>()
+        .ok()
+        .filter(|seq| *seq >= 0 && !trimmed.starts_with('+'))
+        .ok_or_else(|| {
+            let shown: String = value.chars().take(40).collect();
+            ApiError::bad_request(
+                "invalid_last_event_id",
+                format!(
+                    "Last-Event-ID must be the non-negative integer `id:` of a durable event, got {shown:?}"
+                ),
+            )
+        })
+}
+
+fn header_text(
+    request: &HttpRequest,
+    name: header::HeaderName,
+) -> Result<Option<String>, ApiError> {
+    match request.headers().get(&name) {
+        None => Ok(None),
+        Some(value) => value.to_str().map(|s| Some(s.to_owned())).map_err(|_| {
+            ApiError::bad_request("invalid_header", format!("{name} is not visible ASCII"))
+        }),
+    }
+}
+
+pub async fn stream_events(
+    request: HttpRequest,
+    query: web::Query<StreamQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let credentials = Credentials {
+        authorization: header_text(&request, header::AUTHORIZATION)?,
+        cookie: header_text(&request, header::COOKIE)?,
+    };
+    let last_event_id =
+        match header_text(&request, header::HeaderName::from_static("last-event-id"))? {
+            Some(value) => Some(parse_last_event_id(&value)?),
+            None => query
+                .last_event_id
+                .as_deref()
+                .map(parse_last_event_id)
+                .transpose()?,
+        };
+    if let Some(until) = &query.until {
+        eventrelay_wire::validate_event_type(until)
+            .map_err(|e| ApiError::bad_request("invalid_query", format!("until: {e}")))?;
+    }
+
+    let resolved = state
+        .resolver
+        .resolve(&credentials)
+        .await
+        .map_err(|error| {
+            if error.is_client_error() {
+                ApiError::unauthorized(error.to_string())
+            } else {
+                ApiError::unavailable(error.to_string())
+            }
+        })?;
+    let subscriber = resolved.subscriber;
+    let permit = state
+        .limiter
+        .acquire(&subscriber.scope_key, &subscriber.subscriber_id)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_connections",
+                format!(
+                    "subscriber already has {} open streams; close one first",
+                    state.config.sse.max_connections_per_subscriber
+                ),
+            )
+        })?;
+
+    let sse = &state.config.sse;
+    let replay_from = last_event_id.map(|id| (id - sse.replay_lookback).max(0));
+    let (queue, receiver) = mpsc::channel(sse.queue_capacity);
+    let attached = state
+        .relay
+        .send(Subscribe {
+            subscriber: subscriber.clone(),
+            queue,
+            replay_after: replay_from,
+        })
+        .await
+        .map_err(|_| ApiError::unavailable("the relay is shutting down"))?
+        .map_err(|_| ApiError::unavailable("the relay is shutting down"))?;
+    let registration = Registration {
+        relay: state.relay.clone(),
+        scope_key: subscriber.scope_key.clone(),
+        session: attached.session,
+        permit,
+        metrics: Arc::clone(&state.metrics),
+    };
+
+    let (replay, resync) = match (last_event_id, replay_from, attached.from_tail) {
+        (Some(_), Some(_), Some(events)) => {
+            count_replay(&state.metrics, "memory");
+            (Replay::FromTail(events), false)
+        }
+        (Some(after), Some(from), None) => {
+            count_replay(&state.metrics, "outbox");
+            let client = state
+                .pool
+                .get()
+                .await
+                .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))?;
+            let horizon = state
+                .outbox
+                .horizon(&client)
+                .await
+                .map_err(|e| ApiError::unavailable(e.to_string()))?;
+            // Anything below the horizon has been pruned; if that could
+            // include events after `after`, the client must re-read.
+            let resync = horizon.is_none_or(|oldest| oldest > after + 1);
+            (
+                Replay::FromOutbox {
+                    cursor: from,
+                    pool: state.pool.clone(),
+                    outbox: state.outbox.clone(),
+                },
+                resync,
+            )
+        }
+        _ => (Replay::Nothing, true),
+    };
+
+    let jitter = sse.max_age().mul_f64(fastrand::f64() * 0.1);
+    let mut ends_at = Instant::now() + sse.max_age() - jitter;
+    if let Some(expires_at) = resolved.expires_at {
+        let left = (expires_at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        ends_at = ends_at.min(Instant::now() + left);
+    }
+    let session = Session::new(
+        SessionParams {
+            retry_ms: sse.retry_ms,
+            heartbeat: sse.heartbeat(),
+            ends_at,
+            until: query.until.clone(),
+            resync,
+            replay,
+        },
+        subscriber,
+        receiver,
+        registration,
+        &state.metrics,
+    );
+    Ok(HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .insert_header(("x-accel-buffering", "no"))
+        .insert_header((header::CONTENT_ENCODING, "identity"))
+        .streaming(session.into_stream()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_event_id_must_be_a_non_negative_integer() {
+        assert_eq!(parse_last_event_id("42").unwrap(), 42);
+        assert_eq!(parse_last_event_id(" 7 ").unwrap(), 7);
+        assert_eq!(parse_last_event_id("0").unwrap(), 0);
+        for bad in ["", "-1", "abc", "1.5", "+3", "99999999999999999999"] {
+            let error = parse_last_event_id(bad).unwrap_err();
+            assert_eq!(error.code, "invalid_last_event_id", "{bad}");
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! One SSE connection's stream: `retry:`, the replay, the `ready` frame, then
+//! live frames with heartbeats, until the age cap, the credentials' expiry,
+//! an `until` event, or a full queue ends it.
+//!
+//! The session is the response body itself rather than a separate actor: it
+//! already is the one task per connection, so it owns the bounded queue the
+//! hub fills, the timers and the de-duplication, with no second hop.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Addr;
+use bytes::{Bytes, BytesMut};
+use deadpool_postgres::Pool;
+use eventrelay_wire::{Subscriber, is_envelope_permitted, sse};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, Interval};
+
+use crate::actors::EncodedEvent;
+use crate::actors::relay::{Relay, Unsubscribe};
+use crate::limiter::ConnectionPermit;
+use crate::metrics::{Metrics, SourceLabel};
+use crate::store::Outbox;
+
+/// Rows per page when replaying from the outbox.
+const REPLAY_PAGE: i64 = 500;
+/// Seqs remembered to drop duplicates between replay and live.
+const SENT_MEMORY: usize = 16_384;
+/// Frames gathered into one write when several are queued.
+const MAX_FRAMES_PER_CHUNK: usize = 64;
+
+/// Where the replay comes from.
+pub enum Replay {
+    Nothing,
+    FromTail(Vec<Arc<EncodedEvent>>),
+    FromOutbox {
+        cursor: i64,
+        pool: Pool,
+        outbox: Outbox,
+    },
+}
+
+pub struct SessionParams {
+    pub retry_ms: u64,
+    pub heartbeat: Duration,
+    /// When the stream ends regardless (age cap, credentials' expiry).
+    pub ends_at: Instant,
+    pub until: Option<String>,
+    pub resync: bool,
+    pub replay: Replay,
+}
+
+enum Phase {
+    Retry,
+    Replay,
+    Ready,
+    Live,
+    Finished,
+}
+
+pub struct Session {
+    params: SessionParams,
+    subscriber: Subscriber,
+    queue: mpsc::Receiver<Arc<EncodedEvent>>,
+    phase: Phase,
+    sent: BTreeSet<i64>,
+    heartbeat: Interval,
+    _registration: Registration,
+}
+
+/// Undoes a session's registrations when its stream is dropped, however it
+/// ends (client gone, age cap, error).
+pub struct Registration {
+    pub relay: Addr<Relay>,
+    pub scope_key: String,
+    pub session: u64,
+    pub permit: ConnectionPermit,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.relay.do_send(Unsubscribe {
+            scope_key: std::mem::take(&mut self.scope_key),
+            session: self.session,
+        });
+        self.metrics.connections.dec();
+    }
+}
+
+impl Session {
+    pub fn new(
+        params: SessionParams,
+        subscriber: Subscriber,
+        queue: mpsc::Receiver<Arc<EncodedEvent>>,
+        registration: Registration,
+        metrics: &Metrics,
+    ) -> Self {
+        let mut heartbeat =
+            tokio::time::interval_at(Instant::now() + params.heartbeat, params.heartbeat);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        metrics.connections.inc();
+        Session {
+            params,
+            subscriber,
+            queue,
+            phase: Phase::Retry,
+            sent: BTreeSet::new(),
+            heartbeat,
+            _registration: registration,
+        }
+    }
+
+    /// The response body.
+    pub fn into_stream(
+        self,
+    ) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+        futures_util::stream::unfold(self, |mut session| async move {
+            let chunk = session.next_chunk().await?;
+            Some((Ok(chunk), session))
+        })
+    }
+
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        loop {
+            match self.phase {
+                Phase::Retry => {
+                    self.phase = Phase::Replay;
+                    return Some(Bytes::from(sse::retry_frame(self.params.retry_ms)));
+                }
+                Phase::Replay => match self.next_replay_batch().await {
+                    Ok(Some(batch)) => {
+                        if let Some(chunk) = self.frames(batch) {
+                            return Some(chunk);
+                        }
+                    }
+                    Ok(None) => self.phase = Phase::Ready,
+                    Err(error) => {
+                        tracing::warn!(%error, "replay failed; ending the stream so the client retries");
+                        self.phase = Phase::Finished;
+                    }
+                },
+                Phase::Ready => {
+                    self.phase = Phase::Live;
+                    return Some(Bytes::from(sse::ready_frame(self.params.resync)));
+                }
+                Phase::Live => return self.next_live().await,
+                Phase::Finished => return None,
+            }
+        }
+    }
+
+    async fn next_replay_batch(&mut self) -> Result<Option<Vec<Arc<EncodedEvent>>>, String> {
+        match &mut self.params.replay {
+            Replay::Nothing => Ok(None),
+            Replay::FromTail(events) => {
+                let events = std::mem::take(events);
+                self.params.replay = Replay::Nothing;
+                Ok(Some(events))
+            }
+            Replay::FromOutbox {
+                cursor,
+                pool,
+                outbox,
+            } => {
+                let client = pool.get().await.map_err(|e| e.to_string())?;
+                let page = outbox
+                    .read_since(&client, &self.subscriber.scope_key, *cursor, REPLAY_PAGE)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let full = page.len() as i64 == REPLAY_PAGE;
+                if let Some(last) = page.last().and_then(|e| e.seq) {
+                    *cursor = last;
+                }
+                if !full {
+                    self.params.replay = Replay::Nothing;
+                }
+                let subscriber = &self.subscriber;
+                Ok(Some(
+                    page.into_iter()
+                        .filter(|envelope| is_envelope_permitted(envelope, subscriber))
+                        .map(|envelope| Arc::new(EncodedEvent::new(envelope)))
+                        .collect(),
+                ))
+            }
+        }
+    }
+
+    async fn next_live(&mut self) -> Option<Bytes> {
+        let ends_at = self.params.ends_at;
+        loop {
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(ends_at) => {
+                    self.phase = Phase::Finished;
+                    return None;
+                }
+                received = self.queue.recv() => {
+                    let Some(first) = received else {
+                        // The hub dropped us (queue full) or shut down.
+                        self.phase = Phase::Finished;
+                        return None;
+                    };
+                    let mut batch = vec![first];
+                    while batch.len() < MAX_FRAMES_PER_CHUNK {
+                        match self.queue.try_recv() {
+                            Ok(event) => batch.push(event),
+                            Err(_) => break,
+                        }
+                    }
+                    if let Some(chunk) = self.frames(batch) {
+                        return Some(chunk);
+                    }
+                }
+                _ = self.heartbeat.tick() => {
+                    return Some(Bytes::from_static(sse::HEARTBEAT_FRAME.as_bytes()));
+                }
+            }
+        }
+    }
+
+    /// Concatenates the frames not yet sent; stops after an `until` event.
+    fn frames(&mut self, batch: Vec<Arc<EncodedEvent>>) -> Option<Bytes> {
+        let mut chunk = BytesMut::new();
+        for event in batch {
+            if let Some(seq) = event.seq() {
+                if !self.sent.insert(seq) {
+                    continue;
+                }
+                if self.sent.len() > SENT_MEMORY {
+                    self.sent.pop_first();
+                }
+            }
+            chunk.extend_from_slice(&event.frame);
+            if self
+                .params
+                .until
+                .as_deref()
+                .is_some_and(|until| until == event.envelope.event_type)
+            {
+                self.phase = Phase::Finished;
+                break;
+            }
+        }
+        if chunk.is_empty() {
+            return None;
+        }
+        self.heartbeat.reset();
+        Some(chunk.freeze())
+    }
+}
+
+/// Counts a replay by where it was served from.
+pub fn count_replay(metrics: &Metrics, source: &'static str) {
+    metrics.replays.get_or_create(&SourceLabel { source }).inc();
+}
