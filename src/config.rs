@@ -258,8 +258,8 @@ impl Config {
         if sse.heartbeat_secs == 0 {
             return Err(invalid("sse.heartbeat_secs", "must be at least 1"));
         }
-        if sse.max_age_secs < 10 {
-            return Err(invalid("sse.max_age_secs", "must be at least 10"));
+        if sse.max_age_secs == 0 {
+            return Err(invalid("sse.max_age_secs", "must be at least 1"));
         }
         if sse.max_connections_per_subscriber == 0 {
             return Err(invalid(
@@ -374,6 +374,8 @@ mod tests {
     }
 
     #[test]
+    // figment's Jail returns its own large error type; it is only a test.
+    #[allow(clippy::result_large_err)]
     fn file_then_environment_override_defaults() {
         let dir = std::env::temp_dir().join(format!("eventrelay-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -44,12 +44,9 @@ impl Metrics {
             listener_reconnects: Counter::default(),
             notifications_malformed: Counter::default(),
             slow_subscribers_dropped: Counter::default(),
-            commit_to_send_seconds: Histogram::new(
-                [
-                    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                ]
-                .into_iter(),
-            ),
+            commit_to_send_seconds: Histogram::new([
+                0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
             events_published: Counter::default(),
             outbox_rows_pruned: Counter::default(),
             registry: Registry::default(),

@@ -298,11 +298,15 @@ impl Handler<ReadDone> for Relay {
                 while state.delivered.len() > DELIVERED_MEMORY {
                     state.delivered.pop_first();
                 }
-                if !fresh.is_empty() {
+                // One message per page keeps each burst below a session's
+                // queue capacity; each page follows on from the previous.
+                let mut read_after = msg.from;
+                for page in fresh.chunks(PAGE as usize) {
                     state.hub.do_send(PublishDurable {
-                        read_after: msg.from,
-                        events: fresh,
+                        read_after,
+                        events: page.to_vec(),
                     });
+                    read_after = page.last().and_then(|e| e.seq()).unwrap_or(read_after);
                 }
             }
             Err(error) => {

@@ -179,9 +179,10 @@ mod tests {
         tail.publish(12, &[event(13, 1), event(15, 1)]);
         assert_eq!(tail.len(), 3);
         assert!(
-            tail.recent(11).is_none(),
+            tail.recent(10).is_none(),
             "11 was evicted by the count bound"
         );
+        assert_eq!(seqs(&tail.recent(11).unwrap()), vec![12, 13, 15]);
         assert_eq!(seqs(&tail.recent(12).unwrap()), vec![13, 15]);
     }
 

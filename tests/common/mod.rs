@@ -4,6 +4,8 @@
 //! when the `TestDb` goes out of scope.
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::time::Duration;
 
 use eventrelay::publisher::Identifier;

@@ -18,6 +18,8 @@
 //! The tables and SQL functions come from the migrations the `eventrelay`
 //! service applies (`eventrelay migrate`).
 
+pub mod backoff;
+pub mod broadcast;
 mod executor;
 mod identifier;
 mod publisher;
@@ -25,6 +27,8 @@ mod registry;
 #[cfg(feature = "sqlx")]
 mod sqlx_support;
 
+pub use backoff::Backoff;
+pub use broadcast::BroadcastChannel;
 pub use eventrelay_wire::webhook::{VerifyError, WebhookHeaders, WebhookSecret, verify, verify_at};
 pub use eventrelay_wire::{Audience, EventEnvelope, Lane, NewEvent};
 pub use executor::PgExecutor;

@@ -1,0 +1,402 @@
+//! Subscriber authentication: turning the credentials on `GET /v1/events`
+//! into a wire [`Subscriber`](eventrelay_wire::Subscriber) (scope, id and
+//! permission evaluator).
+//!
+//! The seam is [`SubscriberResolver`]. The service builds one from
+//! configuration with [`build_resolver`]: [`jwt`] verifies a bearer token
+//! locally, [`forward`] asks the application over HTTP. Either way the
+//! permission evaluator is the declarative rule in [`grants`]. An application
+//! embedding the relay as a library implements [`SubscriberResolver`] itself
+//! and may hand the wire subscriber any permission closure it likes.
+//!
+//! The resolver runs on every connection, and connections are capped in age,
+//! so a revoked credential stops working at the next reconnect at the latest.
+
+pub mod forward;
+pub mod grants;
+pub mod jwt;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use serde::Deserialize;
+
+pub use forward::{ForwardConfig, ForwardResolver};
+pub use grants::{Grants, GrantsError};
+pub use jwt::{Algorithm, JwtConfig, JwtResolver, MintError, MintOptions, TokenSpec, mint_token};
+
+/// What the relay knows about the caller of `GET /v1/events`: the raw
+/// `Authorization` and `Cookie` header values, if any.
+///
+/// `Debug` redacts both values so credentials never end up in logs.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    pub authorization: Option<String>,
+    pub cookie: Option<String>,
+}
+
+impl Credentials {
+    /// Reads the credentials from request headers. Several `Cookie` headers
+    /// (HTTP/2 may split them) are joined with `"; "`; of several
+    /// `Authorization` headers the first is used. Values that are not
+    /// visible ASCII are ignored.
+    pub fn from_headers(headers: &actix_web::http::header::HeaderMap) -> Self {
+        use actix_web::http::header::{AUTHORIZATION, COOKIE};
+
+        let authorization = headers
+            .get(AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let cookies: Vec<&str> = headers
+            .get_all(COOKIE)
+            .filter_map(|value| value.to_str().ok())
+            .collect();
+        let cookie = (!cookies.is_empty()).then(|| cookies.join("; "));
+        Credentials {
+            authorization,
+            cookie,
+        }
+    }
+
+    /// The token of an `Authorization: Bearer <token>` header (the scheme is
+    /// case-insensitive).
+    pub fn bearer_token(&self) -> Result<&str, AuthError> {
+        let header = self
+            .authorization
+            .as_deref()
+            .map(str::trim)
+            .filter(|header| !header.is_empty())
+            .ok_or(AuthError::MissingCredentials)?;
+        let (scheme, token) = header.split_once(' ').unwrap_or((header, ""));
+        let token = token.trim();
+        if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+            return Err(AuthError::InvalidToken(
+                "the Authorization header must be `Bearer <token>`".into(),
+            ));
+        }
+        Ok(token)
+    }
+
+    /// True when neither header carries anything.
+    pub fn is_empty(&self) -> bool {
+        let blank = |value: &Option<String>| value.as_deref().is_none_or(|v| v.trim().is_empty());
+        blank(&self.authorization) && blank(&self.cookie)
+    }
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = |value: &Option<String>| value.as_ref().map(|_| "[redacted]");
+        f.debug_struct("Credentials")
+            .field("authorization", &shown(&self.authorization))
+            .field("cookie", &shown(&self.cookie))
+            .finish()
+    }
+}
+
+/// A resolved subscriber: the wire subscriber (scope key, subscriber id,
+/// permission evaluator) and when its credentials expire, so the session can
+/// end the connection then rather than at its age cap.
+#[derive(Clone, Debug)]
+pub struct ResolvedSubscriber {
+    pub subscriber: eventrelay_wire::Subscriber,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// Why a caller could not be resolved. Every variant but
+/// [`AuthError::Unavailable`] is the caller's fault (401); `Unavailable` is
+/// ours or the application's (503), so the client should retry, not log out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("no credentials: send an `Authorization: Bearer <token>` header or a session cookie")]
+    MissingCredentials,
+    #[error("invalid credentials: {0}")]
+    InvalidToken(String),
+    #[error("the credentials have expired")]
+    Expired,
+    #[error("the application refused these credentials")]
+    Refused,
+    #[error("authentication is unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl AuthError {
+    /// True for the errors to answer with 401; false for
+    /// [`AuthError::Unavailable`] (503).
+    pub fn is_client_error(&self) -> bool {
+        !matches!(self, AuthError::Unavailable(_))
+    }
+
+    /// The HTTP status to answer with: 401 or 503.
+    pub fn status_code(&self) -> u16 {
+        if self.is_client_error() { 401 } else { 503 }
+    }
+}
+
+/// Resolves the caller of `GET /v1/events` to a subscriber.
+///
+/// Service mode uses [`JwtResolver`] or [`ForwardResolver`]; an application
+/// embedding the relay implements this itself, typically by validating its
+/// own session and returning a subscriber whose evaluator is an arbitrary
+/// closure over its own permission model.
+pub trait SubscriberResolver: Send + Sync + 'static {
+    fn resolve<'a>(
+        &'a self,
+        credentials: &'a Credentials,
+    ) -> BoxFuture<'a, Result<ResolvedSubscriber, AuthError>>;
+}
+
+/// The `[auth]` configuration table, chosen by its `mode` key.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(tag = "mode", rename_all = "lowercase")]
+pub enum AuthConfig {
+    /// Verify a bearer JWT locally.
+    Jwt(JwtConfig),
+    /// Ask the application over HTTP.
+    Forward(ForwardConfig),
+}
+
+/// A configuration mistake found when building a resolver; each names the
+/// setting at fault (e.g. `auth.jwt.secret`).
+#[derive(Debug, thiserror::Error)]
+pub enum AuthConfigError {
+    #[error("{setting} is required {context}")]
+    Missing {
+        setting: &'static str,
+        context: String,
+    },
+    #[error("{setting} {problem}")]
+    Invalid {
+        setting: &'static str,
+        problem: String,
+    },
+    #[error("{setting}: cannot read {}: {source}", .path.display())]
+    Read {
+        setting: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl AuthConfigError {
+    /// The setting at fault, such as `auth.jwt.secret`.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            AuthConfigError::Missing { setting, .. }
+            | AuthConfigError::Invalid { setting, .. }
+            | AuthConfigError::Read { setting, .. } => setting,
+        }
+    }
+
+    fn invalid(setting: &'static str, problem: impl Into<String>) -> Self {
+        AuthConfigError::Invalid {
+            setting,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Validates `config`, loads its keys and returns the resolver it describes.
+pub fn build_resolver(config: &AuthConfig) -> Result<Arc<dyn SubscriberResolver>, AuthConfigError> {
+    Ok(match config {
+        AuthConfig::Jwt(config) => Arc::new(JwtResolver::new(config)?),
+        AuthConfig::Forward(config) => Arc::new(ForwardResolver::new(config)?),
+    })
+}
+
+/// Checks what both service-mode resolvers get from their source, so the two
+/// modes accept exactly the same identities. Returns why it is unusable.
+fn check_identity(subscriber_id: &str, scope_key: &str) -> Result<(), String> {
+    if subscriber_id.is_empty() {
+        return Err("the subscriber id is empty".into());
+    }
+    eventrelay_wire::validate_scope_key(scope_key)
+        .map_err(|error| format!("the scope key is unusable: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eventrelay_wire::Subscriber;
+    use figment::Figment;
+    use figment::providers::{Format, Toml};
+    use serde_json::Value;
+
+    #[test]
+    fn bearer_token_parsing() {
+        let with = |header: &str| Credentials {
+            authorization: Some(header.into()),
+            cookie: None,
+        };
+        assert_eq!(with("Bearer abc").bearer_token(), Ok("abc"));
+        assert_eq!(with("bearer abc").bearer_token(), Ok("abc"));
+        assert_eq!(with("BEARER   abc  ").bearer_token(), Ok("abc"));
+        for bad in ["Basic abc", "Bearer", "Bearer   ", "abc", "Bearerabc"] {
+            assert!(
+                matches!(with(bad).bearer_token(), Err(AuthError::InvalidToken(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            Credentials::default().bearer_token(),
+            Err(AuthError::MissingCredentials)
+        );
+        assert_eq!(
+            with("  ").bearer_token(),
+            Err(AuthError::MissingCredentials)
+        );
+    }
+
+    #[test]
+    fn credentials_from_headers_and_redacted_debug() {
+        use actix_web::http::header::{AUTHORIZATION, COOKIE, HeaderMap, HeaderValue};
+
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer t0ken"));
+        headers.append(COOKIE, HeaderValue::from_static("a=1"));
+        headers.append(COOKIE, HeaderValue::from_static("b=2"));
+        let credentials = Credentials::from_headers(&headers);
+        assert_eq!(credentials.authorization.as_deref(), Some("Bearer t0ken"));
+        assert_eq!(credentials.cookie.as_deref(), Some("a=1; b=2"));
+        let debug = format!("{credentials:?}");
+        assert!(
+            !debug.contains("t0ken") && !debug.contains("a=1"),
+            "{debug}"
+        );
+
+        assert!(Credentials::from_headers(&HeaderMap::new()).is_empty());
+    }
+
+    #[test]
+    fn errors_map_to_401_or_503() {
+        for error in [
+            AuthError::MissingCredentials,
+            AuthError::InvalidToken("x".into()),
+            AuthError::Expired,
+            AuthError::Refused,
+        ] {
+            assert!(error.is_client_error());
+            assert_eq!(error.status_code(), 401);
+        }
+        let unavailable = AuthError::Unavailable("down".into());
+        assert!(!unavailable.is_client_error());
+        assert_eq!(unavailable.status_code(), 503);
+    }
+
+    /// Library mode: the application implements the seam with its own
+    /// permission closure, and the resolver is used through the trait object.
+    #[tokio::test]
+    async fn library_mode_resolver_with_its_own_closure() {
+        struct AppSessions;
+        impl SubscriberResolver for AppSessions {
+            fn resolve<'a>(
+                &'a self,
+                credentials: &'a Credentials,
+            ) -> BoxFuture<'a, Result<ResolvedSubscriber, AuthError>> {
+                Box::pin(async move {
+                    if credentials.cookie.as_deref() != Some("session=alice") {
+                        return Err(AuthError::Refused);
+                    }
+                    let subscriber = Subscriber::new("org-1", "alice")
+                        .with_evaluator(|permission: &Value| permission == "admin");
+                    Ok(ResolvedSubscriber {
+                        subscriber,
+                        expires_at: None,
+                    })
+                })
+            }
+        }
+
+        let resolver: Arc<dyn SubscriberResolver> = Arc::new(AppSessions);
+        let alice = Credentials {
+            authorization: None,
+            cookie: Some("session=alice".into()),
+        };
+        let resolved = resolver.resolve(&alice).await.unwrap();
+        let evaluator = resolved.subscriber.evaluator.unwrap();
+        assert!(evaluator.can(&Value::from("admin")));
+        assert!(!evaluator.can(&Value::from("orders:read")));
+        assert_eq!(
+            resolver.resolve(&Credentials::default()).await.unwrap_err(),
+            AuthError::Refused
+        );
+    }
+
+    fn auth_from_toml(toml: &str) -> Result<AuthConfig, String> {
+        Figment::from(Toml::string(toml))
+            .extract_inner("auth")
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn config_is_chosen_by_mode_and_fills_defaults() {
+        let jwt = auth_from_toml(
+            "[auth]\nmode = \"jwt\"\nalgorithm = \"HS256\"\nsecret = \"0123456789abcdef0123456789abcdef\"\n",
+        )
+        .unwrap();
+        let AuthConfig::Jwt(jwt) = jwt else {
+            panic!("expected jwt mode")
+        };
+        assert_eq!(jwt.subscriber_claim, "sub");
+        assert_eq!(jwt.scope_claim, "scope");
+        assert_eq!(jwt.grants_claim, "grants");
+        assert_eq!(jwt.leeway_secs, 30);
+
+        let forward =
+            auth_from_toml("[auth]\nmode = \"forward\"\nurl = \"http://app/auth\"\n").unwrap();
+        assert_eq!(
+            forward,
+            AuthConfig::Forward(ForwardConfig {
+                url: "http://app/auth".into(),
+                timeout_ms: 2000,
+                cache_secs: 5,
+            })
+        );
+    }
+
+    #[test]
+    fn config_refuses_unknown_keys_and_modes() {
+        assert!(auth_from_toml("[auth]\nmode = \"jwt\"\nsecrett = \"x\"\n").is_err());
+        assert!(
+            auth_from_toml("[auth]\nmode = \"forward\"\nurl = \"http://a\"\nttl = 3\n").is_err()
+        );
+        assert!(auth_from_toml("[auth]\nmode = \"basic\"\n").is_err());
+        assert!(auth_from_toml("[auth]\nmode = \"jwt\"\nalgorithm = \"none\"\n").is_err());
+    }
+
+    /// Every `toml` block of docs/auth.md must parse, so the docs cannot
+    /// drift from the configuration they describe.
+    #[test]
+    fn docs_toml_snippets_parse() {
+        let docs = include_str!("../../docs/auth.md");
+        let mut blocks = 0;
+        for block in docs.split("```toml").skip(1) {
+            let toml = block.split("```").next().unwrap();
+            auth_from_toml(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+            blocks += 1;
+        }
+        assert!(blocks >= 2, "docs/auth.md should show both modes");
+    }
+
+    #[test]
+    fn build_resolver_names_the_setting() {
+        let error = build_resolver(&AuthConfig::Jwt(JwtConfig::default()))
+            .err()
+            .unwrap();
+        assert_eq!(error.setting(), "auth.jwt.secret");
+        assert_eq!(error.to_string(), "auth.jwt.secret is required for HS256");
+
+        let error = build_resolver(&AuthConfig::Forward(ForwardConfig {
+            url: "ftp://app".into(),
+            timeout_ms: 2000,
+            cache_secs: 5,
+        }))
+        .err()
+        .unwrap();
+        assert_eq!(error.setting(), "auth.forward.url");
+    }
+}

@@ -1,0 +1,308 @@
+//! A real relay on port 0 for tests, with its own actix system on its own
+//! thread, and a small SSE reader over TCP.
+
+use std::time::Duration;
+
+use eventrelay::auth::{
+    Algorithm, AuthConfig, JwtConfig, MintOptions, TokenSpec, build_resolver, mint_token,
+};
+use eventrelay::config::Config;
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use super::{DEADLINE, TestDb};
+
+pub const TEST_SECRET: &str = "test-secret-that-is-long-enough-for-hs256";
+pub const PUBLISH_TOKEN: &str = "publish-token-for-tests";
+
+pub struct TestServer {
+    pub base: String,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Starts a relay on `db` with the test defaults, adjusted by `tweak`.
+    pub fn start(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        let mut config = Config::default();
+        config.database.url = Some(db.url.clone());
+        config.database.schema = db.schema.to_string();
+        config.database.channel = db.channel.to_string();
+        config.database.pool_size = 4;
+        config.http.workers = 1;
+        config.hub.arbiters = 1;
+        config.publish.token = Some(PUBLISH_TOKEN.into());
+        config.auth = Some(AuthConfig::Jwt(JwtConfig {
+            algorithm: Algorithm::HS256,
+            secret: Some(TEST_SECRET.into()),
+            leeway_secs: 0,
+            ..JwtConfig::default()
+        }));
+        tweak(&mut config);
+        config.validate().expect("test config is valid");
+        let resolver = build_resolver(config.auth.as_ref().unwrap()).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let shutdown = async move {
+                    let _ = stopped.await;
+                };
+                if let Err(error) =
+                    eventrelay::server::run(config, resolver, listener, shutdown).await
+                {
+                    panic!("relay failed: {error}");
+                }
+            });
+        });
+        TestServer {
+            base,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Waits until `/readyz` says the database and listener are up.
+    pub async fn ready(&self) {
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            if let Ok(response) = client.get(self.url("/readyz")).send().await {
+                if response.status() == 200 {
+                    return;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "relay never became ready"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A metric's value from `/metrics` (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::get(self.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|line| {
+                let (key, value) = line.rsplit_once(' ')?;
+                (key == name).then(|| value.parse().ok())?
+            })
+            .unwrap_or(0.0)
+    }
+
+    /// Connects to the stream; `Err` carries the refusal's status and body.
+    pub async fn connect(
+        &self,
+        token: Option<&str>,
+        last_event_id: Option<&str>,
+        query: &str,
+    ) -> Result<SseStream, (u16, Value)> {
+        let mut request = reqwest::Client::new().get(self.url(&format!("/v1/events{query}")));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = request.send().await.expect("relay answers");
+        let status = response.status().as_u16();
+        if status != 200 {
+            let body = response.json().await.unwrap_or(Value::Null);
+            return Err((status, body));
+        }
+        Ok(SseStream::new(response))
+    }
+
+    /// Connects and reads through the `ready` frame; returns its `resync`.
+    pub async fn subscribe(
+        &self,
+        token: &str,
+        last_event_id: Option<&str>,
+        query: &str,
+    ) -> (SseStream, bool) {
+        let mut stream = self
+            .connect(Some(token), last_event_id, query)
+            .await
+            .unwrap_or_else(|e| panic!("connect refused: {e:?}"));
+        let mut replayed = Vec::new();
+        loop {
+            let frame = stream.next_frame().await.expect("stream open until ready");
+            if frame.event.as_deref() == Some("ready") {
+                let data: Value = serde_json::from_str(&frame.data).unwrap();
+                stream.replayed = replayed;
+                return (stream, data["resync"].as_bool().unwrap());
+            }
+            if frame.data.is_empty() {
+                continue;
+            }
+            replayed.push(frame);
+        }
+    }
+
+    pub async fn publish(&self, body: Value) -> (u16, Value) {
+        let response = reqwest::Client::new()
+            .post(self.url("/v1/events"))
+            .bearer_auth(PUBLISH_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A development token for the test secret.
+pub fn token(subscriber: &str, scope: &str, grants: Value) -> String {
+    token_for(subscriber, scope, grants, Duration::from_secs(600))
+}
+
+pub fn token_for(subscriber: &str, scope: &str, grants: Value, ttl: Duration) -> String {
+    mint_token(
+        TEST_SECRET,
+        Algorithm::HS256,
+        &TokenSpec {
+            subscriber_id: subscriber.into(),
+            scope_key: scope.into(),
+            grants,
+            ttl,
+        },
+        &MintOptions::default(),
+    )
+    .unwrap()
+}
+
+/// One SSE frame as a client reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: String,
+    pub comment: Option<String>,
+    pub retry: Option<String>,
+}
+
+impl Frame {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.data).unwrap()
+    }
+}
+
+pub struct SseStream {
+    body: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    buffer: Vec<u8>,
+    /// Event frames received before `ready` (set by `TestServer::subscribe`).
+    pub replayed: Vec<Frame>,
+}
+
+impl SseStream {
+    fn new(response: reqwest::Response) -> Self {
+        SseStream {
+            body: Box::pin(response.bytes_stream()),
+            buffer: Vec::new(),
+            replayed: Vec::new(),
+        }
+    }
+
+    /// The next frame of any kind; `None` when the stream ended. Panics
+    /// after the deadline.
+    pub async fn next_frame(&mut self) -> Option<Frame> {
+        tokio::time::timeout(DEADLINE, self.read_frame())
+            .await
+            .expect("a frame arrives before the deadline")
+    }
+
+    async fn read_frame(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let raw: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                return Some(parse_frame(&String::from_utf8(raw).unwrap()));
+            }
+            match self.body.next().await {
+                Some(Ok(chunk)) => self.buffer.extend_from_slice(&chunk),
+                _ => return None,
+            }
+        }
+    }
+
+    /// The next event frame, skipping comments and `retry:`.
+    pub async fn next_event(&mut self) -> Frame {
+        loop {
+            let frame = self.next_frame().await.expect("stream still open");
+            if frame.event.is_some() || !frame.data.is_empty() {
+                return frame;
+            }
+        }
+    }
+
+    /// Collects `count` event frames.
+    pub async fn events(&mut self, count: usize) -> Vec<Frame> {
+        let mut events = Vec::with_capacity(count);
+        while events.len() < count {
+            events.push(self.next_event().await);
+        }
+        events
+    }
+
+    /// True when the stream ends (skipping heartbeats) before the deadline.
+    pub async fn ends(&mut self) -> bool {
+        loop {
+            match self.next_frame().await {
+                None => return true,
+                Some(frame) if frame.comment.is_some() => continue,
+                Some(frame) => panic!("expected the end of the stream, got {frame:?}"),
+            }
+        }
+    }
+}
+
+fn parse_frame(text: &str) -> Frame {
+    let mut frame = Frame {
+        id: None,
+        event: None,
+        data: String::new(),
+        comment: None,
+        retry: None,
+    };
+    let mut data_lines = Vec::new();
+    for line in text.trim_end_matches('\n').split('\n') {
+        if let Some(comment) = line.strip_prefix(':') {
+            frame.comment = Some(comment.trim().to_owned());
+            continue;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value).to_owned();
+        match field {
+            "id" => frame.id = Some(value),
+            "event" => frame.event = Some(value),
+            "data" => data_lines.push(value),
+            "retry" => frame.retry = Some(value),
+            _ => {}
+        }
+    }
+    frame.data = data_lines.join("\n");
+    frame
+}

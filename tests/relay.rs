@@ -1,0 +1,570 @@
+//! The relay end to end: a real Postgres, the real server on port 0, and a
+//! real SSE reader over TCP.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::server::{Frame, TestServer, token, token_for};
+use common::{DEADLINE, TestDb};
+use eventrelay::publisher::{Audience, NewEvent, Publisher};
+use serde_json::{Value, json};
+
+fn publisher(db: &TestDb) -> Publisher {
+    Publisher::new(db.schema.as_str()).unwrap()
+}
+
+async fn emit(db: &TestDb, event: NewEvent) -> eventrelay::publisher::EventEnvelope {
+    let client = db.connect().await;
+    publisher(db).emit(&client, event).await.unwrap()
+}
+
+fn durable(event_type: &str, scope: &str) -> NewEvent {
+    NewEvent::durable(event_type, scope, json!({}))
+}
+
+fn ids(frames: &[Frame]) -> Vec<String> {
+    frames
+        .iter()
+        .map(|f| f.json()["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_commit_reaches_the_subscriber_and_a_rollback_never_does() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (mut stream, resync) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    assert!(resync, "a first connection must resync");
+
+    let mut client = db.connect().await;
+    let tx = client.transaction().await.unwrap();
+    publisher(&db)
+        .emit(&tx, durable("order.rolled_back", "org-1"))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let committed = emit(&db, durable("order.created", "org-1")).await;
+
+    let frame = stream.next_event().await;
+    assert_eq!(frame.event.as_deref(), Some("order.created"));
+    assert_eq!(frame.id, Some(committed.seq.unwrap().to_string()));
+    assert_eq!(frame.json()["id"], committed.id.to_string());
+}
+
+#[tokio::test]
+async fn the_stream_has_the_documented_framing_and_headers() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| c.sse.heartbeat_secs = 1);
+    server.ready().await;
+    let response = reqwest::Client::new()
+        .get(server.url("/v1/events"))
+        .bearer_auth(token("alice", "org-1", json!({})))
+        .send()
+        .await
+        .unwrap();
+    let headers = response.headers().clone();
+    assert_eq!(headers["content-type"], "text/event-stream");
+    assert_eq!(headers["cache-control"], "no-store");
+    assert_eq!(headers["x-accel-buffering"], "no");
+    drop(response);
+
+    let mut stream = server
+        .connect(Some(&token("alice", "org-1", json!({}))), None, "")
+        .await
+        .unwrap();
+    assert_eq!(
+        stream.next_frame().await.unwrap().retry.as_deref(),
+        Some("3000")
+    );
+    assert_eq!(
+        stream.next_frame().await.unwrap().event.as_deref(),
+        Some("ready")
+    );
+    emit(&db, NewEvent::ephemeral("tick", "org-1", json!({"n": 1}))).await;
+    let tick = stream.next_event().await;
+    assert_eq!(tick.id, None, "ephemeral frames carry no id");
+    assert_eq!(tick.json()["lane"], "ephemeral");
+    let heartbeat = loop {
+        let frame = stream.next_frame().await.unwrap();
+        if frame.comment.is_some() {
+            break frame;
+        }
+    };
+    assert_eq!(heartbeat.comment.as_deref(), Some("hb"));
+}
+
+#[tokio::test]
+async fn audience_by_users_and_permission_fails_closed() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (mut alice, _) = server
+        .subscribe(
+            &token("alice", "org-1", json!({"orders": ["read"]})),
+            None,
+            "",
+        )
+        .await;
+    let (mut bob, _) = server
+        .subscribe(&token("bob", "org-1", json!({})), None, "")
+        .await;
+    let (mut carol, _) = server
+        .subscribe(
+            &token("carol", "org-1", json!({"orders": ["write"]})),
+            None,
+            "",
+        )
+        .await;
+    let (mut other_scope, _) = server
+        .subscribe(
+            &token("alice", "org-2", json!({"orders": ["read"]})),
+            None,
+            "",
+        )
+        .await;
+
+    emit(
+        &db,
+        durable("for.alice", "org-1").with_audience(Audience::users(["alice"])),
+    )
+    .await;
+    emit(
+        &db,
+        durable("needs.orders.read", "org-1")
+            .with_audience(Audience::permission(json!({"orders": ["read"]}))),
+    )
+    .await;
+    emit(
+        &db,
+        durable("strange.permission", "org-1").with_audience(Audience::permission(json!(42))),
+    )
+    .await;
+    emit(&db, durable("everyone", "org-1")).await;
+    emit(&db, durable("everyone", "org-2")).await;
+
+    let types = |frames: Vec<Frame>| -> Vec<String> {
+        frames.into_iter().map(|f| f.event.unwrap()).collect()
+    };
+    assert_eq!(
+        types(alice.events(3).await),
+        ["for.alice", "needs.orders.read", "everyone"]
+    );
+    assert_eq!(types(bob.events(1).await), ["everyone"]);
+    assert_eq!(types(carol.events(1).await), ["everyone"]);
+    let frame = other_scope.next_event().await;
+    assert_eq!(frame.event.as_deref(), Some("everyone"));
+    assert_eq!(frame.json()["scopeKey"], "org-2");
+    assert!(server.metric("eventrelay_events_filtered_total").await >= 5.0);
+}
+
+#[tokio::test]
+async fn refusals_are_401_429_and_400_with_stable_codes() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        c.sse.max_connections_per_subscriber = 2;
+        // A closed client is noticed at the next write.
+        c.sse.heartbeat_secs = 1;
+    });
+    server.ready().await;
+
+    let (status, body) = server.connect(None, None, "").await.err().unwrap();
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    let (status, _) = server
+        .connect(Some("not.a.token"), None, "")
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(status, 401);
+    // A token that expires in a second is refused once it has.
+    let expiring = token_for("alice", "org-1", json!({}), Duration::from_secs(1));
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match server.connect(Some(&expiring), None, "").await {
+            Err((401, body)) => {
+                assert_eq!(body["error"]["code"], "unauthorized");
+                break;
+            }
+            _ => assert!(
+                tokio::time::Instant::now() < deadline,
+                "the token never expired"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let alice = token("alice", "org-1", json!({}));
+    let (status, body) = server
+        .connect(Some(&alice), Some("12abc"), "")
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_last_event_id"))
+    );
+    let (status, _) = server
+        .connect(Some(&alice), None, "?lastEventId=-4")
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(status, 400);
+
+    let first = server.connect(Some(&alice), None, "").await.unwrap();
+    let _second = server.connect(Some(&alice), None, "").await.unwrap();
+    let (status, body) = server.connect(Some(&alice), None, "").await.err().unwrap();
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("too_many_connections"))
+    );
+    let _bob = server
+        .connect(Some(&token("bob", "org-1", json!({}))), None, "")
+        .await
+        .unwrap();
+    drop(first);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if server.connect(Some(&alice), None, "").await.is_ok() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a closed stream frees its slot"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn replay_from_memory_and_from_the_outbox_agree() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        c.sse.replay_lookback = 0;
+        // A closed client is noticed at the next write.
+        c.sse.heartbeat_secs = 1;
+    });
+    server.ready().await;
+    let alice = token("alice", "org-1", json!({"orders": ["read"]}));
+
+    let (mut live, _) = server.subscribe(&alice, None, "").await;
+    let mut emitted = Vec::new();
+    for n in 0..12 {
+        let mut event = NewEvent::durable("n", "org-1", json!({"n": n}));
+        if n % 4 == 1 {
+            event = event.with_audience(Audience::users(["bob"]));
+        }
+        emitted.push(emit(&db, event).await);
+        emit(&db, durable("elsewhere", "org-2")).await;
+    }
+    let visible: Vec<String> = emitted
+        .iter()
+        .filter(|e| e.audience.is_none())
+        .map(|e| e.id.to_string())
+        .collect();
+    assert_eq!(ids(&live.events(visible.len()).await), visible);
+
+    let after = emitted[3].seq.unwrap().to_string();
+    let expected: Vec<String> = emitted[4..]
+        .iter()
+        .filter(|e| e.audience.is_none())
+        .map(|e| e.id.to_string())
+        .collect();
+
+    let (from_memory, resync) = server.subscribe(&alice, Some(&after), "").await;
+    assert!(!resync);
+    assert_eq!(ids(&from_memory.replayed), expected);
+    assert_eq!(
+        server
+            .metric("eventrelay_replays_total{source=\"memory\"}")
+            .await,
+        1.0
+    );
+    drop(from_memory);
+    drop(live);
+
+    // With no stream open the scope's hub goes away, and its tail with it.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while server.metric("eventrelay_active_scopes").await > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "scope never deactivated"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (from_outbox, resync) = server.subscribe(&alice, Some(&after), "").await;
+    assert!(!resync);
+    assert_eq!(ids(&from_outbox.replayed), expected);
+    assert_eq!(
+        server
+            .metric("eventrelay_replays_total{source=\"outbox\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn replay_joins_live_without_gap_or_duplicate() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| c.sse.replay_lookback = 0);
+    server.ready().await;
+    let alice = token("alice", "org-1", json!({}));
+    let first = emit(&db, durable("a", "org-1")).await;
+    for _ in 0..5 {
+        emit(&db, durable("b", "org-1")).await;
+    }
+    let (mut stream, _) = server
+        .subscribe(&alice, Some(&first.seq.unwrap().to_string()), "")
+        .await;
+    let mut seen: Vec<String> = ids(&stream.replayed);
+    for _ in 0..5 {
+        emit(&db, durable("c", "org-1")).await;
+    }
+    while seen.len() < 10 {
+        seen.extend(ids(&[stream.next_event().await]));
+    }
+    let unique: HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), 10, "no duplicates: {seen:?}");
+}
+
+#[tokio::test]
+async fn a_last_event_id_older_than_the_outbox_asks_for_a_resync() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    for _ in 0..3 {
+        emit(&db, durable("old", "org-1")).await;
+    }
+    let client = db.connect().await;
+    client
+        .execute(
+            &format!("DELETE FROM {}.outbox WHERE seq < 3", db.schema),
+            &[],
+        )
+        .await
+        .unwrap();
+    let alice = token("alice", "org-1", json!({}));
+    let (_, resync) = server.subscribe(&alice, Some("1"), "").await;
+    assert!(resync, "events after 1 were pruned");
+    let (_, resync) = server.subscribe(&alice, Some("2"), "").await;
+    assert!(!resync, "everything after 2 is still held");
+}
+
+#[tokio::test]
+async fn transactions_committing_out_of_seq_order_both_arrive() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let mut first = db.connect().await;
+    let mut second = db.connect().await;
+    let tx1 = first.transaction().await.unwrap();
+    let low = publisher(&db)
+        .emit(&tx1, durable("low", "org-1"))
+        .await
+        .unwrap();
+    let tx2 = second.transaction().await.unwrap();
+    let high = publisher(&db)
+        .emit(&tx2, durable("high", "org-1"))
+        .await
+        .unwrap();
+    assert!(low.seq < high.seq);
+    tx2.commit().await.unwrap();
+    assert_eq!(stream.next_event().await.event.as_deref(), Some("high"));
+    tx1.commit().await.unwrap();
+    assert_eq!(stream.next_event().await.event.as_deref(), Some("low"));
+}
+
+#[tokio::test]
+async fn the_listener_losing_its_connection_loses_no_event() {
+    let db = TestDb::new().await;
+    let listener_tag = format!("{}_listener", db.schema);
+    let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
+    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url));
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let control = db.connect().await;
+    let mut expected = HashSet::new();
+    for round in 0..30 {
+        expected.insert(
+            emit(&db, NewEvent::durable("n", "org-1", json!({"n": round})))
+                .await
+                .id
+                .to_string(),
+        );
+        if round % 10 == 5 {
+            control
+                .execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&listener_tag],
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let mut received = HashSet::new();
+    while received.len() < expected.len() {
+        let frame = stream.next_event().await;
+        received.insert(frame.json()["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(received, expected);
+    assert!(server.metric("eventrelay_listener_reconnects_total").await >= 1.0);
+}
+
+#[tokio::test]
+async fn two_relays_on_one_database_both_deliver() {
+    let db = TestDb::new().await;
+    let one = TestServer::start(&db, |c| c.database.migrate = false);
+    let two = TestServer::start(&db, |c| c.database.migrate = false);
+    one.ready().await;
+    two.ready().await;
+    let alice = token("alice", "org-1", json!({}));
+    let (mut a, _) = one.subscribe(&alice, None, "").await;
+    let (mut b, _) = two.subscribe(&alice, None, "").await;
+    let event = emit(&db, durable("shared", "org-1")).await;
+    for stream in [&mut a, &mut b] {
+        assert_eq!(stream.next_event().await.json()["id"], event.id.to_string());
+    }
+}
+
+#[tokio::test]
+async fn until_ends_the_stream_right_after_the_matching_event() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "?until=job.done")
+        .await;
+    emit(&db, durable("job.progress", "org-1")).await;
+    emit(&db, durable("job.done", "org-1")).await;
+    emit(&db, durable("job.after", "org-1")).await;
+    assert_eq!(
+        stream.next_event().await.event.as_deref(),
+        Some("job.progress")
+    );
+    assert_eq!(stream.next_event().await.event.as_deref(), Some("job.done"));
+    assert!(stream.ends().await);
+}
+
+#[tokio::test]
+async fn the_age_cap_and_token_expiry_end_streams_cleanly() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| c.sse.max_age_secs = 2);
+    server.ready().await;
+    let (mut aged, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let short = token_for("bob", "org-1", json!({}), Duration::from_secs(2));
+    let (mut expiring, _) = TestServer::subscribe(&server, &short, None, "").await;
+    assert!(aged.ends().await);
+    assert!(expiring.ends().await);
+}
+
+#[tokio::test]
+async fn a_subscriber_too_slow_for_its_queue_is_disconnected() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| c.sse.queue_capacity = 64);
+    server.ready().await;
+    let (_never_reads, _) = server
+        .subscribe(&token("slow", "org-1", json!({})), None, "")
+        .await;
+    let (mut reader, _) = server
+        .subscribe(&token("fast", "org-1", json!({})), None, "")
+        .await;
+    // Big frames fill the slow client's socket buffers quickly; after that
+    // its queue fills and the hub lets it go.
+    let payload = "x".repeat(60_000);
+    let publisher = publisher(&db);
+    let client = db.connect().await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while server
+        .metric("eventrelay_slow_subscribers_dropped_total")
+        .await
+        < 1.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slow subscriber never dropped"
+        );
+        for _ in 0..16 {
+            publisher
+                .emit(
+                    &client,
+                    NewEvent::durable("bulk", "org-1", json!({"pad": payload})),
+                )
+                .await
+                .unwrap();
+        }
+        // The fast reader keeps up, so it is never the one dropped.
+        reader.events(16).await;
+    }
+    assert_eq!(
+        server
+            .metric("eventrelay_slow_subscribers_dropped_total")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn the_publish_api_writes_durable_and_ephemeral_events() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let (status, body) = server
+        .publish(json!([
+            {"type": "order.created", "scopeKey": "org-1", "lane": "durable", "data": {"orderId": 1}},
+            {"type": "sync.progress", "scopeKey": "org-1", "lane": "ephemeral", "data": {"done": 1}}
+        ]))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["events"][0]["seq"].as_i64().is_some());
+    let frames = stream.events(2).await;
+    let types: HashSet<String> = frames.into_iter().map(|f| f.event.unwrap()).collect();
+    assert_eq!(
+        types,
+        HashSet::from(["order.created".to_owned(), "sync.progress".to_owned()])
+    );
+    assert_eq!(db.outbox_count().await, 1);
+
+    let (status, body) = server
+        .publish(json!({"type": "bad\ntype", "scopeKey": "org-1", "lane": "durable"}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_event"))
+    );
+    let unauthorized = reqwest::Client::new()
+        .post(server.url("/v1/events"))
+        .bearer_auth("wrong-token-wrong-token")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthorized.status(), 401);
+    let (status, body) = server
+        .publish(json!([
+            {"type": "ok", "scopeKey": "org-1", "lane": "durable"},
+            {"type": "big", "scopeKey": "org-1", "lane": "ephemeral", "data": {"pad": "x".repeat(9000)}}
+        ]))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (413, Some("event_too_large"))
+    );
+    assert_eq!(db.outbox_count().await, 1, "a refused batch writes nothing");
+    let _: Value = body;
+}
