@@ -151,14 +151,9 @@ pub async fn run(
         metrics,
         listener_connected,
     });
-    let max_body = config.http.max_body_bytes;
-    let mut server = HttpServer::new(move || {
-        App::new()
-            .app_data(state.clone())
-            .configure(|c| routes(c, max_body))
-    })
-    .disable_signals()
-    .shutdown_timeout(2);
+    let mut server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
+        .disable_signals()
+        .shutdown_timeout(2);
     if config.http.workers > 0 {
         server = server.workers(config.http.workers);
     }

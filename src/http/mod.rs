@@ -36,17 +36,17 @@ pub struct AppState {
 }
 
 /// Registers every route.
-pub fn routes(config: &mut web::ServiceConfig, max_body_bytes: usize) {
+pub fn routes(config: &mut web::ServiceConfig) {
     config
         .app_data(web::QueryConfig::default().error_handler(|error, _| {
             ApiError::bad_request("invalid_query", error.to_string()).into()
         }))
-        .app_data(web::PayloadConfig::new(max_body_bytes))
         .route("/v1/events", web::get().to(sse::stream_events))
         .route("/v1/events", web::post().to(publish::publish_events))
         .route("/healthz", web::get().to(ops::healthz))
         .route("/readyz", web::get().to(ops::readyz))
         .route("/metrics", web::get().to(ops::metrics))
+        .route("/openapi.json", web::get().to(ops::openapi))
         .default_service(web::to(|| async {
             Err::<actix_web::HttpResponse, _>(ApiError::new(
                 actix_web::http::StatusCode::NOT_FOUND,

@@ -1,4 +1,5 @@
-//! Operations endpoints: liveness, readiness and metrics.
+//! Operations endpoints: liveness, readiness, metrics and the OpenAPI
+//! document of the HTTP API.
 
 use std::sync::atomic::Ordering;
 
@@ -32,4 +33,14 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(state.metrics.render())
+}
+
+/// The OpenAPI 3.1 description of this API, kept next to the handlers and
+/// checked against the router by a test.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+pub async fn openapi() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(OPENAPI)
 }

@@ -9,8 +9,10 @@
 use actix_web::http::StatusCode;
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
+use bytes::BytesMut;
 use eventrelay_publisher::{NewEvent, PublishError};
 use eventrelay_wire::EncodeError;
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -96,12 +98,31 @@ fn publish_error(index: usize, error: PublishError) -> ApiError {
     }
 }
 
+/// Reads the body, refusing it as soon as it passes `limit` bytes.
+async fn read_body(mut payload: web::Payload, limit: usize) -> Result<BytesMut, ApiError> {
+    let mut body = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::bad_request("invalid_body", format!("cannot read body: {e}")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request body is over the {limit}-byte limit (http.max_body_bytes)"),
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 pub async fn publish_events(
     request: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     check_token(&request, state.config.publish.token.as_deref())?;
+    let body = read_body(payload, state.config.http.max_body_bytes).await?;
     let events = parse_events(&body, state.config.publish.max_batch)?;
     let mut client = state
         .pool
