@@ -37,6 +37,8 @@ enum Command {
     CheckConfig(ConfigArgs),
     /// Mint a development token for the configured HMAC secret.
     Token(TokenArgs),
+    /// Exit 0 when the relay at --url answers 200 (for container health checks).
+    Health(HealthArgs),
     /// Create or upgrade eventrelay's tables and SQL functions.
     Migrate(Database),
     /// Emit one event (for trying things out and for scripts).
@@ -61,6 +63,13 @@ struct ConfigArgs {
     /// TOML configuration file.
     #[arg(long, env = "EVENTRELAY_CONFIG")]
     config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct HealthArgs {
+    /// The endpoint to check.
+    #[arg(long, default_value = "http://127.0.0.1:8080/readyz")]
+    url: String,
 }
 
 #[derive(Args)]
@@ -157,6 +166,24 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Serve(args) => serve(args).await?,
+        Command::Health(args) => {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(3))
+                .build()
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            let response = client
+                .get(&args.url)
+                .send()
+                .await
+                .map_err(|e| CliError::Usage(format!("{}: {e}", args.url)))?;
+            if !response.status().is_success() {
+                return Err(CliError::Usage(format!(
+                    "{} answered {}",
+                    args.url,
+                    response.status()
+                )));
+            }
+        }
         Command::CheckConfig(args) => {
             let config = Config::load(args.config.as_deref())?;
             if let Some(auth) = &config.auth {

@@ -1,0 +1,76 @@
+//! What can be checked of the container files and the command line without
+//! a container engine: the Dockerfile's shape, that what it copies exists,
+//! and that the health check command it runs works against a real relay.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::TestDb;
+use common::server::TestServer;
+
+fn repo_file(path: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
+}
+
+#[test]
+fn the_dockerfile_is_multi_stage_non_root_and_health_checked() {
+    let dockerfile = repo_file("docker/Dockerfile");
+    assert_eq!(
+        dockerfile.matches("\nFROM ").count() + usize::from(dockerfile.starts_with("FROM ")),
+        2
+    );
+    let user = dockerfile
+        .lines()
+        .find_map(|line| line.strip_prefix("USER "))
+        .expect("a USER line");
+    assert_ne!(user.trim(), "root");
+    assert!(dockerfile.contains("HEALTHCHECK"));
+    assert!(dockerfile.contains("\"eventrelay\", \"health\""));
+    for line in dockerfile
+        .lines()
+        .filter(|l| l.starts_with("COPY ") && !l.contains("--from"))
+    {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        for source in &parts[1..parts.len() - 1] {
+            assert!(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(source).exists(),
+                "Dockerfile copies {source}, which does not exist"
+            );
+        }
+    }
+    let compose = repo_file("docker/compose.yaml");
+    assert!(compose.contains("dockerfile: docker/Dockerfile"));
+    assert!(compose.contains("condition: service_healthy"));
+}
+
+#[tokio::test]
+async fn the_health_command_reports_a_ready_relay() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let binary = env!("CARGO_BIN_EXE_eventrelay");
+    let ok = Command::new(binary)
+        .args(["health", "--url", &server.url("/readyz")])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let missing = Command::new(binary)
+        .args(["health", "--url", &server.url("/no-such-endpoint")])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("404"));
+}
+
+#[test]
+fn check_config_names_the_bad_setting() {
+    let output = Command::new(env!("CARGO_BIN_EXE_eventrelay"))
+        .arg("check-config")
+        .env("EVENTRELAY_SSE__HEARTBEAT_SECS", "0")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("sse.heartbeat_secs"));
+}
