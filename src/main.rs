@@ -12,7 +12,7 @@ use eventrelay::auth::{
 };
 use eventrelay::config::{Config, ConfigError};
 use eventrelay::publisher::{
-    Audience, DEFAULT_SCHEMA, Identifier, IdentifierError, NewEvent, PublishError, Publisher,
+    Audience, Identifier, IdentifierError, NewEvent, PublishError, Publisher,
 };
 use eventrelay::server::ServeError;
 use eventrelay::store::{MigrateError, migrate};
@@ -45,17 +45,52 @@ enum Command {
     Emit(EmitArgs),
 }
 
+/// Database settings: the configuration (file and environment), with these
+/// flags taking precedence.
 #[derive(Args)]
 struct Database {
-    /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL")]
-    database_url: String,
-    /// Schema holding eventrelay's tables.
-    #[arg(long, env = "EVENTRELAY_SCHEMA", default_value = DEFAULT_SCHEMA)]
-    schema: String,
-    /// Notification channel relays LISTEN on.
-    #[arg(long, env = "EVENTRELAY_CHANNEL", default_value = "eventrelay")]
-    channel: String,
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Postgres connection URL (database.url, or DATABASE_URL).
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Schema holding eventrelay's tables (database.schema).
+    #[arg(long)]
+    schema: Option<String>,
+    /// Notification channel relays LISTEN on (database.channel).
+    #[arg(long)]
+    channel: Option<String>,
+}
+
+/// The database settings a one-off command runs with.
+struct Target {
+    url: String,
+    schema: Identifier,
+    channel: Identifier,
+}
+
+impl Database {
+    fn resolve(&self) -> Result<Target, CliError> {
+        let mut config = Config::load(self.config.config.as_deref())?;
+        if let Some(url) = &self.database_url {
+            config.database.url = Some(url.clone());
+        }
+        if let Some(schema) = &self.schema {
+            config.database.schema = schema.clone();
+        }
+        if let Some(channel) = &self.channel {
+            config.database.channel = channel.clone();
+        }
+        config.validate()?;
+        let url = config.database.url.clone().ok_or_else(|| {
+            CliError::Usage("no database: pass --database-url or set DATABASE_URL".into())
+        })?;
+        Ok(Target {
+            url,
+            schema: config.schema(),
+            channel: config.channel(),
+        })
+    }
 }
 
 #[derive(Args)]
@@ -223,11 +258,12 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             println!("{token}");
         }
         Command::Migrate(database) => {
-            let schema = Identifier::new(&database.schema)?;
-            let channel = Identifier::new(&database.channel)?;
-            let mut client = eventrelay::connect(&database.database_url)
-                .await
-                .map_err(CliError::Connect)?;
+            let Target {
+                url,
+                schema,
+                channel,
+            } = database.resolve()?;
+            let mut client = eventrelay::connect(&url).await.map_err(CliError::Connect)?;
             let report = migrate(&mut client, &schema, &channel).await?;
             println!(
                 "schema {schema}: applied {:?}, {} already in place; notifications on channel {channel}",
@@ -236,8 +272,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Emit(args) => {
             let event = args.to_event()?;
-            let publisher = Publisher::new(&args.database.schema)?;
-            let client = eventrelay::connect(&args.database.database_url)
+            let target = args.database.resolve()?;
+            let publisher = Publisher::new(target.schema.as_str())?;
+            let client = eventrelay::connect(&target.url)
                 .await
                 .map_err(CliError::Connect)?;
             let envelope = publisher.emit(&client, event).await?;

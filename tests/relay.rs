@@ -568,3 +568,53 @@ async fn the_publish_api_writes_durable_and_ephemeral_events() {
     assert_eq!(db.outbox_count().await, 1, "a refused batch writes nothing");
     let _: Value = body;
 }
+
+/// An embedding application's own resolver: `Authorization: Club <name>`,
+/// with a permission closure no configuration could express.
+struct ClubResolver;
+
+impl eventrelay::auth::SubscriberResolver for ClubResolver {
+    fn resolve<'a>(
+        &'a self,
+        credentials: &'a eventrelay::auth::Credentials,
+    ) -> futures_util::future::BoxFuture<
+        'a,
+        Result<eventrelay::auth::ResolvedSubscriber, eventrelay::auth::AuthError>,
+    > {
+        Box::pin(async move {
+            let name = credentials
+                .authorization
+                .as_deref()
+                .and_then(|h| h.strip_prefix("Club "))
+                .ok_or(eventrelay::auth::AuthError::MissingCredentials)?
+                .to_owned();
+            let member = name.starts_with("vip-");
+            let subscriber = eventrelay::wire::Subscriber::new("club", name)
+                .with_evaluator(move |permission: &Value| member && permission == "vip-room");
+            Ok(eventrelay::auth::ResolvedSubscriber {
+                subscriber,
+                expires_at: None,
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_embedding_application_supplies_its_own_resolver() {
+    let db = TestDb::new().await;
+    let server = TestServer::start_with(&db, |_| {}, Some(std::sync::Arc::new(ClubResolver)));
+    server.ready().await;
+    let (status, _) = server.connect(None, None, "").await.err().unwrap();
+    assert_eq!(status, 401);
+    let (mut vip, _) = server.subscribe_with_header("Club vip-ann").await;
+    let (mut guest, _) = server.subscribe_with_header("Club bob").await;
+    emit(
+        &db,
+        durable("party", "club").with_audience(Audience::permission(json!("vip-room"))),
+    )
+    .await;
+    emit(&db, durable("lobby", "club")).await;
+    assert_eq!(vip.next_event().await.event.as_deref(), Some("party"));
+    assert_eq!(vip.next_event().await.event.as_deref(), Some("lobby"));
+    assert_eq!(guest.next_event().await.event.as_deref(), Some("lobby"));
+}

@@ -1,10 +1,12 @@
 //! A real relay on port 0 for tests, with its own actix system on its own
 //! thread, and a small SSE reader over TCP.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use eventrelay::auth::{
-    Algorithm, AuthConfig, JwtConfig, MintOptions, TokenSpec, build_resolver, mint_token,
+    Algorithm, AuthConfig, JwtConfig, MintOptions, SubscriberResolver, TokenSpec, build_resolver,
+    mint_token,
 };
 use eventrelay::config::Config;
 use futures_util::StreamExt;
@@ -25,6 +27,16 @@ pub struct TestServer {
 impl TestServer {
     /// Starts a relay on `db` with the test defaults, adjusted by `tweak`.
     pub fn start(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        Self::start_with(db, tweak, None)
+    }
+
+    /// Starts a relay whose subscribers are resolved by `resolver` (library
+    /// mode) instead of the configured JWT auth.
+    pub fn start_with(
+        db: &TestDb,
+        tweak: impl FnOnce(&mut Config),
+        resolver: Option<Arc<dyn SubscriberResolver>>,
+    ) -> TestServer {
         let mut config = Config::default();
         config.database.url = Some(db.url.clone());
         config.database.schema = db.schema.to_string();
@@ -41,7 +53,8 @@ impl TestServer {
         }));
         tweak(&mut config);
         config.validate().expect("test config is valid");
-        let resolver = build_resolver(config.auth.as_ref().unwrap()).unwrap();
+        let resolver =
+            resolver.unwrap_or_else(|| build_resolver(config.auth.as_ref().unwrap()).unwrap());
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -123,6 +136,24 @@ impl TestServer {
             return Err((status, body));
         }
         Ok(SseStream::new(response))
+    }
+
+    /// Like `subscribe`, with a raw `Authorization` header.
+    pub async fn subscribe_with_header(&self, authorization: &str) -> (SseStream, bool) {
+        let response = reqwest::Client::new()
+            .get(self.url("/v1/events"))
+            .header("authorization", authorization)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut stream = SseStream::new(response);
+        loop {
+            let frame = stream.next_frame().await.expect("stream open until ready");
+            if frame.event.as_deref() == Some("ready") {
+                return (stream, frame.json()["resync"].as_bool().unwrap());
+            }
+        }
     }
 
     /// Connects and reads through the `ready` frame; returns its `resync`.
