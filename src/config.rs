@@ -45,6 +45,8 @@ pub struct DatabaseConfig {
     pub pool_size: usize,
     /// Apply migrations at start.
     pub migrate: bool,
+    /// Data folder of the embedded database, used when no `url` is set.
+    pub embedded_dir: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -138,6 +140,7 @@ impl Default for DatabaseConfig {
             channel: "eventrelay".to_owned(),
             pool_size: 16,
             migrate: true,
+            embedded_dir: ".eventrelay/pgdata".to_owned(),
         }
     }
 }

@@ -349,6 +349,13 @@ async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     let listener = std::net::TcpListener::bind(config.http.bind)?;
     let address = listener.local_addr()?;
     println!("eventrelay listening on http://{address}");
+    match &config.database.url {
+        Some(url) => println!("  database: {}", redact_password(url)),
+        None => println!(
+            "  database: embedded, in {} (single session; set DATABASE_URL for a real Postgres)",
+            config.database.embedded_dir
+        ),
+    }
     println!("  stream:  GET  http://{address}/v1/events   (Authorization: Bearer <token>)");
     println!("  publish: POST http://{address}/v1/events");
     if development {
@@ -377,4 +384,18 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = interrupt.await;
+}
+
+/// A database URL fit for a log line: the password is left out.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "(configured)".to_owned();
+    };
+    match rest.split_once('@') {
+        Some((credentials, host)) => {
+            let user = credentials.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}@{host}")
+        }
+        None => url.to_owned(),
+    }
 }

@@ -1,4 +1,4 @@
-//! Starting and stopping the service: the pool, the migrations, the actors,
+//! Starting and stopping the service: the database, the migrations, the actors,
 //! the janitor and the HTTP server, wired from one `Config` value.
 
 use std::future::Future;
@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use actix::{Actor, Arbiter};
 use actix_web::{App, HttpServer, web};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use eventrelay_publisher::{Publisher, SchemaRegistry};
-use tokio_postgres::NoTls;
 
+use crate::actors::listener::NotificationSource;
 use crate::actors::relay::StopRelay;
 use crate::actors::{Listener, Relay};
 use crate::auth::SubscriberResolver;
@@ -20,41 +19,78 @@ use crate::config::Config;
 use crate::http::{AppState, routes};
 use crate::limiter::ConnectionLimiter;
 use crate::metrics::Metrics;
-use crate::store::{MigrateError, Outbox, migrate};
+use crate::store::{Database, DatabaseError, MigrateError, Outbox, migrate};
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("database.url is not set (or DATABASE_URL): the relay needs a Postgres to serve from")]
+    #[error(
+        "database.url is not set (or DATABASE_URL), and this build has no embedded database \
+         (the `embedded` feature): the relay needs a Postgres to serve from"
+    )]
     NoDatabase,
     #[error("cannot connect to Postgres: {0}")]
     Connect(tokio_postgres::Error),
-    #[error("cannot build the connection pool: {0}")]
-    Pool(String),
+    #[error(transparent)]
+    Database(#[from] DatabaseError),
     #[error(transparent)]
     Migrate(#[from] MigrateError),
+    #[cfg(feature = "embedded")]
+    #[error(transparent)]
+    Embedded(#[from] crate::store::embedded::EmbeddedError),
     #[error("publish.schemas_dir: {0}")]
     Schemas(String),
     #[error("HTTP server failed: {0}")]
     Http(#[from] std::io::Error),
 }
 
-/// Builds the Postgres pool the relay, the replays and the publish API share.
-pub fn build_pool(url: &str, size: usize) -> Result<Pool, ServeError> {
-    let pg_config: tokio_postgres::Config = url
-        .parse()
-        .map_err(|e: tokio_postgres::Error| ServeError::Pool(e.to_string()))?;
-    let manager = Manager::from_config(
-        pg_config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
+/// The database the service runs on, and where its notifications come from.
+struct Backend {
+    db: Database,
+    notifications: NotificationSource,
+    #[cfg(feature = "embedded")]
+    embedded: Option<crate::store::embedded::EmbeddedDatabase>,
+}
+
+/// Connects to the configured Postgres, or starts the embedded one.
+async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
+    let schema = config.schema();
+    let channel = config.channel();
+    let Some(url) = config.database.url.clone() else {
+        #[cfg(feature = "embedded")]
+        {
+            let mut embedded = crate::store::embedded::EmbeddedDatabase::start(
+                Path::new(&config.database.embedded_dir),
+                &schema,
+                &channel,
+            )
+            .await?;
+            let (db, notifications) = embedded.take_handles();
+            return Ok(Backend {
+                db,
+                notifications: NotificationSource::Feed(notifications),
+                embedded: Some(embedded),
+            });
+        }
+        #[cfg(not(feature = "embedded"))]
+        return Err(ServeError::NoDatabase);
+    };
+    if config.database.migrate {
+        let mut client = crate::connect(&url).await.map_err(ServeError::Connect)?;
+        let report = migrate(&mut client, &schema, &channel).await?;
+        if !report.applied.is_empty() {
+            tracing::info!(applied = ?report.applied, %schema, "migrations applied");
+        }
+    }
+    Ok(Backend {
+        db: Database::pool(&url, config.database.pool_size)?,
+        notifications: NotificationSource::Dedicated {
+            url: config.listen_url().unwrap_or(&url).to_owned(),
+            channel,
         },
-    );
-    Pool::builder(manager)
-        .max_size(size)
-        .build()
-        .map_err(|e| ServeError::Pool(e.to_string()))
+        #[cfg(feature = "embedded")]
+        embedded: None,
+    })
 }
 
 /// Loads `<event type>.json` schemas from a directory.
@@ -93,16 +129,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let config = Arc::new(config);
-    let url = config.database.url.clone().ok_or(ServeError::NoDatabase)?;
     let schema = config.schema();
-    if config.database.migrate {
-        let mut client = crate::connect(&url).await.map_err(ServeError::Connect)?;
-        let report = migrate(&mut client, &schema, &config.channel()).await?;
-        if !report.applied.is_empty() {
-            tracing::info!(applied = ?report.applied, %schema, "migrations applied");
-        }
-    }
-    let pool = build_pool(&url, config.database.pool_size)?;
+    let backend = open_backend(&config).await?;
+    let db = backend.db.clone();
     let mut publisher = Publisher::new(schema.as_str()).expect("validated schema name");
     if let Some(dir) = &config.publish.schemas_dir {
         publisher = publisher.with_registry(load_schemas(Path::new(dir))?);
@@ -114,7 +143,7 @@ pub async fn run(
     let tail_events = config.hub.tail_events;
     let tail_bytes = config.hub.tail_bytes;
     let relay = Relay::new(
-        pool.clone(),
+        db.clone(),
         outbox.clone(),
         arbiters.iter().map(Arbiter::handle).collect(),
         Arc::new(move || tail_events),
@@ -123,17 +152,15 @@ pub async fn run(
     )
     .start();
     let listener_connected = Arc::new(AtomicBool::new(false));
-    let listen_url = config.listen_url().unwrap_or(&url).to_owned();
     let listener_actor = Listener::new(
-        listen_url,
-        config.channel(),
+        backend.notifications,
         relay.clone(),
         Arc::clone(&listener_connected),
         Arc::clone(&metrics),
     )
     .start();
     let janitor = actix::spawn(prune_forever(
-        pool.clone(),
+        db.clone(),
         outbox.clone(),
         Duration::from_secs(config.outbox.retention_secs),
         Duration::from_secs(config.outbox.prune_interval_secs),
@@ -145,7 +172,7 @@ pub async fn run(
         relay: relay.clone(),
         resolver,
         limiter: ConnectionLimiter::new(config.sse.max_connections_per_subscriber),
-        pool,
+        db,
         outbox,
         publisher,
         metrics,
@@ -170,12 +197,16 @@ pub async fn run(
     for arbiter in arbiters {
         arbiter.stop();
     }
+    #[cfg(feature = "embedded")]
+    if let Some(embedded) = backend.embedded {
+        embedded.shutdown().await;
+    }
     result.map_err(ServeError::Http)
 }
 
 /// The janitor: removes outbox rows older than the retention, on an interval.
 async fn prune_forever(
-    pool: Pool,
+    db: Database,
     outbox: Outbox,
     retention: Duration,
     interval: Duration,
@@ -186,9 +217,9 @@ async fn prune_forever(
         ticks.tick().await;
         let cutoff = chrono::Utc::now()
             - chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::days(1));
-        let pruned = match pool.get().await {
+        let pruned = match db.get().await {
             Ok(client) => outbox
-                .prune_before(&client, cutoff)
+                .prune_before(&*client, cutoff)
                 .await
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use actix::Addr;
 use bytes::{Bytes, BytesMut};
-use deadpool_postgres::Pool;
 use eventrelay_wire::{Subscriber, is_envelope_permitted, sse};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval};
@@ -21,7 +20,7 @@ use crate::actors::EncodedEvent;
 use crate::actors::relay::{Relay, Unsubscribe};
 use crate::limiter::ConnectionPermit;
 use crate::metrics::{Metrics, SourceLabel};
-use crate::store::Outbox;
+use crate::store::{Database, Outbox};
 
 /// Rows per page when replaying from the outbox.
 const REPLAY_PAGE: i64 = 500;
@@ -36,7 +35,7 @@ pub enum Replay {
     FromTail(Vec<Arc<EncodedEvent>>),
     FromOutbox {
         cursor: i64,
-        pool: Pool,
+        db: Database,
         outbox: Outbox,
     },
 }
@@ -159,14 +158,10 @@ impl Session {
                 self.params.replay = Replay::Nothing;
                 Ok(Some(events))
             }
-            Replay::FromOutbox {
-                cursor,
-                pool,
-                outbox,
-            } => {
-                let client = pool.get().await.map_err(|e| e.to_string())?;
+            Replay::FromOutbox { cursor, db, outbox } => {
+                let client = db.get().await.map_err(|e| e.to_string())?;
                 let page = outbox
-                    .read_since(&client, &self.subscriber.scope_key, *cursor, REPLAY_PAGE)
+                    .read_since(&*client, &self.subscriber.scope_key, *cursor, REPLAY_PAGE)
                     .await
                     .map_err(|e| e.to_string())?;
                 let full = page.len() as i64 == REPLAY_PAGE;

@@ -18,6 +18,7 @@ use eventrelay_publisher::Identifier;
 use eventrelay_publisher::backoff::Backoff;
 use eventrelay_wire::{EventNotification, decode_notification};
 use futures_util::StreamExt;
+use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::relay::{Ephemeral, ListenerConnected, Pointer, Relay};
@@ -26,9 +27,17 @@ use crate::metrics::Metrics;
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
+/// Where notifications come from.
+pub enum NotificationSource {
+    /// A dedicated connection to a Postgres server that LISTENs on `channel`.
+    Dedicated { url: String, channel: Identifier },
+    /// Payloads handed over by whoever owns the connection (the embedded
+    /// database's single session, which already LISTENs).
+    Feed(mpsc::UnboundedReceiver<String>),
+}
+
 pub struct Listener {
-    url: String,
-    channel: Identifier,
+    source: Option<NotificationSource>,
     relay: Addr<Relay>,
     connected: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
@@ -36,15 +45,13 @@ pub struct Listener {
 
 impl Listener {
     pub fn new(
-        url: String,
-        channel: Identifier,
+        source: NotificationSource,
         relay: Addr<Relay>,
         connected: Arc<AtomicBool>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Listener {
-            url,
-            channel,
+            source: Some(source),
             relay,
             connected,
             metrics,
@@ -56,14 +63,20 @@ impl Actor for Listener {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        let run = listen_forever(
-            self.url.clone(),
-            self.channel.clone(),
-            self.relay.clone(),
-            Arc::clone(&self.connected),
-            Arc::clone(&self.metrics),
-        );
-        ctx.spawn(run.into_actor(self).map(|_, _, _| ()));
+        let relay = self.relay.clone();
+        let connected = Arc::clone(&self.connected);
+        let metrics = Arc::clone(&self.metrics);
+        match self.source.take() {
+            Some(NotificationSource::Dedicated { url, channel }) => {
+                let run = listen_forever(url, channel, relay, connected, metrics);
+                ctx.spawn(run.into_actor(self).map(|_, _, _| ()));
+            }
+            Some(NotificationSource::Feed(payloads)) => {
+                let run = follow_feed(payloads, relay, connected, metrics);
+                ctx.spawn(run.into_actor(self).map(|_, _, _| ()));
+            }
+            None => {}
+        }
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
@@ -105,7 +118,7 @@ async fn listen_once(
     first: bool,
 ) -> Result<(), tokio_postgres::Error> {
     let (client, mut connection) = tokio_postgres::connect(url, NoTls).await?;
-    let (sender, mut messages) = tokio::sync::mpsc::unbounded_channel();
+    let (sender, mut messages) = mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = stream.next().await {
@@ -140,6 +153,23 @@ async fn listen_once(
     .await;
     driver.abort();
     result
+}
+
+/// Forwards payloads someone else receives; the feed is "connected" for as
+/// long as it is open.
+async fn follow_feed(
+    mut payloads: mpsc::UnboundedReceiver<String>,
+    relay: Addr<Relay>,
+    connected: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+) {
+    connected.store(true, Ordering::Relaxed);
+    relay.do_send(ListenerConnected);
+    while let Some(payload) = payloads.recv().await {
+        forward(&payload, &relay, &metrics);
+    }
+    connected.store(false, Ordering::Relaxed);
+    tracing::warn!("the embedded database's notification feed ended");
 }
 
 fn forward(payload: &str, relay: &Addr<Relay>, metrics: &Metrics) {

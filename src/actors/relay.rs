@@ -18,14 +18,13 @@ use actix::{
     Actor, ActorContext, Addr, ArbiterHandle, AsyncContext, Context, Handler, Message,
     ResponseFuture,
 };
-use deadpool_postgres::Pool;
 use eventrelay_wire::{EventEnvelope, Subscriber};
 
 use super::encoded::EncodedEvent;
 use super::hub::{Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral};
 use super::tail::Bound;
 use crate::metrics::Metrics;
-use crate::store::Outbox;
+use crate::store::{Database, Outbox};
 
 /// Rows per outbox read.
 const PAGE: i64 = 500;
@@ -38,7 +37,7 @@ const RECONNECT_LOOKBACK: i64 = 1000;
 const READ_RETRY: Duration = Duration::from_secs(1);
 
 pub struct Relay {
-    pool: Pool,
+    db: Database,
     outbox: Outbox,
     arbiters: Vec<ArbiterHandle>,
     tail_events: Bound,
@@ -60,7 +59,7 @@ struct ScopeState {
 
 impl Relay {
     pub fn new(
-        pool: Pool,
+        db: Database,
         outbox: Outbox,
         arbiters: Vec<ArbiterHandle>,
         tail_events: Bound,
@@ -72,7 +71,7 @@ impl Relay {
             "the relay needs at least one hub arbiter"
         );
         Relay {
-            pool,
+            db,
             outbox,
             arbiters,
             tail_events,
@@ -118,12 +117,12 @@ impl Relay {
     /// Starts a new scope's watermark at its newest row, so a listener
     /// reconnect can re-read from there.
     fn seed_watermark(&self, scope_key: String, ctx: &mut Context<Self>) {
-        let pool = self.pool.clone();
+        let db = self.db.clone();
         let outbox = self.outbox.clone();
         let relay = ctx.address();
         actix::spawn(async move {
-            let newest = match pool.get().await {
-                Ok(client) => outbox.newest_seq(&client, &scope_key).await.ok(),
+            let newest = match db.get().await {
+                Ok(client) => outbox.newest_seq(&*client, &scope_key).await.ok(),
                 Err(_) => None,
             };
             if let Some(seq) = newest {
@@ -144,12 +143,12 @@ impl Relay {
             return;
         }
         state.reading = true;
-        let pool = self.pool.clone();
+        let db = self.db.clone();
         let outbox = self.outbox.clone();
         let relay = ctx.address();
         let scope_key = scope_key.to_owned();
         actix::spawn(async move {
-            let result = read_all_after(&pool, &outbox, &scope_key, from).await;
+            let result = read_all_after(&db, &outbox, &scope_key, from).await;
             relay.do_send(ReadDone {
                 scope_key,
                 from,
@@ -160,17 +159,17 @@ impl Relay {
 }
 
 async fn read_all_after(
-    pool: &Pool,
+    db: &Database,
     outbox: &Outbox,
     scope_key: &str,
     from: i64,
 ) -> Result<Vec<EventEnvelope>, String> {
-    let client = pool.get().await.map_err(|e| e.to_string())?;
+    let client = db.get().await.map_err(|e| e.to_string())?;
     let mut events = Vec::new();
     let mut cursor = from;
     loop {
         let page = outbox
-            .read_since(&client, scope_key, cursor, PAGE)
+            .read_since(&*client, scope_key, cursor, PAGE)
             .await
             .map_err(|e| e.to_string())?;
         let done = (page.len() as i64) < PAGE;

@@ -11,7 +11,6 @@ use std::sync::atomic::AtomicBool;
 
 use actix::Addr;
 use actix_web::web;
-use deadpool_postgres::Pool;
 use eventrelay_publisher::Publisher;
 
 use crate::actors::Relay;
@@ -19,7 +18,7 @@ use crate::auth::SubscriberResolver;
 use crate::config::Config;
 use crate::limiter::ConnectionLimiter;
 use crate::metrics::Metrics;
-use crate::store::Outbox;
+use crate::store::{Database, Outbox};
 use error::ApiError;
 
 /// What every handler can reach.
@@ -28,7 +27,7 @@ pub struct AppState {
     pub relay: Addr<Relay>,
     pub resolver: Arc<dyn SubscriberResolver>,
     pub limiter: Arc<ConnectionLimiter>,
-    pub pool: Pool,
+    pub db: Database,
     pub outbox: Outbox,
     pub publisher: Publisher,
     pub metrics: Arc<Metrics>,

@@ -15,7 +15,7 @@ pub async fn healthz() -> HttpResponse {
 
 /// The database answers and the listener is connected.
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let database = match state.pool.get().await {
+    let database = match state.db.get().await {
         Ok(client) => client.simple_query("SELECT 1").await.is_ok(),
         Err(_) => false,
     };

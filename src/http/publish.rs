@@ -125,7 +125,7 @@ pub async fn publish_events(
     let body = read_body(payload, state.config.http.max_body_bytes).await?;
     let events = parse_events(&body, state.config.publish.max_batch)?;
     let mut client = state
-        .pool
+        .db
         .get()
         .await
         .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))?;

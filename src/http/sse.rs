@@ -137,13 +137,13 @@ pub async fn stream_events(
         (Some(after), Some(from), None) => {
             count_replay(&state.metrics, "outbox");
             let client = state
-                .pool
+                .db
                 .get()
                 .await
                 .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))?;
             let horizon = state
                 .outbox
-                .horizon(&client)
+                .horizon(&*client)
                 .await
                 .map_err(|e| ApiError::unavailable(e.to_string()))?;
             // Anything below the horizon has been pruned; if that could
@@ -152,7 +152,7 @@ pub async fn stream_events(
             (
                 Replay::FromOutbox {
                     cursor: from,
-                    pool: state.pool.clone(),
+                    db: state.db.clone(),
                     outbox: state.outbox.clone(),
                 },
                 resync,

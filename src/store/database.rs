@@ -1,0 +1,94 @@
+//! Where the service gets its Postgres connections: a pool for a real
+//! server, or one shared connection for the embedded single-session
+//! database. Either hands out something that derefs to a
+//! `tokio_postgres::Client`, so the rest of the service does not care which.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio_postgres::{Client, NoTls};
+
+/// Why no connection could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum DatabaseError {
+    #[error("invalid database URL: {0}")]
+    Url(tokio_postgres::Error),
+    #[error("cannot build the connection pool: {0}")]
+    Build(String),
+    #[error("no database connection available: {0}")]
+    Unavailable(String),
+}
+
+#[derive(Clone)]
+pub enum Database {
+    /// A pool of connections to a Postgres server.
+    Pool(Pool),
+    /// The one session of an embedded database, taken in turn.
+    Single(Arc<Mutex<Client>>),
+}
+
+/// A connection checked out of a [`Database`].
+pub enum Connection {
+    /// Boxed: a pooled client is far larger than a guard.
+    Pooled(Box<deadpool_postgres::Client>),
+    Single(OwnedMutexGuard<Client>),
+}
+
+impl Database {
+    /// A pool of `size` connections to `url`.
+    pub fn pool(url: &str, size: usize) -> Result<Self, DatabaseError> {
+        let config: tokio_postgres::Config = url.parse().map_err(DatabaseError::Url)?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        Pool::builder(manager)
+            .max_size(size)
+            .build()
+            .map(Database::Pool)
+            .map_err(|e| DatabaseError::Build(e.to_string()))
+    }
+
+    /// Shares one connection; callers take turns.
+    pub fn single(client: Client) -> Self {
+        Database::Single(Arc::new(Mutex::new(client)))
+    }
+
+    pub async fn get(&self) -> Result<Connection, DatabaseError> {
+        match self {
+            Database::Pool(pool) => pool
+                .get()
+                .await
+                .map(|client| Connection::Pooled(Box::new(client)))
+                .map_err(|e| DatabaseError::Unavailable(e.to_string())),
+            Database::Single(client) => {
+                Ok(Connection::Single(Arc::clone(client).lock_owned().await))
+            }
+        }
+    }
+}
+
+impl Deref for Connection {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        match self {
+            Connection::Pooled(client) => client,
+            Connection::Single(client) => client,
+        }
+    }
+}
+
+impl DerefMut for Connection {
+    fn deref_mut(&mut self) -> &mut Client {
+        match self {
+            Connection::Pooled(client) => client,
+            Connection::Single(client) => client,
+        }
+    }
+}
