@@ -29,7 +29,62 @@ pub struct Config {
     pub auth: Option<AuthConfig>,
     pub publish: PublishConfig,
     pub outbox: OutboxConfig,
+    pub webhooks: WebhooksConfig,
+    pub admin: AdminConfig,
     pub log: LogConfig,
+    /// The throwaway HMAC secret of development mode (no `[auth]`), which
+    /// lets the inspector mint tokens. Never read from configuration.
+    #[serde(skip)]
+    pub development_secret: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhooksConfig {
+    /// Run the dispatcher on this replica.
+    pub enabled: bool,
+    /// Concurrent deliveries per replica.
+    pub workers: usize,
+    /// How long a claimed delivery stays leased to its worker; must be longer
+    /// than the request timeout so two workers never send one attempt.
+    pub lease_ms: u64,
+    pub request_timeout_ms: u64,
+    /// Waits before each retry; after the last, the delivery is dead.
+    pub retry_schedule_ms: Vec<u64>,
+    /// Longest `Retry-After` honoured on a 429 or 503.
+    pub max_retry_after_ms: u64,
+    /// Send to loopback, private, link-local and other internal addresses.
+    pub allow_private_networks: bool,
+    /// How long a rotated-out secret keeps signing alongside the new one.
+    pub rotation_grace_secs: u64,
+    /// Subscriptions kept in step with this file at every start.
+    pub subscriptions: Vec<crate::store::webhooks::NewSubscription>,
+}
+
+impl Default for WebhooksConfig {
+    fn default() -> Self {
+        WebhooksConfig {
+            enabled: true,
+            workers: 4,
+            lease_ms: 60_000,
+            request_timeout_ms: 15_000,
+            retry_schedule_ms: [5, 300, 1_800, 7_200, 18_000, 36_000, 36_000]
+                .iter()
+                .map(|secs| secs * 1000)
+                .collect(),
+            max_retry_after_ms: 3_600_000,
+            allow_private_networks: false,
+            rotation_grace_secs: 24 * 60 * 60,
+            subscriptions: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Bearer token for `/v1/admin/*`; the admin API is off without one.
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -57,6 +112,8 @@ pub struct HttpConfig {
     pub workers: usize,
     /// Largest accepted request body (publish API), in bytes.
     pub max_body_bytes: usize,
+    /// Serve the inspector page at `/inspector` (a development aid).
+    pub inspector: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,7 +183,10 @@ impl Default for Config {
                 ..PublishConfig::default()
             },
             outbox: OutboxConfig::default(),
+            webhooks: WebhooksConfig::default(),
+            admin: AdminConfig::default(),
             log: LogConfig::default(),
+            development_secret: None,
         }
     }
 }
@@ -151,6 +211,7 @@ impl Default for HttpConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
             workers: 0,
             max_body_bytes: 1024 * 1024,
+            inspector: true,
         }
     }
 }
@@ -228,7 +289,8 @@ impl Config {
             }
             figment = figment.merge(Toml::file(file));
         }
-        figment = figment.merge(Env::prefixed("EVENTRELAY_").split("__"));
+        // EVENTRELAY_CONFIG names the file itself; it is not a setting.
+        figment = figment.merge(Env::prefixed("EVENTRELAY_").ignore(&["config"]).split("__"));
         let mut config: Config = figment
             .extract()
             .map_err(|e| ConfigError::Load(e.to_string()))?;
@@ -296,6 +358,47 @@ impl Config {
         }
         if self.outbox.prune_interval_secs == 0 {
             return Err(invalid("outbox.prune_interval_secs", "must be at least 1"));
+        }
+        let webhooks = &self.webhooks;
+        if webhooks.workers == 0 {
+            return Err(invalid("webhooks.workers", "must be at least 1"));
+        }
+        if webhooks.request_timeout_ms == 0 {
+            return Err(invalid("webhooks.request_timeout_ms", "must be at least 1"));
+        }
+        if webhooks.lease_ms <= webhooks.request_timeout_ms {
+            return Err(invalid(
+                "webhooks.lease_ms",
+                format!(
+                    "must be longer than webhooks.request_timeout_ms ({} ms), or a slow request could be sent twice at once",
+                    webhooks.request_timeout_ms
+                ),
+            ));
+        }
+        for subscription in &webhooks.subscriptions {
+            crate::store::webhooks::validate_subscription(
+                Some(&subscription.id),
+                Some(&subscription.url),
+                Some(&subscription.types),
+            )
+            .map_err(|e| {
+                invalid(
+                    "webhooks.subscriptions",
+                    format!("{}: {e}", subscription.id),
+                )
+            })?;
+            eventrelay_wire::webhook::WebhookSecret::parse(&subscription.secret).map_err(|e| {
+                invalid(
+                    "webhooks.subscriptions",
+                    format!("{}: secret: {e}", subscription.id),
+                )
+            })?;
+        }
+        if self.admin.token.as_deref().is_some_and(|t| t.len() < 16) {
+            return Err(invalid(
+                "admin.token",
+                "must be at least 16 characters; use a long random value",
+            ));
         }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be `text` or `json`"));
@@ -374,6 +477,14 @@ mod tests {
                 .to_string()
                 .starts_with("database.url:")
         );
+    }
+
+    #[test]
+    fn a_lease_no_longer_than_the_request_timeout_is_refused() {
+        let mut config = Config::default();
+        config.webhooks.lease_ms = config.webhooks.request_timeout_ms;
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.starts_with("webhooks.lease_ms:"), "{error}");
     }
 
     #[test]

@@ -1,22 +1,26 @@
 //! The `eventrelay` command line.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
 use eventrelay::auth::{
     Algorithm, AuthConfig, AuthConfigError, JwtConfig, MintError, MintOptions, SubscriberResolver,
     TokenSpec, build_resolver, mint_token,
 };
 use eventrelay::config::{Config, ConfigError};
+use eventrelay::http::admin::{config_source_refusal, generate_secret, prepare_subscription};
 use eventrelay::publisher::{
     Audience, Identifier, IdentifierError, NewEvent, PublishError, Publisher,
 };
 use eventrelay::server::ServeError;
-use eventrelay::store::{MigrateError, migrate};
-use serde_json::Value;
+use eventrelay::store::webhooks::{DeliveryFilter, MAX_PAGE, Subscription};
+use eventrelay::store::{MigrateError, StoreError, WebhookStore, migrate};
+use serde_json::{Value, json};
 
 /// Where development mode keeps its generated secrets.
 const DEV_DIR: &str = ".eventrelay";
@@ -43,6 +47,115 @@ enum Command {
     Migrate(Database),
     /// Emit one event (for trying things out and for scripts).
     Emit(EmitArgs),
+    /// Inspect the webhook delivery log, redeliver, prune. Prints JSON lines.
+    #[command(subcommand)]
+    Deliveries(DeliveriesCommand),
+    /// Manage webhook subscriptions. Prints JSON lines.
+    #[command(subcommand)]
+    Subscriptions(SubscriptionsCommand),
+}
+
+/// Webhook subscriptions from the command line, with the admin API's rules
+/// and answer shapes: secrets are printed only by `create` and
+/// `rotate-secret`, and configured subscriptions are read-only.
+#[derive(Subcommand)]
+enum SubscriptionsCommand {
+    /// List subscriptions by id; one per line, without secrets.
+    List(Database),
+    /// Show one subscription, without its secrets.
+    Show(SubscriptionIdArgs),
+    /// Create a subscription and print its secret (the only time it is shown).
+    Create(CreateSubscriptionArgs),
+    /// Delete a subscription; its pending deliveries give up.
+    Delete(SubscriptionIdArgs),
+    /// Replace the secret with a generated one and print it; the previous one
+    /// keeps signing for webhooks.rotation_grace_secs.
+    RotateSecret(SubscriptionIdArgs),
+}
+
+#[derive(Args)]
+struct SubscriptionIdArgs {
+    #[command(flatten)]
+    database: Database,
+    /// The subscription id.
+    id: String,
+}
+
+#[derive(Args)]
+struct CreateSubscriptionArgs {
+    #[command(flatten)]
+    database: Database,
+    /// Subscription id: letters, digits and `_.:-`.
+    #[arg(long)]
+    id: String,
+    /// Where to POST events (http:// or https://).
+    #[arg(long)]
+    url: String,
+    /// Signing secret (`whsec_<base64>`); generated when absent.
+    #[arg(long)]
+    secret: Option<String>,
+    /// Event type pattern: an exact type, `prefix.*` or `*` (repeatable; default `*`).
+    #[arg(long = "type")]
+    types: Vec<String>,
+    /// Only events of this scope key.
+    #[arg(long)]
+    scope: Option<String>,
+}
+
+/// The delivery log from the command line. Every command prints JSON, one
+/// object per line, in the same shapes as the admin API, so output can be
+/// piped to `jq` and read the same way as API answers.
+#[derive(Subcommand)]
+enum DeliveriesCommand {
+    /// List deliveries, newest first; one delivery per line.
+    List(ListDeliveriesArgs),
+    /// Show one delivery and its attempts.
+    Show(DeliveryIdArgs),
+    /// Put a delivery back in the queue with a fresh schedule.
+    Redeliver(DeliveryIdArgs),
+    /// Delete finished (not pending) deliveries last changed before a time.
+    Prune(PruneArgs),
+}
+
+#[derive(Args)]
+struct ListDeliveriesArgs {
+    #[command(flatten)]
+    database: Database,
+    /// Only this scope key.
+    #[arg(long)]
+    scope: Option<String>,
+    /// Only this status.
+    #[arg(long, value_parser = ["pending", "delivered", "dead", "gone"])]
+    status: Option<String>,
+    /// Only deliveries of this event.
+    #[arg(long)]
+    event_id: Option<uuid::Uuid>,
+    /// Only this subscription.
+    #[arg(long)]
+    subscription: Option<String>,
+    /// Only deliveries with a smaller id (the paging cursor).
+    #[arg(long)]
+    before: Option<i64>,
+    /// Most deliveries to print.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=MAX_PAGE))]
+    limit: i64,
+}
+
+#[derive(Args)]
+struct DeliveryIdArgs {
+    #[command(flatten)]
+    database: Database,
+    /// The delivery id.
+    id: i64,
+}
+
+#[derive(Args)]
+struct PruneArgs {
+    #[command(flatten)]
+    database: Database,
+    /// An age such as 7d, 12h, 30m or 45s, or an RFC 3339 time.
+    #[arg(long, value_name = "AGE_OR_TIME")]
+    older_than: String,
 }
 
 /// Database settings: the configuration (file and environment), with these
@@ -174,6 +287,12 @@ enum CliError {
     Migrate(#[from] MigrateError),
     #[error(transparent)]
     Publish(#[from] PublishError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no delivery {0}")]
+    NoDelivery(i64),
+    #[error("no subscription {0:?}")]
+    NoSubscription(String),
     #[error("--{flag} is not valid JSON: {error}")]
     Json {
         flag: &'static str,
@@ -283,8 +402,184 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 serde_json::to_string(&envelope).expect("an envelope is always JSON")
             );
         }
+        Command::Deliveries(command) => deliveries(command).await?,
+        Command::Subscriptions(command) => subscriptions(command).await?,
     }
     Ok(())
+}
+
+/// Connects for a deliveries command, resolving the database like the
+/// other one-off commands.
+async fn webhook_store(
+    database: &Database,
+) -> Result<(tokio_postgres::Client, WebhookStore), CliError> {
+    let target = database.resolve()?;
+    let client = eventrelay::connect(&target.url)
+        .await
+        .map_err(CliError::Connect)?;
+    Ok((client, WebhookStore::new(&target.schema)))
+}
+
+async fn deliveries(command: DeliveriesCommand) -> Result<(), CliError> {
+    match command {
+        DeliveriesCommand::List(args) => {
+            let (client, store) = webhook_store(&args.database).await?;
+            let filter = DeliveryFilter {
+                scope_key: args.scope,
+                status: args.status,
+                event_id: args.event_id,
+                subscription_id: args.subscription,
+                before: args.before,
+                limit: Some(args.limit),
+            };
+            let deliveries = store.list_deliveries(&client, &filter).await?;
+            for delivery in &deliveries {
+                println!("{}", json!(delivery));
+            }
+            // Stdout stays pure JSON lines; the paging hint is for humans.
+            if deliveries.len() as i64 == args.limit {
+                if let Some(last) = deliveries.last() {
+                    eprintln!("more may follow: add --before {}", last.id);
+                }
+            }
+        }
+        DeliveriesCommand::Show(args) => {
+            let (client, store) = webhook_store(&args.database).await?;
+            let (delivery, attempts) = store
+                .get_delivery(&client, args.id)
+                .await?
+                .ok_or(CliError::NoDelivery(args.id))?;
+            println!("{}", json!({"delivery": delivery, "attempts": attempts}));
+        }
+        DeliveriesCommand::Redeliver(args) => {
+            let (client, store) = webhook_store(&args.database).await?;
+            if !store.redeliver(&client, args.id).await? {
+                return Err(CliError::NoDelivery(args.id));
+            }
+            let (delivery, attempts) = store
+                .get_delivery(&client, args.id)
+                .await?
+                .ok_or(CliError::NoDelivery(args.id))?;
+            println!("{}", json!({"delivery": delivery, "attempts": attempts}));
+        }
+        DeliveriesCommand::Prune(args) => {
+            let before = older_than(&args.older_than, Utc::now()).map_err(CliError::Usage)?;
+            let (client, store) = webhook_store(&args.database).await?;
+            let pruned = store.prune_deliveries(&client, before).await?;
+            println!("{}", json!({"pruned": pruned, "before": before}));
+        }
+    }
+    Ok(())
+}
+
+async fn subscriptions(command: SubscriptionsCommand) -> Result<(), CliError> {
+    match command {
+        SubscriptionsCommand::List(database) => {
+            let (client, store) = webhook_store(&database).await?;
+            for subscription in store.list_subscriptions(&client).await? {
+                println!("{}", json!(subscription));
+            }
+        }
+        SubscriptionsCommand::Show(args) => {
+            let (client, store) = webhook_store(&args.database).await?;
+            let subscription = existing_subscription(&client, &store, &args.id).await?;
+            println!("{}", json!({ "subscription": subscription }));
+        }
+        SubscriptionsCommand::Create(args) => {
+            let types = (!args.types.is_empty()).then_some(args.types);
+            let new = prepare_subscription(args.id, args.url, args.secret, types, args.scope)
+                .map_err(CliError::Usage)?;
+            let (client, store) = webhook_store(&args.database).await?;
+            let created = store
+                .create_subscription(&client, &new)
+                .await?
+                .ok_or_else(|| {
+                    CliError::Usage(format!("a subscription {:?} already exists", new.id))
+                })?;
+            println!("{}", json!({"subscription": created, "secret": new.secret}));
+        }
+        SubscriptionsCommand::Delete(args) => {
+            let (client, store) = webhook_store(&args.database).await?;
+            changeable_subscription(&client, &store, &args.id).await?;
+            if !store.delete_subscription(&client, &args.id).await? {
+                return Err(CliError::NoSubscription(args.id));
+            }
+            println!("{}", json!({ "deleted": args.id }));
+        }
+        SubscriptionsCommand::RotateSecret(args) => {
+            let config = Config::load(args.database.config.config.as_deref())?;
+            let grace = Duration::from_secs(config.webhooks.rotation_grace_secs);
+            let (client, store) = webhook_store(&args.database).await?;
+            changeable_subscription(&client, &store, &args.id).await?;
+            let secret = generate_secret();
+            let rotated = store
+                .rotate_secret(&client, &args.id, &secret, grace)
+                .await?
+                .ok_or_else(|| CliError::NoSubscription(args.id.clone()))?;
+            println!(
+                "{}",
+                json!({
+                    "previousSecretExpiresAt": rotated.previous_secret_expires_at,
+                    "subscription": rotated,
+                    "secret": secret,
+                })
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn existing_subscription(
+    client: &tokio_postgres::Client,
+    store: &WebhookStore,
+    id: &str,
+) -> Result<Subscription, CliError> {
+    store
+        .get_subscription(client, id)
+        .await?
+        .ok_or_else(|| CliError::NoSubscription(id.to_owned()))
+}
+
+/// A subscription that exists and does not come from the configuration.
+async fn changeable_subscription(
+    client: &tokio_postgres::Client,
+    store: &WebhookStore,
+    id: &str,
+) -> Result<Subscription, CliError> {
+    let subscription = existing_subscription(client, store, id).await?;
+    match config_source_refusal(&subscription) {
+        Some(refusal) => Err(CliError::Usage(refusal)),
+        None => Ok(subscription),
+    }
+}
+
+/// Reads `--older-than`: an age back from `now` (`7d`, `12h`, `30m`, `45s`)
+/// or an absolute RFC 3339 time.
+fn older_than(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+    if let Ok(time) = DateTime::parse_from_rfc3339(text) {
+        return Ok(time.with_timezone(&Utc));
+    }
+    let invalid = || {
+        format!(
+            "--older-than {text:?}: expected an age such as 7d, 12h, 30m or 45s, or an RFC 3339 time such as 2026-01-31T00:00:00Z"
+        )
+    };
+    let split = text.len().checked_sub(1).ok_or_else(invalid)?;
+    let (number, unit) = text.split_at(split);
+    let number: i64 = number.parse().map_err(|_| invalid())?;
+    let seconds = match unit {
+        "d" => 86_400,
+        "h" => 3_600,
+        "m" => 60,
+        "s" => 1,
+        _ => return Err(invalid()),
+    };
+    number
+        .checked_mul(seconds)
+        .filter(|s| *s >= 0)
+        .and_then(chrono::TimeDelta::try_seconds)
+        .and_then(|age| now.checked_sub_signed(age))
+        .ok_or_else(invalid)
 }
 
 impl EmitArgs {
@@ -336,6 +631,7 @@ async fn serve(args: ConfigArgs) -> Result<(), CliError> {
         Some(auth) => build_resolver(auth)?,
         None => {
             let secret = dev_secret(Path::new(DEV_DIR), "jwt-secret")?;
+            config.development_secret = Some(secret.clone());
             build_resolver(&AuthConfig::Jwt(JwtConfig {
                 algorithm: Algorithm::HS256,
                 secret: Some(secret),
@@ -346,44 +642,62 @@ async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     if development && config.publish.token.is_none() {
         config.publish.token = Some(dev_secret(Path::new(DEV_DIR), "publish-token")?);
     }
+    let shutdown = shutdown_signal();
     let listener = std::net::TcpListener::bind(config.http.bind)?;
+    // The banner is best effort: a closed stdout must not stop the service.
+    let mut out = std::io::stdout();
     let address = listener.local_addr()?;
-    println!("eventrelay listening on http://{address}");
-    match &config.database.url {
-        Some(url) => println!("  database: {}", redact_password(url)),
-        None => println!(
-            "  database: embedded, in {} (single session; set DATABASE_URL for a real Postgres)",
+    let _ = writeln!(out, "eventrelay listening on http://{address}");
+    let database = match &config.database.url {
+        Some(url) => redact_password(url),
+        None => format!(
+            "embedded, in {} (single session; set DATABASE_URL for a real Postgres)",
             config.database.embedded_dir
         ),
-    }
-    println!("  stream:  GET  http://{address}/v1/events   (Authorization: Bearer <token>)");
-    println!("  publish: POST http://{address}/v1/events");
+    };
+    let _ = writeln!(out, "  database: {database}");
+    let _ = writeln!(
+        out,
+        "  stream:  GET  http://{address}/v1/events   (Authorization: Bearer <token>)"
+    );
+    let _ = writeln!(out, "  publish: POST http://{address}/v1/events");
     if development {
-        println!(
+        let _ = writeln!(
+            out,
             "development mode: no [auth] is configured, so tokens are signed with a secret in {DEV_DIR}/jwt-secret"
         );
-        println!("  subscriber token: eventrelay token --subscriber alice --scope org-1");
-        println!("  publish token:    cat {DEV_DIR}/publish-token");
+        let _ = writeln!(
+            out,
+            "  subscriber token: eventrelay token --subscriber alice --scope org-1"
+        );
+        let _ = writeln!(out, "  publish token:    cat {DEV_DIR}/publish-token");
+        if config.http.inspector {
+            let _ = writeln!(out, "  inspector:        http://{address}/inspector");
+        }
     }
-    eventrelay::server::run(config, resolver, listener, shutdown_signal()).await?;
+    eventrelay::server::run(config, resolver, listener, shutdown).await?;
     Ok(())
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is
+/// called, so a signal that arrives during start-up is not lost.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("can install a SIGTERM handler");
-        tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt()).expect("can install a SIGINT handler");
+        let mut terminate = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
+        async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
         }
     }
     #[cfg(not(unix))]
-    let _ = interrupt.await;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// A database URL fit for a log line: the password is left out.
@@ -397,5 +711,30 @@ fn redact_password(url: &str) -> String {
             format!("{scheme}://{user}@{host}")
         }
         None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn older_than_takes_ages_and_times() {
+        let now = DateTime::parse_from_rfc3339("2026-03-10T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let at = |text: &str| older_than(text, now).map(|t| t.to_rfc3339());
+        assert_eq!(at("7d").unwrap(), "2026-03-03T12:00:00+00:00");
+        assert_eq!(at("12h").unwrap(), "2026-03-10T00:00:00+00:00");
+        assert_eq!(at("30m").unwrap(), "2026-03-10T11:30:00+00:00");
+        assert_eq!(at("45s").unwrap(), "2026-03-10T11:59:15+00:00");
+        assert_eq!(
+            at("2026-01-31T00:00:00Z").unwrap(),
+            "2026-01-31T00:00:00+00:00"
+        );
+        for bad in ["", "d", "7", "7w", "-1d", "1.5h", "yesterday"] {
+            let error = at(bad).unwrap_err();
+            assert!(error.starts_with("--older-than"), "{bad}: {error}");
+        }
     }
 }

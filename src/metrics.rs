@@ -9,6 +9,12 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `delivered`, `retry`, `dead` or `gone`.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
     /// `memory` (the hub's tail) or `outbox`.
     pub source: &'static str,
@@ -29,6 +35,7 @@ pub struct Metrics {
     pub commit_to_send_seconds: Histogram,
     pub events_published: Counter,
     pub outbox_rows_pruned: Counter,
+    pub webhook_deliveries: Family<OutcomeLabel, Counter>,
 }
 
 impl Metrics {
@@ -49,6 +56,7 @@ impl Metrics {
             ]),
             events_published: Counter::default(),
             outbox_rows_pruned: Counter::default(),
+            webhook_deliveries: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -110,6 +118,11 @@ impl Metrics {
             "outbox_rows_pruned",
             "Outbox rows removed by the janitor",
             metrics.outbox_rows_pruned.clone(),
+        );
+        registry.register(
+            "webhook_deliveries",
+            "Webhook attempts, by outcome",
+            metrics.webhook_deliveries.clone(),
         );
         Metrics {
             registry,

@@ -11,6 +11,7 @@ use actix::{Actor, Arbiter};
 use actix_web::{App, HttpServer, web};
 use eventrelay_publisher::{Publisher, SchemaRegistry};
 
+use crate::actors::dispatcher::Dispatcher;
 use crate::actors::listener::NotificationSource;
 use crate::actors::relay::StopRelay;
 use crate::actors::{Listener, Relay};
@@ -19,7 +20,7 @@ use crate::config::Config;
 use crate::http::{AppState, routes};
 use crate::limiter::ConnectionLimiter;
 use crate::metrics::Metrics;
-use crate::store::{Database, DatabaseError, MigrateError, Outbox, migrate};
+use crate::store::{Database, DatabaseError, MigrateError, Outbox, WebhookStore, migrate};
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,8 @@ pub enum ServeError {
     #[cfg(feature = "embedded")]
     #[error(transparent)]
     Embedded(#[from] crate::store::embedded::EmbeddedError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
     #[error("publish.schemas_dir: {0}")]
     Schemas(String),
     #[error("HTTP server failed: {0}")]
@@ -142,6 +145,29 @@ pub async fn run(
     let arbiters: Vec<Arbiter> = (0..config.hub.arbiters).map(|_| Arbiter::new()).collect();
     let tail_events = config.hub.tail_events;
     let tail_bytes = config.hub.tail_bytes;
+    let webhook_wake = Arc::new(tokio::sync::Notify::new());
+    let webhooks = WebhookStore::new(&schema);
+    {
+        let conn = db.get().await?;
+        webhooks
+            .sync_config_subscriptions(&*conn, &config.webhooks.subscriptions)
+            .await?;
+    }
+    let dispatcher = if config.webhooks.enabled {
+        Some(
+            Dispatcher::new(
+                db.clone(),
+                webhooks.clone(),
+                config.webhooks.clone(),
+                Arc::clone(&webhook_wake),
+                Arc::clone(&metrics),
+            )
+            .map_err(|e| ServeError::Http(std::io::Error::other(e)))?
+            .start(),
+        )
+    } else {
+        None
+    };
     let relay = Relay::new(
         db.clone(),
         outbox.clone(),
@@ -149,6 +175,7 @@ pub async fn run(
         Arc::new(move || tail_events),
         Arc::new(move || tail_bytes),
         Arc::clone(&metrics),
+        Arc::clone(&webhook_wake),
     )
     .start();
     let listener_connected = Arc::new(AtomicBool::new(false));
@@ -177,10 +204,18 @@ pub async fn run(
         publisher,
         metrics,
         listener_connected,
+        webhook_wake,
+        development_secret: config.development_secret.clone(),
     });
-    let mut server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
-        .disable_signals()
-        .shutdown_timeout(2);
+    let inspector = config.http.inspector;
+    let mut server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .configure(|c| crate::http::inspector::routes(c, inspector))
+            .configure(routes)
+    })
+    .disable_signals()
+    .shutdown_timeout(2);
     if config.http.workers > 0 {
         server = server.workers(config.http.workers);
     }
@@ -193,6 +228,7 @@ pub async fn run(
     let result = stopped.await.unwrap_or(Ok(()));
     janitor.abort();
     drop(listener_actor);
+    drop(dispatcher);
     relay.do_send(StopRelay);
     for arbiter in arbiters {
         arbiter.stop();

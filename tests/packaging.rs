@@ -74,3 +74,50 @@ fn check_config_names_the_bad_setting() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("sse.heartbeat_secs"));
 }
+
+#[test]
+fn serve_stops_cleanly_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+
+    let names = TestDb::unmigrated();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_eventrelay"))
+        .arg("serve")
+        .env("DATABASE_URL", &names.url)
+        .env("EVENTRELAY_DATABASE__SCHEMA", names.schema.as_str())
+        .env("EVENTRELAY_DATABASE__CHANNEL", names.channel.as_str())
+        .env("EVENTRELAY_HTTP__BIND", "127.0.0.1:0")
+        .env("EVENTRELAY_AUTH__MODE", "jwt")
+        .env("EVENTRELAY_AUTH__SECRET", common::server::TEST_SECRET)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first_line = String::new();
+    stdout.read_line(&mut first_line).unwrap();
+    // Keep reading so the service never writes into a closed pipe.
+    let drain = std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    assert!(
+        first_line.starts_with("eventrelay listening on http://127.0.0.1:"),
+        "{first_line}"
+    );
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            let _ = drain.join();
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -618,3 +618,37 @@ async fn an_embedding_application_supplies_its_own_resolver() {
     assert_eq!(vip.next_event().await.event.as_deref(), Some("lobby"));
     assert_eq!(guest.next_event().await.event.as_deref(), Some("lobby"));
 }
+
+#[tokio::test]
+async fn malformed_notifications_are_dropped_counted_and_harmless() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let client = db.connect().await;
+    for garbage in [
+        "not json",
+        "{\"k\":\"ptr\",\"s\":\"org-1\"}",
+        "{\"k\":\"evt\",\"e\":{\"type\":\"x\"}}",
+        "{\"k\":\"zip\"}",
+    ] {
+        client
+            .execute(
+                "SELECT pg_notify($1, $2)",
+                &[&db.channel.as_str(), &garbage],
+            )
+            .await
+            .unwrap();
+    }
+    let event = emit(&db, durable("after.garbage", "org-1")).await;
+    let frame = stream.next_event().await;
+    assert_eq!(frame.json()["id"], event.id.to_string());
+    assert_eq!(
+        server
+            .metric("eventrelay_notifications_malformed_total")
+            .await,
+        4.0
+    );
+}

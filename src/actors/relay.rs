@@ -43,6 +43,8 @@ pub struct Relay {
     tail_events: Bound,
     tail_bytes: Bound,
     metrics: Arc<Metrics>,
+    /// Woken on every committed durable event: it may have deliveries.
+    webhook_wake: Arc<tokio::sync::Notify>,
     scopes: HashMap<String, ScopeState>,
     next_session: u64,
 }
@@ -65,6 +67,7 @@ impl Relay {
         tail_events: Bound,
         tail_bytes: Bound,
         metrics: Arc<Metrics>,
+        webhook_wake: Arc<tokio::sync::Notify>,
     ) -> Self {
         assert!(
             !arbiters.is_empty(),
@@ -77,6 +80,7 @@ impl Relay {
             tail_events,
             tail_bytes,
             metrics,
+            webhook_wake,
             scopes: HashMap::new(),
             next_session: 0,
         }
@@ -199,6 +203,7 @@ impl Handler<Pointer> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: Pointer, ctx: &mut Context<Self>) {
+        self.webhook_wake.notify_waiters();
         let Some(state) = self.scopes.get(&msg.scope_key) else {
             return;
         };

@@ -1,7 +1,9 @@
 //! The HTTP API (actix-web): the SSE stream, the publish API and the
 //! operations endpoints, over one shared application state.
 
+pub mod admin;
 pub mod error;
+pub mod inspector;
 pub mod ops;
 pub mod publish;
 pub mod sse;
@@ -32,6 +34,10 @@ pub struct AppState {
     pub publisher: Publisher,
     pub metrics: Arc<Metrics>,
     pub listener_connected: Arc<AtomicBool>,
+    /// Wakes the webhook dispatcher (after a redelivery, say).
+    pub webhook_wake: Arc<tokio::sync::Notify>,
+    /// Set in development mode only, for the inspector's token minting.
+    pub development_secret: Option<String>,
 }
 
 /// Registers every route.
@@ -46,6 +52,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .route("/readyz", web::get().to(ops::readyz))
         .route("/metrics", web::get().to(ops::metrics))
         .route("/openapi.json", web::get().to(ops::openapi))
+        .configure(admin::routes)
         .default_service(web::to(|| async {
             Err::<actix_web::HttpResponse, _>(ApiError::new(
                 actix_web::http::StatusCode::NOT_FOUND,

@@ -22,11 +22,18 @@ pub struct Migration {
 
 /// Every migration, in the order they apply. A test checks this list
 /// against the `migrations/` directory.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox",
-    sql: include_str!("../../migrations/0001_outbox.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox",
+        sql: include_str!("../../migrations/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "webhooks",
+        sql: include_str!("../../migrations/0002_webhooks.sql"),
+    },
+];
 
 /// Why the schema could not be brought up to date.
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,9 @@ pub mod database;
 pub mod embedded;
 pub mod migrate;
 pub mod outbox;
+pub mod webhooks;
 
 pub use database::{Connection, Database, DatabaseError};
 pub use migrate::{MIGRATIONS, MigrateError, Migration, MigrationReport, migrate};
 pub use outbox::{Outbox, StoreError};
+pub use webhooks::WebhookStore;

@@ -10,7 +10,7 @@ use tokio_postgres::types::Type;
 /// Why the outbox could not be read or pruned.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("database error on the outbox: {0}")]
+    #[error("database error: {0}")]
     Database(#[from] tokio_postgres::Error),
 }
 

@@ -4,6 +4,7 @@
 //! when the `TestDb` goes out of scope.
 #![allow(dead_code)]
 
+pub mod receiver;
 pub mod server;
 
 use std::time::Duration;

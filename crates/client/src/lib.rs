@@ -1,0 +1,42 @@
+//! A Rust client for the eventrelay event stream (`GET /v1/events`).
+//!
+//! It does what the browser client does, for services: builds its request
+//! on every connect (so credentials are fresh), replays from a durable-only
+//! `Last-Event-ID` watermark after a reconnect, backs off with full jitter
+//! (from the relay's `retry:`), reports `connecting`, `connected`,
+//! `reconnecting`, `degraded` and `stopped`, drops duplicate envelopes
+//! (delivery is at least once), and calls back when the relay says the
+//! application must re-read its state.
+//!
+//! ```no_run
+//! use eventrelay_client::{ClientBuilder, State};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let token = std::env::var("EVENTRELAY_TOKEN")?;
+//! let (handle, mut events) = ClientBuilder::new(move |http| {
+//!     http.get("http://127.0.0.1:8080/v1/events").bearer_auth(&token)
+//! })
+//! .on_resync(|| println!("re-read the state"))
+//! .start();
+//!
+//! while let Some(event) = events.recv().await {
+//!     println!("{} {}", event.envelope.event_type, event.envelope.data);
+//!     if handle.state() == State::Degraded {
+//!         // poll instead until the state is Connected again
+//!     }
+//! }
+//! handle.stop().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod backoff;
+mod client;
+mod error;
+pub mod seen;
+pub mod sse;
+
+pub use backoff::Backoff;
+pub use client::{ClientBuilder, ClientHandle, Event, RequestFuture, State, Status};
+pub use error::{BoxError, ClientError};
+pub use eventrelay_wire::EventEnvelope;

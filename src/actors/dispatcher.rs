@@ -1,0 +1,472 @@
+//! The webhook dispatcher: a pool of workers that claim due deliveries,
+//! send them signed, and record what happened.
+//!
+//! Safe with any number of replicas: a claim leases one row with
+//! `FOR UPDATE SKIP LOCKED`, and the lease (longer than the request timeout)
+//! keeps every other worker away until the attempt is recorded or the lease
+//! runs out, after which the delivery is sent again (at least once). Workers
+//! sleep until the next delivery falls due, and are woken at once when a
+//! durable event commits (the listener sees its pointer) or a delivery is
+//! redelivered.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, ActorFutureExt, AsyncContext, Context, WrapFuture};
+use chrono::Utc;
+use eventrelay_wire::EventEnvelope;
+use eventrelay_wire::webhook::{WebhookSecret, sign};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use tokio::sync::Notify;
+
+use crate::config::WebhooksConfig;
+use crate::metrics::{Metrics, OutcomeLabel};
+use crate::store::Database;
+use crate::store::webhooks::{AttemptRecord, Claimed, WebhookStore};
+
+/// Longest a worker sleeps without looking, in case a wake-up was missed.
+const IDLE_POLL: Duration = Duration::from_secs(30);
+/// Wait after a database error before claiming again.
+const ERROR_PAUSE: Duration = Duration::from_secs(1);
+/// Longest error text kept with an attempt.
+const MAX_ERROR_CHARS: usize = 500;
+
+pub struct Dispatcher {
+    db: Database,
+    store: WebhookStore,
+    config: Arc<WebhooksConfig>,
+    wake: Arc<Notify>,
+    metrics: Arc<Metrics>,
+    http: reqwest::Client,
+}
+
+impl Dispatcher {
+    pub fn new(
+        db: Database,
+        store: WebhookStore,
+        config: WebhooksConfig,
+        wake: Arc<Notify>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, reqwest::Error> {
+        let http = build_client(&config)?;
+        Ok(Dispatcher {
+            db,
+            store,
+            config: Arc::new(config),
+            wake,
+            metrics,
+            http,
+        })
+    }
+}
+
+/// The HTTP client: no redirects, a whole-request timeout, and (unless
+/// allowed) a resolver that refuses internal addresses after DNS.
+fn build_client(config: &WebhooksConfig) -> Result<reqwest::Client, reqwest::Error> {
+    let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_millis(config.request_timeout_ms))
+        .user_agent(concat!("eventrelay/", env!("CARGO_PKG_VERSION")))
+        .no_proxy();
+    if !config.allow_private_networks {
+        builder = builder.dns_resolver(Arc::new(PublicOnlyResolver));
+    }
+    builder.build()
+}
+
+impl Actor for Dispatcher {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        for worker in 0..self.config.workers {
+            let work = Worker {
+                db: self.db.clone(),
+                store: self.store.clone(),
+                config: Arc::clone(&self.config),
+                wake: Arc::clone(&self.wake),
+                metrics: Arc::clone(&self.metrics),
+                http: self.http.clone(),
+            };
+            ctx.spawn(work.run(worker).into_actor(self).map(|_, _, _| ()));
+        }
+    }
+}
+
+struct Worker {
+    db: Database,
+    store: WebhookStore,
+    config: Arc<WebhooksConfig>,
+    wake: Arc<Notify>,
+    metrics: Arc<Metrics>,
+    http: reqwest::Client,
+}
+
+impl Worker {
+    async fn run(self, worker: usize) {
+        let lease = Duration::from_millis(self.config.lease_ms);
+        loop {
+            // Register for wake-ups before looking, so none is missed.
+            let woken = self.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let claimed = match self.db.get().await {
+                Ok(conn) => self
+                    .store
+                    .claim(&*conn, lease)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match claimed {
+                Ok(Some(claimed)) => self.deliver(claimed).await,
+                Ok(None) => {
+                    let pause = self.until_next_due().await;
+                    tokio::select! {
+                        _ = woken => {}
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(worker, %error, "cannot claim webhook deliveries; retrying");
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    async fn until_next_due(&self) -> Duration {
+        let next = match self.db.get().await {
+            Ok(conn) => self.store.next_due(&*conn).await.ok().flatten(),
+            Err(_) => None,
+        };
+        match next {
+            Some(at) => (at - Utc::now())
+                .to_std()
+                .unwrap_or(Duration::ZERO)
+                .min(IDLE_POLL),
+            None => IDLE_POLL,
+        }
+        .max(Duration::from_millis(5))
+    }
+
+    async fn deliver(&self, claimed: Claimed) {
+        let started_at = Utc::now();
+        let clock = Instant::now();
+        let outcome = self.attempt(&claimed).await;
+        let record = self.settle(&claimed, outcome, started_at, clock.elapsed());
+        self.metrics
+            .webhook_deliveries
+            .get_or_create(&OutcomeLabel {
+                outcome: record.outcome,
+            })
+            .inc();
+        let recorded = match self.db.get().await {
+            Ok(conn) => self
+                .store
+                .record(&*conn, &claimed, &record)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match recorded {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                delivery = claimed.id,
+                "the lease ran out before the attempt was recorded; the delivery will be sent again"
+            ),
+            Err(error) => {
+                tracing::warn!(delivery = claimed.id, %error, "cannot record a webhook attempt")
+            }
+        }
+    }
+
+    /// Sends one attempt and reports what the receiver said.
+    async fn attempt(&self, claimed: &Claimed) -> Sent {
+        let subscription = match self.db.get().await {
+            Ok(conn) => {
+                self.store
+                    .get_subscription(&*conn, &claimed.subscription_id)
+                    .await
+            }
+            Err(e) => return Sent::Failed(format!("database unavailable: {e}")),
+        };
+        let subscription = match subscription {
+            Ok(Some(subscription)) => subscription,
+            Ok(None) => return Sent::SubscriptionGone,
+            Err(e) => return Sent::Failed(format!("database unavailable: {e}")),
+        };
+        let body = webhook_body(&claimed.payload);
+        let msg_id = claimed.event_id.to_string();
+        let timestamp = Utc::now().timestamp();
+        let mut signatures = Vec::new();
+        for secret in subscription.signing_secrets(Utc::now()) {
+            match WebhookSecret::parse(secret) {
+                Ok(secret) => signatures.push(sign(&secret, &msg_id, timestamp, &body)),
+                Err(e) => return Sent::Failed(format!("subscription secret is unusable: {e}")),
+            }
+        }
+        if let Err(refusal) =
+            check_literal_address(&subscription.url, self.config.allow_private_networks)
+        {
+            return Sent::Failed(refusal);
+        }
+        let response = self
+            .http
+            .post(&subscription.url)
+            .header(CONTENT_TYPE, "application/json")
+            .header("webhook-id", &msg_id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signatures.join(" "))
+            .body(body)
+            .send()
+            .await;
+        match response {
+            Ok(response) => Sent::Answered {
+                status: response.status().as_u16(),
+                retry_after: retry_after(response.headers()),
+            },
+            Err(error) => Sent::Failed(describe(&error)),
+        }
+    }
+
+    /// Turns what happened into the delivery's next state.
+    fn settle(
+        &self,
+        claimed: &Claimed,
+        sent: Sent,
+        started_at: chrono::DateTime<Utc>,
+        took: Duration,
+    ) -> AttemptRecord {
+        let schedule = &self.config.retry_schedule_ms;
+        let retry_in = |wait: Option<Duration>| -> (&'static str, Option<chrono::DateTime<Utc>>) {
+            let scheduled = schedule
+                .get(claimed.attempt as usize - 1)
+                .map(|ms| Duration::from_millis(*ms));
+            match scheduled {
+                None => ("dead", None),
+                Some(scheduled) => {
+                    let wait = wait.unwrap_or(scheduled);
+                    (
+                        "retry",
+                        Some(Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default()),
+                    )
+                }
+            }
+        };
+        let (status_code, error, (outcome, next_attempt_at)) = match sent {
+            Sent::Answered { status, .. } if (200..300).contains(&status) => {
+                (Some(status), None, ("delivered", None))
+            }
+            Sent::Answered { status: 410, .. } => (
+                Some(410),
+                Some("410 Gone: the receiver asked to stop".to_owned()),
+                ("gone", None),
+            ),
+            Sent::Answered {
+                status,
+                retry_after,
+            } => {
+                let honoured = match status {
+                    429 | 503 => retry_after.map(|wait| {
+                        wait.clamp(
+                            Duration::from_secs(1),
+                            Duration::from_millis(self.config.max_retry_after_ms),
+                        )
+                    }),
+                    _ => None,
+                };
+                let error = if (300..400).contains(&status) {
+                    format!("redirect {status} (redirects are not followed)")
+                } else {
+                    format!("receiver answered {status}")
+                };
+                (Some(status), Some(error), retry_in(honoured))
+            }
+            Sent::SubscriptionGone => (
+                None,
+                Some("the subscription no longer exists".to_owned()),
+                ("gone", None),
+            ),
+            Sent::Failed(error) => (None, Some(error), retry_in(None)),
+        };
+        AttemptRecord {
+            started_at,
+            duration_ms: took.as_millis().min(i32::MAX as u128) as i32,
+            status_code: status_code.map(i32::from),
+            error: error.map(|e| e.chars().take(MAX_ERROR_CHARS).collect()),
+            outcome,
+            next_attempt_at,
+        }
+    }
+}
+
+enum Sent {
+    Answered {
+        status: u16,
+        retry_after: Option<Duration>,
+    },
+    SubscriptionGone,
+    Failed(String),
+}
+
+/// The body receivers get: the envelope without its audience, serialised the
+/// way the rest of eventrelay writes envelopes.
+fn webhook_body(payload: &serde_json::Value) -> Vec<u8> {
+    match serde_json::from_value::<EventEnvelope>(payload.clone()) {
+        Ok(mut envelope) => {
+            envelope.audience = None;
+            serde_json::to_vec(&envelope).unwrap_or_default()
+        }
+        Err(_) => payload.to_string().into_bytes(),
+    }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not honoured).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+fn describe(error: &reqwest::Error) -> String {
+    if error.is_timeout() {
+        return "timed out".to_owned();
+    }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// True for addresses a webhook must not reach unless allowed: loopback,
+/// private, link-local, unspecified, multicast, shared, documentation and
+/// other reserved ranges.
+pub fn is_internal(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 192 && b == 0)
+                || (a == 198 && (b == 18 || b == 19))
+                || a >= 240
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_internal(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+                || first == 0x2001 && v6.segments()[1] == 0x0db8
+        }
+    }
+}
+
+/// Refuses a URL whose host is an internal IP literal (DNS names are checked
+/// by the resolver, after resolution).
+fn check_literal_address(url: &str, allow_private: bool) -> Result<(), String> {
+    if allow_private {
+        return Ok(());
+    }
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("invalid URL: {e}"))?;
+    let host = parsed.host_str().unwrap_or_default();
+    let Ok(ip) = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+    else {
+        return Ok(());
+    };
+    if is_internal(ip) {
+        return Err(format!(
+            "refused: {ip} is an internal address (set webhooks.allow_private_networks to allow it)"
+        ));
+    }
+    Ok(())
+}
+
+/// Resolves names with the system resolver and keeps only public addresses,
+/// so a name cannot point a webhook into the private network.
+struct PublicOnlyResolver;
+
+impl reqwest::dns::Resolve for PublicOnlyResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|address| !is_internal(address.ip()))
+                .collect();
+            if addresses.is_empty() {
+                let refusal = format!(
+                    "refused: {host} resolves only to internal addresses (set webhooks.allow_private_networks to allow it)"
+                );
+                return Err(refusal.into());
+            }
+            Ok(Box::new(addresses.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_addresses_are_recognised() {
+        for internal in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+            "224.0.0.1",
+        ] {
+            assert!(is_internal(internal.parse().unwrap()), "{internal}");
+        }
+        for public in ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111"] {
+            assert!(!is_internal(public.parse().unwrap()), "{public}");
+        }
+    }
+
+    #[test]
+    fn literal_internal_urls_are_refused_unless_allowed() {
+        assert!(check_literal_address("http://127.0.0.1:9/hook", false).is_err());
+        assert!(check_literal_address("http://[::1]/hook", false).is_err());
+        assert!(check_literal_address("http://127.0.0.1:9/hook", true).is_ok());
+        assert!(check_literal_address("https://hooks.example.com/x", false).is_ok());
+    }
+
+    #[test]
+    fn retry_after_is_read_in_seconds() {
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, "7".parse().unwrap());
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(7)));
+        headers.insert(
+            RETRY_AFTER,
+            "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after(&headers), None);
+    }
+}

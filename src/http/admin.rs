@@ -1,0 +1,501 @@
+//! `/v1/admin/*`: webhook subscriptions and the delivery log, for operators.
+//!
+//! Every endpoint needs `Authorization: Bearer <admin.token>`; without a
+//! configured token the whole API answers 403, so an install that never asked
+//! for it exposes nothing. Secrets are shown exactly once, in the answer that
+//! created them (create, rotate); listings never carry them.
+//!
+//! Bodies and queries are parsed inside the handlers, after the token check,
+//! so an unauthenticated caller learns nothing about what a valid request
+//! looks like, and every refusal has this API's error shape.
+
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, Utc};
+use eventrelay_wire::webhook::WebhookSecret;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::store::webhooks::{
+    DeliveryFilter, MAX_PAGE, NewSubscription, Subscription, SubscriptionPatch,
+    validate_subscription,
+};
+use crate::store::{Connection, WebhookStore};
+
+/// The statuses a delivery can have, in the order the documentation lists them.
+pub const DELIVERY_STATUSES: [&str; 4] = ["pending", "delivered", "dead", "gone"];
+
+fn check_admin(request: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
+    let Some(expected) = state.config.admin.token.as_deref() else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "admin_disabled",
+            "the admin API is off: set admin.token to enable it",
+        ));
+    };
+    let provided = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .ok_or_else(|| {
+            ApiError::unauthorized("the admin API needs `Authorization: Bearer <admin token>`")
+        })?;
+    // Comparing digests keeps the comparison's timing independent of how
+    // much of the token was right.
+    if Sha256::digest(provided.trim().as_bytes()) != Sha256::digest(expected.as_bytes()) {
+        return Err(ApiError::unauthorized("the admin token is not valid"));
+    }
+    Ok(())
+}
+
+/// The store for the configured schema; building one only copies the name.
+fn store(state: &AppState) -> WebhookStore {
+    WebhookStore::new(&state.config.schema())
+}
+
+async fn connection(state: &AppState) -> Result<Connection, ApiError> {
+    state
+        .db
+        .get()
+        .await
+        .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))
+}
+
+fn database_error(error: impl std::fmt::Display) -> ApiError {
+    ApiError::unavailable(format!("database error: {error}"))
+}
+
+fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request("invalid_body", format!("invalid body: {e}")))
+}
+
+fn not_found(what: &str, id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no {what} {id:?}"),
+    )
+}
+
+fn conflict(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, "conflict", message)
+}
+
+/// A fresh `whsec_` secret: 32 bytes from two v4 UUIDs, which come from the
+/// operating system's random source.
+pub fn generate_secret() -> String {
+    let mut bytes = Vec::with_capacity(32);
+    bytes.extend_from_slice(Uuid::new_v4().as_bytes());
+    bytes.extend_from_slice(Uuid::new_v4().as_bytes());
+    WebhookSecret::from_bytes(bytes).to_whsec()
+}
+
+/// Why `subscription` may not be changed by hand, if it may not.
+/// Configured subscriptions are rewritten from the configuration at every
+/// start, so a change made elsewhere would silently disappear.
+pub fn config_source_refusal(subscription: &Subscription) -> Option<String> {
+    (subscription.source == "config").then(|| {
+        format!(
+            "subscription {:?} comes from the configuration (webhooks.subscriptions); edit the configuration instead",
+            subscription.id
+        )
+    })
+}
+
+fn refuse_config_source(subscription: &Subscription) -> Result<(), ApiError> {
+    config_source_refusal(subscription).map_or(Ok(()), |message| Err(conflict(message)))
+}
+
+/// An empty scope key would match no event at all, which is never intended.
+fn check_scope_key(scope_key: Option<&str>) -> Result<(), String> {
+    if scope_key.is_some_and(str::is_empty) {
+        return Err("scopeKey: must not be empty; leave it out (or null) for every scope".into());
+    }
+    Ok(())
+}
+
+/// Checks a subscription to create, defaulting its types to `*` and
+/// generating a secret when none is given. Shared by the API and the
+/// command line so both accept exactly the same subscriptions.
+pub fn prepare_subscription(
+    id: String,
+    url: String,
+    secret: Option<String>,
+    types: Option<Vec<String>>,
+    scope_key: Option<String>,
+) -> Result<NewSubscription, String> {
+    let types = types.unwrap_or_else(|| vec!["*".to_owned()]);
+    validate_subscription(Some(&id), Some(&url), Some(&types))?;
+    check_scope_key(scope_key.as_deref())?;
+    let secret = match secret {
+        Some(secret) => {
+            WebhookSecret::parse(&secret).map_err(|e| format!("secret: {e}"))?;
+            secret
+        }
+        None => generate_secret(),
+    };
+    Ok(NewSubscription {
+        id,
+        url,
+        secret,
+        types,
+        scope_key,
+    })
+}
+
+/// `POST /v1/admin/subscriptions`: like [`NewSubscription`], with the secret
+/// optional (one is generated when absent).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateSubscription {
+    id: String,
+    url: String,
+    secret: Option<String>,
+    types: Option<Vec<String>>,
+    scope_key: Option<String>,
+}
+
+pub async fn create_subscription(
+    request: HttpRequest,
+    body: web::Bytes,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_admin(&request, &state)?;
+    let create: CreateSubscription = parse_body(&body)?;
+    let new = prepare_subscription(
+        create.id,
+        create.url,
+        create.secret,
+        create.types,
+        create.scope_key,
+    )
+    .map_err(|e| ApiError::bad_request("invalid_body", e))?;
+    let conn = connection(&state).await?;
+    let created = store(&state)
+        .create_subscription(&*conn, &new)
+        .await
+        .map_err(database_error)?
+        .ok_or_else(|| conflict(format!("a subscription {:?} already exists", new.id)))?;
+    Ok(HttpResponse::Created()
+        .insert_header((
+            header::LOCATION,
+            format!("/v1/admin/subscriptions/{}", created.id),
+        ))
+        .json(json!({"subscription": created, "secret": new.secret})))
+}
+
+pub async fn list_subscriptions(
+    request: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_admin(&request, &state)?;
+    let conn = connection(&state).await?;
+    let subscriptions = store(&state)
+        .list_subscriptions(&*conn)
+        .await
+        .map_err(database_error)?;
+    Ok(HttpResponse::Ok().json(json!({ "subscriptions": subscriptions })))
+}
+
+async fn existing_subscription(
+    state: &AppState,
+    conn: &Connection,
+    id: &str,
+) -> Result<Subscription, ApiError> {
+    store(state)
+        .get_subscription(&**conn, id)
+        .await
+        .map_err(database_error)?
+        .ok_or_else(|| not_found("subscription", id))
+}
+
+pub async fn get_subscription(
+    request: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_admin(&request, &state)?;
+    let conn = connection(&state).await?;
+    let subscription = existing_subscription(&state, &conn, &id).await?;
+    Ok(HttpResponse::Ok().json(json!({ "subscription": subscription })))
+}
+
+pub async fn update_subscription(
+    request: HttpRequest,
+    id: web::Path<String>,
+    body: web::Bytes,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_admin(&request, &state)?;
+    let patch: SubscriptionPatch = parse_body(&body)?;
+    validate_subscription(None, patch.url.as_deref(), patch.types.as_deref())
+        .map_err(|e| ApiError::bad_request("invalid_body", e))?;
+    check_scope_key(patch.scope_key.clone().flatten().as_deref())
+        .map_err(|e| ApiError::bad_request("invalid_body", e))?;
+    let conn = connection(&state).await?;
+    refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
+    let updated = store(&state)
+        .update_subscription(&*conn, &id, &patch)
+        .await
+        .map_err(database_error)?
+        .ok_or_else(|| not_found("subscription", &id))?;
+    Ok(HttpResponse::Ok().json(json!({ "subscription": updated })))
+}
+
+pub async fn delete_subscription(
+    request: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_admin(&request, &state)?;
+    let conn = connection(&state).await?;
+    refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
+    let deleted = store(&state)
+        .delete_subscription(&*conn, &id)
+        .await
+        .map_err(database_error)?;
+    if !deleted {
+        return Err(not_found("subscription", &id));
+    }
+    Ok(HttpResponse::NoContent().finish())
+}
+
+pub async fn rotate_secret(
+    request: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_admin(&request, &state)?;
+    let conn = connection(&state).await?;
+    refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
+    let secret = generate_secret();
+    let grace = Duration::from_secs(state.config.webhooks.rotation_grace_secs);
+    let rotated = store(&state)
+        .rotate_secret(&*conn, &id, &secret, grace)
+        .await
+        .map_err(database_error)?
+        .ok_or_else(|| not_found("subscription", &id))?;
+    Ok(HttpResponse::Ok().json(json!({
+        "previousSecretExpiresAt": rotated.previous_secret_expires_at,
+        "subscription": rotated,
+        "secret": secret,
+    })))
+}
+
+/// The listing's query string. Everything arrives as text so that an empty
+/// parameter means "no filter" and a malformed one gets a message naming it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DeliveryQuery {
+    scope_key: Option<String>,
+    status: Option<String>,
+    event_id: Option<String>,
+    subscription_id: Option<String>,
+    before: Option<String>,
+    limit: Option<String>,
+}
+
+/// Default page size when `limit` is absent.
+const DEFAULT_PAGE: i64 = 100;
+
+fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
+    let invalid = |message: String| ApiError::bad_request("invalid_query", message);
+    let query = web::Query::<DeliveryQuery>::from_query(query_string)
+        .map_err(|e| invalid(e.to_string()))?
+        .into_inner();
+    let given = |value: Option<String>| value.filter(|v| !v.is_empty());
+    let status = given(query.status);
+    if let Some(status) = &status {
+        if !DELIVERY_STATUSES.contains(&status.as_str()) {
+            return Err(invalid(format!(
+                "status: {status:?} is not one of {}",
+                DELIVERY_STATUSES.join(", ")
+            )));
+        }
+    }
+    let event_id = given(query.event_id)
+        .map(|v| v.parse::<Uuid>())
+        .transpose()
+        .map_err(|e| invalid(format!("eventId: not a UUID: {e}")))?;
+    let before = given(query.before)
+        .map(|v| v.parse::<i64>())
+        .transpose()
+        .map_err(|_| invalid("before: must be a delivery id (an integer)".into()))?;
+    let limit = match given(query.limit) {
+        None => DEFAULT_PAGE,
+        Some(v) => v
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=MAX_PAGE).contains(n))
+            .ok_or_else(|| invalid(format!("limit: must be an integer from 1 to {MAX_PAGE}")))?,
+    };
+    Ok(DeliveryFilter {
+        scope_key: given(query.scope_key),
+        status,
+        event_id,
+        subscription_id: given(query.subscription_id),
+        before,
+        limit: Some(limit),
+    })
+}
+
+pub async fn list_deliveries(
+    request: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_admin(&request, &state)?;
+    let filter = delivery_filter(request.query_string())?;
+    let conn = connection(&state).await?;
+    let deliveries = store(&state)
+        .list_deliveries(&*conn, &filter)
+        .await
+        .map_err(database_error)?;
+    // A full page may have more behind it; a short one is the end.
+    let next_before = match filter.limit {
+        Some(limit) if deliveries.len() as i64 == limit => deliveries.last().map(|d| d.id),
+        _ => None,
+    };
+    Ok(HttpResponse::Ok().json(json!({"deliveries": deliveries, "nextBefore": next_before})))
+}
+
+fn delivery_id(id: &str) -> Result<i64, ApiError> {
+    // No delivery has an id that is not an integer, so this is a miss, not
+    // a malformed request.
+    id.parse().map_err(|_| not_found("delivery", id))
+}
+
+async fn delivery_with_attempts(
+    state: &AppState,
+    conn: &Connection,
+    id: &str,
+) -> Result<HttpResponse, ApiError> {
+    let (delivery, attempts) = store(state)
+        .get_delivery(&**conn, delivery_id(id)?)
+        .await
+        .map_err(database_error)?
+        .ok_or_else(|| not_found("delivery", id))?;
+    Ok(HttpResponse::Ok().json(json!({"delivery": delivery, "attempts": attempts})))
+}
+
+pub async fn get_delivery(
+    request: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_admin(&request, &state)?;
+    let conn = connection(&state).await?;
+    delivery_with_attempts(&state, &conn, &id).await
+}
+
+pub async fn redeliver(
+    request: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_admin(&request, &state)?;
+    let conn = connection(&state).await?;
+    let found = store(&state)
+        .redeliver(&*conn, delivery_id(&id)?)
+        .await
+        .map_err(database_error)?;
+    if !found {
+        return Err(not_found("delivery", &id));
+    }
+    // The dispatcher may be asleep until its next known due time; the
+    // redelivered row is due now.
+    state.webhook_wake.notify_waiters();
+    delivery_with_attempts(&state, &conn, &id).await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Prune {
+    before: DateTime<Utc>,
+}
+
+pub async fn prune_deliveries(
+    request: HttpRequest,
+    body: web::Bytes,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    check_admin(&request, &state)?;
+    let prune: Prune = parse_body(&body)?;
+    let conn = connection(&state).await?;
+    let pruned = store(&state)
+        .prune_deliveries(&*conn, prune.before)
+        .await
+        .map_err(database_error)?;
+    Ok(HttpResponse::Ok().json(json!({ "pruned": pruned })))
+}
+
+/// Registers the admin routes under `/v1/admin`.
+pub fn routes(config: &mut web::ServiceConfig) {
+    config.service(
+        web::scope("/v1/admin")
+            .route("/subscriptions", web::post().to(create_subscription))
+            .route("/subscriptions", web::get().to(list_subscriptions))
+            .route("/subscriptions/{id}", web::get().to(get_subscription))
+            .route("/subscriptions/{id}", web::patch().to(update_subscription))
+            .route("/subscriptions/{id}", web::delete().to(delete_subscription))
+            .route(
+                "/subscriptions/{id}/rotate-secret",
+                web::post().to(rotate_secret),
+            )
+            .route("/deliveries", web::get().to(list_deliveries))
+            // Registered before `{id}` so `prune` is never taken for an id.
+            .route("/deliveries/prune", web::post().to(prune_deliveries))
+            .route("/deliveries/{id}", web::get().to(get_delivery))
+            .route("/deliveries/{id}/redeliver", web::post().to(redeliver)),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_queries_treat_empty_as_absent_and_name_what_is_wrong() {
+        let filter = delivery_filter("scopeKey=&status=dead&limit=5&before=9").unwrap();
+        assert_eq!(filter.scope_key, None);
+        assert_eq!(filter.status.as_deref(), Some("dead"));
+        assert_eq!((filter.limit, filter.before), (Some(5), Some(9)));
+        assert_eq!(delivery_filter("").unwrap().limit, Some(DEFAULT_PAGE));
+        let error = delivery_filter("status=lost").unwrap_err();
+        assert_eq!(error.code, "invalid_query");
+        assert!(
+            error.message.contains("pending, delivered, dead, gone"),
+            "{}",
+            error.message
+        );
+        for bad in ["eventId=x", "before=x", "limit=0", "limit=501", "color=red"] {
+            assert_eq!(
+                delivery_filter(bad).unwrap_err().code,
+                "invalid_query",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn generated_secrets_are_32_bytes_in_whsec_form() {
+        let secret = generate_secret();
+        let encoded = secret.strip_prefix("whsec_").unwrap();
+        // 32 bytes are 44 base64 characters, the last one padding.
+        assert_eq!((encoded.len(), encoded.ends_with('=')), (44, true));
+        WebhookSecret::parse(&secret).unwrap();
+        assert_ne!(secret, generate_secret());
+    }
+}

@@ -1,0 +1,73 @@
+//! The inspector: a development page served by the relay that watches a
+//! scope's events live (through the browser client), shows the connection
+//! state, and lists recent webhook deliveries. Off with `http.inspector =
+//! false`. Minting a token from the page works only in development mode
+//! (no `[auth]` configured), where the secret is a local throwaway.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::auth::{Algorithm, MintOptions, TokenSpec, mint_token};
+
+const PAGE: &str = include_str!("inspector.html");
+const CLIENT: &str = include_str!("../../clients/js/eventrelay-client.js");
+
+/// Registers the inspector's routes when it is on.
+pub fn routes(config: &mut web::ServiceConfig, enabled: bool) {
+    if enabled {
+        config
+            .route("/inspector", web::get().to(page))
+            .route("/inspector/", web::get().to(page))
+            .route("/inspector/eventrelay-client.js", web::get().to(client))
+            .route("/inspector/token", web::post().to(token));
+    }
+}
+
+async fn page() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .insert_header(("cache-control", "no-store"))
+        .body(PAGE)
+}
+
+async fn client() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/javascript; charset=utf-8")
+        .body(CLIENT)
+}
+
+#[derive(Deserialize)]
+struct MintRequest {
+    subscriber: String,
+    scope: String,
+}
+
+async fn token(
+    state: web::Data<AppState>,
+    request: web::Json<MintRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let Some(secret) = &state.development_secret else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "minting_disabled",
+            "tokens can be minted here only in development mode (no [auth] configured)",
+        ));
+    };
+    let token = mint_token(
+        secret,
+        Algorithm::HS256,
+        &TokenSpec {
+            subscriber_id: request.subscriber.clone(),
+            scope_key: request.scope.clone(),
+            grants: json!({}),
+            ttl: std::time::Duration::from_secs(3600),
+        },
+        &MintOptions::default(),
+    )
+    .map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))?;
+    Ok(HttpResponse::Ok().json(json!({ "token": token })))
+}

@@ -1,0 +1,687 @@
+//! The webhook side of the store: subscriptions, and the deliveries table
+//! that is both the delivery log and the dispatch queue.
+//!
+//! Deliveries are written by a trigger on the outbox (see
+//! `migrations/0002_webhooks.sql`), so every way of emitting a durable event
+//! writes them in the event's own transaction. Claiming takes a due row with
+//! `FOR UPDATE SKIP LOCKED` and leases it; recording an attempt only counts
+//! when the lease was still ours, so two workers never both settle one
+//! attempt.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use eventrelay_publisher::{Identifier, PgExecutor};
+use serde::{Deserialize, Serialize};
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
+use uuid::Uuid;
+
+use super::outbox::StoreError;
+
+/// A webhook subscription as stored. The secrets are only for signing and
+/// are never shown by listings.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Subscription {
+    pub id: String,
+    pub url: String,
+    #[serde(skip)]
+    pub secret: String,
+    #[serde(skip)]
+    pub previous_secret: Option<String>,
+    pub previous_secret_expires_at: Option<DateTime<Utc>>,
+    pub types: Vec<String>,
+    pub scope_key: Option<String>,
+    pub source: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Subscription {
+    /// The secrets to sign with now: the current one, and the previous one
+    /// while its grace window lasts.
+    pub fn signing_secrets(&self, now: DateTime<Utc>) -> Vec<&str> {
+        let mut secrets = vec![self.secret.as_str()];
+        if let (Some(previous), Some(until)) =
+            (&self.previous_secret, self.previous_secret_expires_at)
+        {
+            if until > now {
+                secrets.push(previous);
+            }
+        }
+        secrets
+    }
+}
+
+/// A subscription to create (from configuration or the admin API).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewSubscription {
+    pub id: String,
+    pub url: String,
+    pub secret: String,
+    #[serde(default = "all_types")]
+    pub types: Vec<String>,
+    #[serde(default, alias = "scope_key")]
+    pub scope_key: Option<String>,
+}
+
+fn all_types() -> Vec<String> {
+    vec!["*".to_owned()]
+}
+
+/// Changes to a subscription; absent fields stay as they are.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionPatch {
+    pub url: Option<String>,
+    pub types: Option<Vec<String>>,
+    /// `Some(None)` clears the scope filter.
+    #[serde(default, with = "double_option")]
+    pub scope_key: Option<Option<String>>,
+}
+
+mod double_option {
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de>,
+    {
+        Option::<T>::deserialize(deserializer).map(Some)
+    }
+}
+
+/// Checks what the database would refuse, with messages that name the field.
+pub fn validate_subscription(
+    id: Option<&str>,
+    url: Option<&str>,
+    types: Option<&[String]>,
+) -> Result<(), String> {
+    if let Some(id) = id {
+        let ok = !id.is_empty()
+            && id.len() <= 100
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c));
+        if !ok {
+            return Err("id: 1 to 100 letters, digits and `_.:-`".into());
+        }
+    }
+    if let Some(url) = url {
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            return Err("url: must be an http:// or https:// URL".into());
+        }
+    }
+    if let Some(types) = types {
+        if types.is_empty() {
+            return Err("types: at least one pattern (`*` for every event)".into());
+        }
+        for pattern in types {
+            let body = pattern.strip_suffix(".*").unwrap_or(pattern);
+            let ok = pattern == "*" || (!body.is_empty() && !body.contains('*'));
+            if !ok {
+                return Err(format!(
+                    "types: {pattern:?} is not an exact type, `prefix.*` or `*`"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One delivery in the log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Delivery {
+    pub id: i64,
+    pub subscription_id: String,
+    pub event_seq: i64,
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub scope_key: String,
+    pub status: String,
+    pub attempts: i32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One attempt of a delivery.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attempt {
+    pub attempt: i32,
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: i32,
+    pub status_code: Option<i32>,
+    pub error: Option<String>,
+    pub outcome: String,
+}
+
+/// Which deliveries to list; newest first, `before` is the paging cursor.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeliveryFilter {
+    pub scope_key: Option<String>,
+    pub status: Option<String>,
+    pub event_id: Option<Uuid>,
+    pub subscription_id: Option<String>,
+    pub before: Option<i64>,
+    pub limit: Option<i64>,
+}
+
+/// Most deliveries one listing returns.
+pub const MAX_PAGE: i64 = 500;
+
+/// A delivery leased to one worker for one attempt.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: i64,
+    pub subscription_id: String,
+    pub event_id: Uuid,
+    pub payload: serde_json::Value,
+    /// This attempt's number, starting at 1.
+    pub attempt: i32,
+}
+
+/// How an attempt ended, and what happens next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: i32,
+    pub status_code: Option<i32>,
+    pub error: Option<String>,
+    /// `delivered`, `retry`, `dead` or `gone`.
+    pub outcome: &'static str,
+    /// For `retry`: when to try again.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct WebhookStore {
+    schema: Identifier,
+}
+
+const DELIVERY_COLUMNS: &str = "id, subscription_id, event_seq, event_id, event_type, scope_key, status, \
+     attempts, next_attempt_at, last_status, last_error, created_at, updated_at";
+const SUBSCRIPTION_COLUMNS: &str = "id, url, secret, previous_secret, previous_secret_expires_at, types, \
+     scope_key, source, created_at, updated_at";
+
+impl WebhookStore {
+    pub fn new(schema: &Identifier) -> Self {
+        WebhookStore {
+            schema: schema.clone(),
+        }
+    }
+
+    async fn rows(
+        &self,
+        db: &impl PgExecutor,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let sql = sql.replace("{schema}", self.schema.as_str());
+        Ok(db.query_typed(&sql, params).await?)
+    }
+
+    /// Makes the `config` subscriptions exactly `subscriptions`: upserts
+    /// each, and removes configured ones no longer listed.
+    pub async fn sync_config_subscriptions(
+        &self,
+        db: &impl PgExecutor,
+        subscriptions: &[NewSubscription],
+    ) -> Result<(), StoreError> {
+        for s in subscriptions {
+            self.rows(
+                db,
+                "INSERT INTO {schema}.webhook_subscriptions (id, url, secret, types, scope_key, source)
+                 VALUES ($1, $2, $3, $4, $5, 'config')
+                 ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, secret = EXCLUDED.secret,
+                     types = EXCLUDED.types, scope_key = EXCLUDED.scope_key, source = 'config',
+                     updated_at = now()",
+                &[
+                    (&s.id, Type::TEXT),
+                    (&s.url, Type::TEXT),
+                    (&s.secret, Type::TEXT),
+                    (&s.types, Type::TEXT_ARRAY),
+                    (&s.scope_key, Type::TEXT),
+                ],
+            )
+            .await?;
+        }
+        let ids: Vec<&str> = subscriptions.iter().map(|s| s.id.as_str()).collect();
+        self.rows(
+            db,
+            "DELETE FROM {schema}.webhook_subscriptions WHERE source = 'config' AND NOT (id = ANY($1))",
+            &[(&ids, Type::TEXT_ARRAY)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Creates a subscription; `None` when the id is taken.
+    pub async fn create_subscription(
+        &self,
+        db: &impl PgExecutor,
+        s: &NewSubscription,
+    ) -> Result<Option<Subscription>, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                &format!(
+                    "INSERT INTO {{schema}}.webhook_subscriptions (id, url, secret, types, scope_key)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING
+                     RETURNING {SUBSCRIPTION_COLUMNS}"
+                ),
+                &[
+                    (&s.id, Type::TEXT),
+                    (&s.url, Type::TEXT),
+                    (&s.secret, Type::TEXT),
+                    (&s.types, Type::TEXT_ARRAY),
+                    (&s.scope_key, Type::TEXT),
+                ],
+            )
+            .await?;
+        Ok(rows.first().map(subscription_from_row))
+    }
+
+    pub async fn list_subscriptions(
+        &self,
+        db: &impl PgExecutor,
+    ) -> Result<Vec<Subscription>, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                &format!("SELECT {SUBSCRIPTION_COLUMNS} FROM {{schema}}.webhook_subscriptions ORDER BY id"),
+                &[],
+            )
+            .await?;
+        Ok(rows.iter().map(subscription_from_row).collect())
+    }
+
+    pub async fn get_subscription(
+        &self,
+        db: &impl PgExecutor,
+        id: &str,
+    ) -> Result<Option<Subscription>, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                &format!("SELECT {SUBSCRIPTION_COLUMNS} FROM {{schema}}.webhook_subscriptions WHERE id = $1"),
+                &[(&id, Type::TEXT)],
+            )
+            .await?;
+        Ok(rows.first().map(subscription_from_row))
+    }
+
+    pub async fn update_subscription(
+        &self,
+        db: &impl PgExecutor,
+        id: &str,
+        patch: &SubscriptionPatch,
+    ) -> Result<Option<Subscription>, StoreError> {
+        let clear_scope = matches!(patch.scope_key, Some(None));
+        let scope_key = patch.scope_key.clone().flatten();
+        let rows = self
+            .rows(
+                db,
+                &format!(
+                    "UPDATE {{schema}}.webhook_subscriptions SET
+                         url = coalesce($2, url),
+                         types = coalesce($3, types),
+                         scope_key = CASE WHEN $4 THEN NULL ELSE coalesce($5, scope_key) END,
+                         updated_at = now()
+                     WHERE id = $1 RETURNING {SUBSCRIPTION_COLUMNS}"
+                ),
+                &[
+                    (&id, Type::TEXT),
+                    (&patch.url, Type::TEXT),
+                    (&patch.types, Type::TEXT_ARRAY),
+                    (&clear_scope, Type::BOOL),
+                    (&scope_key, Type::TEXT),
+                ],
+            )
+            .await?;
+        Ok(rows.first().map(subscription_from_row))
+    }
+
+    /// Deletes a subscription; its pending deliveries give up on their next
+    /// attempt.
+    pub async fn delete_subscription(
+        &self,
+        db: &impl PgExecutor,
+        id: &str,
+    ) -> Result<bool, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                "DELETE FROM {schema}.webhook_subscriptions WHERE id = $1 RETURNING id",
+                &[(&id, Type::TEXT)],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    /// Replaces the secret; the old one keeps signing for `grace`.
+    pub async fn rotate_secret(
+        &self,
+        db: &impl PgExecutor,
+        id: &str,
+        new_secret: &str,
+        grace: Duration,
+    ) -> Result<Option<Subscription>, StoreError> {
+        let until = Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default();
+        let rows = self
+            .rows(
+                db,
+                &format!(
+                    "UPDATE {{schema}}.webhook_subscriptions SET
+                         previous_secret = secret, previous_secret_expires_at = $3,
+                         secret = $2, updated_at = now()
+                     WHERE id = $1 RETURNING {SUBSCRIPTION_COLUMNS}"
+                ),
+                &[
+                    (&id, Type::TEXT),
+                    (&new_secret, Type::TEXT),
+                    (&until, Type::TIMESTAMPTZ),
+                ],
+            )
+            .await?;
+        Ok(rows.first().map(subscription_from_row))
+    }
+
+    /// Leases the most overdue pending delivery, if any is due.
+    pub async fn claim(
+        &self,
+        db: &impl PgExecutor,
+        lease: Duration,
+    ) -> Result<Option<Claimed>, StoreError> {
+        let lease_ms = lease.as_millis() as i64;
+        let rows = self
+            .rows(
+                db,
+                "WITH due AS (
+                     SELECT id FROM {schema}.webhook_deliveries
+                     WHERE status = 'pending' AND next_attempt_at <= now()
+                       AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+                     ORDER BY next_attempt_at
+                     LIMIT 1
+                     FOR UPDATE SKIP LOCKED
+                 )
+                 UPDATE {schema}.webhook_deliveries d
+                 SET lease_expires_at = now() + $1 * interval '1 millisecond',
+                     attempts = d.attempts + 1, updated_at = now()
+                 FROM due WHERE d.id = due.id
+                 RETURNING d.id, d.subscription_id, d.event_id, d.payload, d.attempts",
+                &[(&lease_ms, Type::INT8)],
+            )
+            .await?;
+        Ok(rows.first().map(|row| Claimed {
+            id: row.get(0),
+            subscription_id: row.get(1),
+            event_id: row.get(2),
+            payload: row.get(3),
+            attempt: row.get(4),
+        }))
+    }
+
+    /// Records an attempt and settles the delivery. Returns false when the
+    /// lease was lost meanwhile (another worker owns the delivery now).
+    pub async fn record(
+        &self,
+        db: &impl PgExecutor,
+        claimed: &Claimed,
+        record: &AttemptRecord,
+    ) -> Result<bool, StoreError> {
+        let status = match record.outcome {
+            "retry" => "pending",
+            other => other,
+        };
+        let next = record.next_attempt_at.unwrap_or_else(Utc::now);
+        let rows = self
+            .rows(
+                db,
+                "WITH settled AS (
+                     UPDATE {schema}.webhook_deliveries
+                     SET status = $3, next_attempt_at = $4, lease_expires_at = NULL,
+                         last_status = $5, last_error = $6, updated_at = now()
+                     WHERE id = $1 AND attempts = $2 AND status = 'pending'
+                       AND lease_expires_at > now()
+                     RETURNING id
+                 )
+                 INSERT INTO {schema}.webhook_attempts
+                     (delivery_id, attempt, started_at, duration_ms, status_code, error, outcome)
+                 SELECT id, $2, $7, $8, $5, $6, $9 FROM settled
+                 RETURNING delivery_id",
+                &[
+                    (&claimed.id, Type::INT8),
+                    (&claimed.attempt, Type::INT4),
+                    (&status, Type::TEXT),
+                    (&next, Type::TIMESTAMPTZ),
+                    (&record.status_code, Type::INT4),
+                    (&record.error, Type::TEXT),
+                    (&record.started_at, Type::TIMESTAMPTZ),
+                    (&record.duration_ms, Type::INT4),
+                    (&record.outcome, Type::TEXT),
+                ],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    /// When the next pending delivery falls due (or its lease runs out).
+    pub async fn next_due(
+        &self,
+        db: &impl PgExecutor,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                "SELECT min(greatest(next_attempt_at, coalesce(lease_expires_at, next_attempt_at)))
+                 FROM {schema}.webhook_deliveries WHERE status = 'pending'",
+                &[],
+            )
+            .await?;
+        Ok(rows.first().and_then(|row| row.get(0)))
+    }
+
+    pub async fn list_deliveries(
+        &self,
+        db: &impl PgExecutor,
+        filter: &DeliveryFilter,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let limit = filter.limit.unwrap_or(100).clamp(1, MAX_PAGE);
+        let rows = self
+            .rows(
+                db,
+                &format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM {{schema}}.webhook_deliveries
+                     WHERE ($1::text IS NULL OR scope_key = $1)
+                       AND ($2::text IS NULL OR status = $2)
+                       AND ($3::uuid IS NULL OR event_id = $3)
+                       AND ($4::text IS NULL OR subscription_id = $4)
+                       AND ($5::bigint IS NULL OR id < $5)
+                     ORDER BY id DESC
+                     LIMIT $6"
+                ),
+                &[
+                    (&filter.scope_key, Type::TEXT),
+                    (&filter.status, Type::TEXT),
+                    (&filter.event_id, Type::UUID),
+                    (&filter.subscription_id, Type::TEXT),
+                    (&filter.before, Type::INT8),
+                    (&limit, Type::INT8),
+                ],
+            )
+            .await?;
+        Ok(rows.iter().map(delivery_from_row).collect())
+    }
+
+    /// One delivery with its attempts, oldest first.
+    pub async fn get_delivery(
+        &self,
+        db: &impl PgExecutor,
+        id: i64,
+    ) -> Result<Option<(Delivery, Vec<Attempt>)>, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                &format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM {{schema}}.webhook_deliveries WHERE id = $1"
+                ),
+                &[(&id, Type::INT8)],
+            )
+            .await?;
+        let Some(delivery) = rows.first().map(delivery_from_row) else {
+            return Ok(None);
+        };
+        let attempts = self
+            .rows(
+                db,
+                "SELECT attempt, started_at, duration_ms, status_code, error, outcome
+                 FROM {schema}.webhook_attempts WHERE delivery_id = $1 ORDER BY id",
+                &[(&id, Type::INT8)],
+            )
+            .await?
+            .iter()
+            .map(|row| Attempt {
+                attempt: row.get(0),
+                started_at: row.get(1),
+                duration_ms: row.get(2),
+                status_code: row.get(3),
+                error: row.get(4),
+                outcome: row.get(5),
+            })
+            .collect();
+        Ok(Some((delivery, attempts)))
+    }
+
+    /// Puts a delivery back in the queue with a fresh schedule.
+    pub async fn redeliver(&self, db: &impl PgExecutor, id: i64) -> Result<bool, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                "UPDATE {schema}.webhook_deliveries
+                 SET status = 'pending', attempts = 0, next_attempt_at = now(),
+                     lease_expires_at = NULL, updated_at = now()
+                 WHERE id = $1 RETURNING id",
+                &[(&id, Type::INT8)],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    /// Deletes finished deliveries (and their attempts) last changed before
+    /// `before`; pending ones are kept.
+    pub async fn prune_deliveries(
+        &self,
+        db: &impl PgExecutor,
+        before: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                "WITH gone AS (
+                     DELETE FROM {schema}.webhook_deliveries
+                     WHERE status <> 'pending' AND updated_at < $1 RETURNING 1
+                 ) SELECT count(*) FROM gone",
+                &[(&before, Type::TIMESTAMPTZ)],
+            )
+            .await?;
+        Ok(rows
+            .first()
+            .map(|row| row.get::<_, i64>(0) as u64)
+            .unwrap_or(0))
+    }
+}
+
+fn subscription_from_row(row: &Row) -> Subscription {
+    Subscription {
+        id: row.get("id"),
+        url: row.get("url"),
+        secret: row.get("secret"),
+        previous_secret: row.get("previous_secret"),
+        previous_secret_expires_at: row.get("previous_secret_expires_at"),
+        types: row.get("types"),
+        scope_key: row.get("scope_key"),
+        source: row.get("source"),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+    }
+}
+
+fn delivery_from_row(row: &Row) -> Delivery {
+    Delivery {
+        id: row.get("id"),
+        subscription_id: row.get("subscription_id"),
+        event_seq: row.get("event_seq"),
+        event_id: row.get("event_id"),
+        event_type: row.get("event_type"),
+        scope_key: row.get("scope_key"),
+        status: row.get("status"),
+        attempts: row.get("attempts"),
+        next_attempt_at: row.get("next_attempt_at"),
+        last_status: row.get("last_status"),
+        last_error: row.get("last_error"),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subscription_fields_are_checked_with_named_errors() {
+        assert!(
+            validate_subscription(Some("tickets"), Some("https://x"), Some(&["a.*".into()]))
+                .is_ok()
+        );
+        assert!(
+            validate_subscription(Some("bad id!"), None, None)
+                .unwrap_err()
+                .starts_with("id:")
+        );
+        assert!(
+            validate_subscription(None, Some("ftp://x"), None)
+                .unwrap_err()
+                .starts_with("url:")
+        );
+        for bad in ["", "a*b", ".*", "**"] {
+            assert!(
+                validate_subscription(None, None, Some(&[bad.into()])).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(validate_subscription(None, None, Some(&[])).is_err());
+        assert!(
+            validate_subscription(None, None, Some(&["*".into(), "order.created".into()])).is_ok()
+        );
+    }
+
+    #[test]
+    fn the_previous_secret_signs_only_during_its_grace_window() {
+        let now = Utc::now();
+        let mut subscription = Subscription {
+            id: "s".into(),
+            url: "https://x".into(),
+            secret: "new".into(),
+            previous_secret: Some("old".into()),
+            previous_secret_expires_at: Some(now + chrono::Duration::minutes(1)),
+            types: vec!["*".into()],
+            scope_key: None,
+            source: "api".into(),
+            created_at: now,
+            updated_at: now,
+        };
+        assert_eq!(subscription.signing_secrets(now), ["new", "old"]);
+        subscription.previous_secret_expires_at = Some(now - chrono::Duration::minutes(1));
+        assert_eq!(subscription.signing_secrets(now), ["new"]);
+    }
+}

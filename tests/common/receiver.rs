@@ -1,0 +1,144 @@
+//! A real local webhook receiver: an HTTP server on port 0 that records
+//! every request and answers from a script.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use tokio::sync::oneshot;
+
+use super::DEADLINE;
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    Status(u16),
+    /// A status with one extra header.
+    WithHeader(u16, &'static str, String),
+    /// Wait, then answer with the status.
+    Slow(Duration, u16),
+}
+
+/// A request as the receiver saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub path: String,
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Script {
+    replies: Mutex<VecDeque<Reply>>,
+    received: Mutex<Vec<Received>>,
+}
+
+pub struct Receiver {
+    pub url: String,
+    script: Arc<Script>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Receiver {
+    /// Answers `replies` in order, then 200 to everything.
+    pub fn start(replies: impl IntoIterator<Item = Reply>) -> Receiver {
+        let script = Arc::new(Script {
+            replies: Mutex::new(replies.into_iter().collect()),
+            received: Mutex::default(),
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shared = Arc::clone(&script);
+        let thread = std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let server = HttpServer::new(move || {
+                    App::new()
+                        .app_data(web::Data::from(Arc::clone(&shared)))
+                        .default_service(web::to(answer))
+                })
+                .workers(2)
+                .disable_signals()
+                .shutdown_timeout(0)
+                .listen(listener)
+                .unwrap()
+                .run();
+                let handle = server.handle();
+                actix_web::rt::spawn(server);
+                let _ = stopped.await;
+                handle.stop(false).await;
+            });
+        });
+        Receiver {
+            url,
+            script,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.script.received.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `count` requests arrived.
+    pub async fn wait_for(&self, count: usize) -> Vec<Received> {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let received = self.received();
+            if received.len() >= count {
+                return received;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "expected {count} webhook requests, got {}",
+                received.len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn answer(request: HttpRequest, body: web::Bytes, script: web::Data<Script>) -> HttpResponse {
+    let headers = request
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                v.to_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    script.received.lock().unwrap().push(Received {
+        path: request.path().to_owned(),
+        headers,
+        body: body.to_vec(),
+    });
+    let reply = script.replies.lock().unwrap().pop_front();
+    let status = |code: u16| actix_web::http::StatusCode::from_u16(code).unwrap();
+    match reply {
+        None => HttpResponse::Ok().finish(),
+        Some(Reply::Status(code)) => HttpResponse::build(status(code)).finish(),
+        Some(Reply::WithHeader(code, name, value)) => HttpResponse::build(status(code))
+            .insert_header((name, value))
+            .finish(),
+        Some(Reply::Slow(wait, code)) => {
+            tokio::time::sleep(wait).await;
+            HttpResponse::build(status(code)).finish()
+        }
+    }
+}
