@@ -19,11 +19,11 @@ use eventrelay_wire::webhook::WebhookSecret;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
+use super::token::Guard;
 use crate::store::webhooks::{
     DeliveryFilter, MAX_PAGE, NewSubscription, Subscription, SubscriptionPatch,
     validate_subscription,
@@ -33,31 +33,14 @@ use crate::store::{Connection, WebhookStore};
 /// The statuses a delivery can have, in the order the documentation lists them.
 pub const DELIVERY_STATUSES: [&str; 4] = ["pending", "delivered", "dead", "gone"];
 
+const ADMIN: Guard = Guard {
+    setting: "admin.token",
+    disabled_code: "admin_disabled",
+    name: "admin token",
+};
+
 fn check_admin(request: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
-    let Some(expected) = state.config.admin.token.as_deref() else {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "admin_disabled",
-            "the admin API is off: set admin.token to enable it",
-        ));
-    };
-    let provided = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .ok_or_else(|| {
-            ApiError::unauthorized("the admin API needs `Authorization: Bearer <admin token>`")
-        })?;
-    // Comparing digests keeps the comparison's timing independent of how
-    // much of the token was right.
-    if Sha256::digest(provided.trim().as_bytes()) != Sha256::digest(expected.as_bytes()) {
-        return Err(ApiError::unauthorized("the admin token is not valid"));
-    }
-    Ok(())
+    ADMIN.check(request, state.config.admin.token.as_deref())
 }
 
 /// The store for the configured schema; building one only copies the name.

@@ -7,6 +7,7 @@ pub mod inspector;
 pub mod ops;
 pub mod publish;
 pub mod sse;
+pub mod token;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

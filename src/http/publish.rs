@@ -7,44 +7,22 @@
 //! ephemeral events in it are sent at that same commit.
 
 use actix_web::http::StatusCode;
-use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::BytesMut;
 use eventrelay_publisher::{NewEvent, PublishError};
 use eventrelay_wire::EncodeError;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use super::AppState;
 use super::error::ApiError;
+use super::token::Guard;
 
-fn check_token(request: &HttpRequest, expected: Option<&str>) -> Result<(), ApiError> {
-    let Some(expected) = expected else {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "publish_disabled",
-            "the publish API is off: set publish.token to enable it",
-        ));
-    };
-    let provided = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .ok_or_else(|| {
-            ApiError::unauthorized("publishing needs `Authorization: Bearer <publish token>`")
-        })?;
-    // Comparing digests keeps the comparison's timing independent of how
-    // much of the token was right.
-    if Sha256::digest(provided.trim().as_bytes()) != Sha256::digest(expected.as_bytes()) {
-        return Err(ApiError::unauthorized("the publish token is not valid"));
-    }
-    Ok(())
-}
+const PUBLISH: Guard = Guard {
+    setting: "publish.token",
+    disabled_code: "publish_disabled",
+    name: "publish token",
+};
 
 fn parse_events(body: &[u8], max_batch: usize) -> Result<Vec<NewEvent>, ApiError> {
     let value: Value = serde_json::from_slice(body)
@@ -121,7 +99,7 @@ pub async fn publish_events(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    check_token(&request, state.config.publish.token.as_deref())?;
+    PUBLISH.check(&request, state.config.publish.token.as_deref())?;
     let body = read_body(payload, state.config.http.max_body_bytes).await?;
     let events = parse_events(&body, state.config.publish.max_batch)?;
     let mut client = state
