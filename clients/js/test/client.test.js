@@ -13,8 +13,10 @@ import { createEventStreamClient } from '../eventrelay-client.js';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
 const suffix = randomUUID().replaceAll('-', '').slice(0, 16);
+// EVENTRELAY_BIN is for this test, not a relay setting: keep it from the relay.
+const { EVENTRELAY_BIN: _binary, ...inherited } = process.env;
 const env = {
-  ...process.env,
+  ...inherited,
   DATABASE_URL: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
   EVENTRELAY_DATABASE__SCHEMA: `ejs_${suffix}`,
   EVENTRELAY_DATABASE__CHANNEL: `ejs_${suffix}`,

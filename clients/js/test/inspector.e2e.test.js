@@ -22,8 +22,10 @@ const chromium = process.env.CHROMIUM ?? '/usr/bin/chromium';
 const screenshot = process.env.INSPECTOR_SCREENSHOT ?? path.join(here, '../../../target/inspector.png');
 const suffix = randomUUID().replaceAll('-', '').slice(0, 16);
 const workdir = mkdtempSync(path.join(tmpdir(), 'eventrelay-e2e-'));
+// EVENTRELAY_BIN is for this test, not a relay setting: keep it from the relay.
+const { EVENTRELAY_BIN: _binary, ...inherited } = process.env;
 const env = {
-  ...process.env,
+  ...inherited,
   DATABASE_URL: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
   EVENTRELAY_DATABASE__SCHEMA: `e2e_${suffix}`,
   EVENTRELAY_DATABASE__CHANNEL: `e2e_${suffix}`,
