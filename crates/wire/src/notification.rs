@@ -225,6 +225,19 @@ mod tests {
     }
 
     #[test]
+    fn numbers_in_data_survive_the_round_trip() {
+        // Found by fuzzing: without serde_json's `float_roundtrip` this
+        // number came back one ulp away after encode and decode.
+        let payload = br#"{"k":"evt","e":{"id":"0b6f3c0e-8f0a-4a8e-9d55-4c3f1f0e2a11","type":"t","scopeKey":"s","lane":"ephemeral","data":8.88888880e61,"occurredAt":"2026-11-30T18:31:21Z"}}"#;
+        let decoded = decode_notification(payload).unwrap();
+        let EventNotification::Inline { envelope } = &decoded else {
+            panic!("an inline event")
+        };
+        let again = encode_inline(envelope).unwrap();
+        assert_eq!(decode_notification(again.as_bytes()).unwrap(), decoded);
+    }
+
+    #[test]
     fn oversized_inline_is_refused() {
         let envelope = NewEvent::ephemeral("big", "org-1", json!({"blob": "x".repeat(8000)}))
             .into_envelope(Utc::now());
