@@ -166,3 +166,24 @@ async fn the_janitor_prunes_rows_past_the_retention() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn an_oversized_admin_body_is_refused_with_a_named_error() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        c.http.max_body_bytes = 1024;
+        c.admin.token = Some("admin-token-for-size-test".into());
+        c.webhooks.enabled = false;
+    });
+    server.ready().await;
+    let response = reqwest::Client::new()
+        .post(server.url("/v1/admin/subscriptions"))
+        .bearer_auth("admin-token-for-size-test")
+        .json(&json!({"id": "big", "url": "https://example.com", "types": ["x".repeat(4096)]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "payload_too_large");
+}

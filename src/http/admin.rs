@@ -22,6 +22,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::AppState;
+use super::body::read_body;
 use super::error::ApiError;
 use super::token::Guard;
 use crate::store::webhooks::{
@@ -153,11 +154,12 @@ struct CreateSubscription {
 
 pub async fn create_subscription(
     request: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     check_admin(&request, &state)?;
-    let create: CreateSubscription = parse_body(&body)?;
+    let create: CreateSubscription =
+        parse_body(&read_body(payload, state.config.http.max_body_bytes).await?)?;
     let new = prepare_subscription(
         create.id,
         create.url,
@@ -219,11 +221,12 @@ pub async fn get_subscription(
 pub async fn update_subscription(
     request: HttpRequest,
     id: web::Path<String>,
-    body: web::Bytes,
+    payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     check_admin(&request, &state)?;
-    let patch: SubscriptionPatch = parse_body(&body)?;
+    let patch: SubscriptionPatch =
+        parse_body(&read_body(payload, state.config.http.max_body_bytes).await?)?;
     validate_subscription(None, patch.url.as_deref(), patch.types.as_deref())
         .map_err(|e| ApiError::bad_request("invalid_body", e))?;
     check_scope_key(patch.scope_key.clone().flatten().as_deref())
@@ -411,11 +414,11 @@ struct Prune {
 
 pub async fn prune_deliveries(
     request: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     check_admin(&request, &state)?;
-    let prune: Prune = parse_body(&body)?;
+    let prune: Prune = parse_body(&read_body(payload, state.config.http.max_body_bytes).await?)?;
     let conn = connection(&state).await?;
     let pruned = store(&state)
         .prune_deliveries(&*conn, prune.before)

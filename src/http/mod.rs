@@ -2,6 +2,7 @@
 //! operations endpoints, over one shared application state.
 
 pub mod admin;
+pub mod body;
 pub mod error;
 pub mod inspector;
 pub mod ops;

@@ -8,13 +8,12 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use bytes::BytesMut;
 use eventrelay_publisher::{NewEvent, PublishError};
 use eventrelay_wire::EncodeError;
-use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::body::read_body;
 use super::error::ApiError;
 use super::token::Guard;
 
@@ -74,24 +73,6 @@ fn publish_error(index: usize, error: PublishError) -> ApiError {
         PublishError::Encode(_) => ApiError::bad_request("invalid_event", message),
         _ => ApiError::unavailable(message),
     }
-}
-
-/// Reads the body, refusing it as soon as it passes `limit` bytes.
-async fn read_body(mut payload: web::Payload, limit: usize) -> Result<BytesMut, ApiError> {
-    let mut body = BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk
-            .map_err(|e| ApiError::bad_request("invalid_body", format!("cannot read body: {e}")))?;
-        if body.len() + chunk.len() > limit {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("request body is over the {limit}-byte limit (http.max_body_bytes)"),
-            ));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 pub async fn publish_events(
