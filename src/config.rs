@@ -375,6 +375,13 @@ impl Config {
                 ),
             ));
         }
+        let floor = crate::actors::dispatcher::MIN_RETRY_AFTER.as_millis() as u64;
+        if webhooks.max_retry_after_ms < floor {
+            return Err(invalid(
+                "webhooks.max_retry_after_ms",
+                format!("must be at least {floor} (the shortest Retry-After honoured)"),
+            ));
+        }
         for subscription in &webhooks.subscriptions {
             crate::store::webhooks::validate_subscription(
                 Some(&subscription.id),
@@ -485,6 +492,14 @@ mod tests {
         config.webhooks.lease_ms = config.webhooks.request_timeout_ms;
         let error = config.validate().unwrap_err().to_string();
         assert!(error.starts_with("webhooks.lease_ms:"), "{error}");
+    }
+
+    #[test]
+    fn a_retry_after_ceiling_below_the_floor_is_refused() {
+        let mut config = Config::default();
+        config.webhooks.max_retry_after_ms = 100;
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.starts_with("webhooks.max_retry_after_ms:"), "{error}");
     }
 
     #[test]

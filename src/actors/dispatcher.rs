@@ -25,6 +25,9 @@ use crate::metrics::{Metrics, OutcomeLabel};
 use crate::store::Database;
 use crate::store::webhooks::{AttemptRecord, Claimed, WebhookStore};
 
+/// The shortest `Retry-After` wait honoured, whatever the receiver asks.
+pub const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// Longest a worker sleeps without looking, in case a wake-up was missed.
 const IDLE_POLL: Duration = Duration::from_secs(30);
 /// Wait after a database error before claiming again.
@@ -268,11 +271,12 @@ impl Worker {
                 retry_after,
             } => {
                 let honoured = match status {
+                    // At least a second, so `Retry-After: 0` is no hot loop;
+                    // at most the configured ceiling. (min/max, not clamp:
+                    // clamp panics on a ceiling below the floor.)
                     429 | 503 => retry_after.map(|wait| {
-                        wait.clamp(
-                            Duration::from_secs(1),
-                            Duration::from_millis(self.config.max_retry_after_ms),
-                        )
+                        wait.max(MIN_RETRY_AFTER)
+                            .min(Duration::from_millis(self.config.max_retry_after_ms))
                     }),
                     _ => None,
                 };

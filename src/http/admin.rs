@@ -111,6 +111,42 @@ fn check_scope_key(scope_key: Option<&str>) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks what [`validate_subscription`] leaves to the database: a URL that
+/// parses and names a host, type patterns and a scope key that could match
+/// an event (no control characters, at most 200 bytes), and a secret without
+/// control characters. Postgres text cannot hold NUL, so without this such
+/// input would fail in the database instead of being refused here.
+fn check_fields(
+    url: Option<&str>,
+    types: Option<&[String]>,
+    scope_key: Option<&str>,
+    secret: Option<&str>,
+) -> Result<(), String> {
+    if let Some(url) = url {
+        if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err("url: must not contain whitespace or control characters".into());
+        }
+        let parsed = reqwest::Url::parse(url).map_err(|e| format!("url: not a URL: {e}"))?;
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err("url: has no host".into());
+        }
+    }
+    for pattern in types.unwrap_or_default() {
+        let body = pattern.strip_suffix(".*").unwrap_or(pattern);
+        if pattern != "*" {
+            eventrelay_wire::validate_event_type(body)
+                .map_err(|e| format!("types: {pattern:?}: {e}"))?;
+        }
+    }
+    if let Some(scope_key) = scope_key {
+        eventrelay_wire::validate_scope_key(scope_key).map_err(|e| format!("scopeKey: {e}"))?;
+    }
+    if secret.is_some_and(|secret| secret.chars().any(char::is_control)) {
+        return Err("secret: must not contain control characters".into());
+    }
+    Ok(())
+}
+
 /// Checks a subscription to create, defaulting its types to `*` and
 /// generating a secret when none is given. Shared by the API and the
 /// command line so both accept exactly the same subscriptions.
@@ -124,6 +160,12 @@ pub fn prepare_subscription(
     let types = types.unwrap_or_else(|| vec!["*".to_owned()]);
     validate_subscription(Some(&id), Some(&url), Some(&types))?;
     check_scope_key(scope_key.as_deref())?;
+    check_fields(
+        Some(&url),
+        Some(&types),
+        scope_key.as_deref(),
+        secret.as_deref(),
+    )?;
     let secret = match secret {
         Some(secret) => {
             WebhookSecret::parse(&secret).map_err(|e| format!("secret: {e}"))?;
@@ -200,6 +242,11 @@ async fn existing_subscription(
     conn: &Connection,
     id: &str,
 ) -> Result<Subscription, ApiError> {
+    // The configuration and this API both refuse other ids, so no
+    // subscription has one; asking the database could only fail (NUL).
+    if validate_subscription(Some(id), None, None).is_err() {
+        return Err(not_found("subscription", id));
+    }
     store(state)
         .get_subscription(&**conn, id)
         .await
@@ -229,7 +276,16 @@ pub async fn update_subscription(
         parse_body(&read_body(payload, state.config.http.max_body_bytes).await?)?;
     validate_subscription(None, patch.url.as_deref(), patch.types.as_deref())
         .map_err(|e| ApiError::bad_request("invalid_body", e))?;
-    check_scope_key(patch.scope_key.clone().flatten().as_deref())
+    let scope_key = patch.scope_key.clone().flatten();
+    check_scope_key(scope_key.as_deref())
+        .and_then(|()| {
+            check_fields(
+                patch.url.as_deref(),
+                patch.types.as_deref(),
+                scope_key.as_deref(),
+                None,
+            )
+        })
         .map_err(|e| ApiError::bad_request("invalid_body", e))?;
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
@@ -303,6 +359,19 @@ fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
         .map_err(|e| invalid(e.to_string()))?
         .into_inner();
     let given = |value: Option<String>| value.filter(|v| !v.is_empty());
+    for (name, value) in [
+        ("scopeKey", &query.scope_key),
+        ("subscriptionId", &query.subscription_id),
+    ] {
+        if value
+            .as_deref()
+            .is_some_and(|v| v.chars().any(char::is_control))
+        {
+            return Err(invalid(format!(
+                "{name}: must not contain control characters"
+            )));
+        }
+    }
     let status = given(query.status);
     if let Some(status) = &status {
         if !DELIVERY_STATUSES.contains(&status.as_str()) {

@@ -48,6 +48,21 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .app_data(web::QueryConfig::default().error_handler(|error, _| {
             ApiError::bad_request("invalid_query", error.to_string()).into()
         }))
+        // JSON bodies read by the extractor (the inspector's token form) get
+        // this API's error shape too, not the framework's plain text.
+        .app_data(web::JsonConfig::default().error_handler(|error, _| {
+            use actix_web::error::JsonPayloadError;
+            match error {
+                JsonPayloadError::Overflow { .. }
+                | JsonPayloadError::OverflowKnownLength { .. } => ApiError::new(
+                    actix_web::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    error.to_string(),
+                ),
+                _ => ApiError::bad_request("invalid_body", error.to_string()),
+            }
+            .into()
+        }))
         .route("/v1/events", web::get().to(sse::stream_events))
         .route("/v1/events", web::post().to(publish::publish_events))
         .route("/healthz", web::get().to(ops::healthz))

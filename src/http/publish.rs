@@ -11,6 +11,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use eventrelay_publisher::{NewEvent, PublishError};
 use eventrelay_wire::EncodeError;
 use serde_json::{Value, json};
+use tokio_postgres::error::SqlState;
 
 use super::AppState;
 use super::body::read_body;
@@ -71,6 +72,27 @@ fn publish_error(index: usize, error: PublishError) -> ApiError {
             ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "event_too_large", message)
         }
         PublishError::Encode(_) => ApiError::bad_request("invalid_event", message),
+        // The database refusing the event itself (an id already used, text
+        // it cannot store such as NUL) is the request's fault, not an outage.
+        PublishError::Database(error) => {
+            let refused = error.as_db_error().map(|db| db.message().to_owned());
+            match (error.code(), refused) {
+                (Some(code), Some(reason)) if *code == SqlState::UNIQUE_VIOLATION => ApiError::new(
+                    StatusCode::CONFLICT,
+                    "conflict",
+                    format!("event {index}: an event with this id already exists ({reason})"),
+                ),
+                (Some(code), Some(reason))
+                    if code.code().starts_with("22") || code.code().starts_with("23") =>
+                {
+                    ApiError::bad_request(
+                        "invalid_event",
+                        format!("event {index}: the database refused it: {reason}"),
+                    )
+                }
+                _ => ApiError::unavailable(message),
+            }
+        }
         _ => ApiError::unavailable(message),
     }
 }

@@ -4,6 +4,9 @@
 //! when the `TestDb` goes out of scope.
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod flaky_receiver;
+pub mod process;
 pub mod receiver;
 pub mod server;
 
@@ -19,6 +22,41 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postg
 /// Longest any test waits for something that should happen.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
+/// Waits until the relay at `base` says on `/readyz` that its database and
+/// listener are up.
+pub async fn wait_ready(base: &str) {
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Ok(response) = client.get(format!("{base}/readyz")).send().await {
+            if response.status() == 200 {
+                return;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "relay never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A metric's value from the relay's `/metrics` (0 when absent).
+pub async fn metric(base: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| {
+            let (key, value) = line.rsplit_once(' ')?;
+            (key == name).then(|| value.parse().ok())?
+        })
+        .unwrap_or(0.0)
+}
+
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
 }
@@ -32,7 +70,12 @@ pub struct TestDb {
 impl TestDb {
     /// A fresh, migrated schema with its own channel.
     pub async fn new() -> Self {
-        let db = Self::unmigrated();
+        Self::new_on(&database_url()).await
+    }
+
+    /// A fresh, migrated schema on the server at `base` (a Postgres URL).
+    pub async fn new_on(base: &str) -> Self {
+        let db = Self::unmigrated_on(base);
         let mut client = db.connect().await;
         migrate(&mut client, &db.schema, &db.channel)
             .await
@@ -42,11 +85,14 @@ impl TestDb {
 
     /// Fresh names, nothing created yet.
     pub fn unmigrated() -> Self {
+        Self::unmigrated_on(&database_url())
+    }
+
+    fn unmigrated_on(base: &str) -> Self {
         let suffix = uuid::Uuid::new_v4().simple().to_string();
         let schema = Identifier::new(&format!("ert_{}", &suffix[..20])).unwrap();
         // Every connection a test opens is tagged with its schema name, so
         // cleanup can end sessions the test left behind.
-        let base = database_url();
         let separator = if base.contains('?') { '&' } else { '?' };
         TestDb {
             url: format!("{base}{separator}application_name={schema}"),

@@ -83,36 +83,12 @@ impl TestServer {
 
     /// Waits until `/readyz` says the database and listener are up.
     pub async fn ready(&self) {
-        let client = reqwest::Client::new();
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            if let Ok(response) = client.get(self.url("/readyz")).send().await {
-                if response.status() == 200 {
-                    return;
-                }
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "relay never became ready"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        super::wait_ready(&self.base).await
     }
 
     /// A metric's value from `/metrics` (0 when absent).
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = reqwest::get(self.url("/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find_map(|line| {
-                let (key, value) = line.rsplit_once(' ')?;
-                (key == name).then(|| value.parse().ok())?
-            })
-            .unwrap_or(0.0)
+        super::metric(&self.base, name).await
     }
 
     /// Connects to the stream; `Err` carries the refusal's status and body.

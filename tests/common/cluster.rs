@@ -1,0 +1,139 @@
+//! A throwaway Postgres cluster a test starts, restarts and removes itself,
+//! for faults that would disturb every other test on the shared server.
+//! It needs the server binaries (`initdb`, `pg_ctl`): found through
+//! `PG_BINDIR`, Debian's `/usr/lib/postgresql/<version>/bin`, or `PATH`.
+//! As root it runs them as the `postgres` user, since Postgres refuses root.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub struct Cluster {
+    bin: PathBuf,
+    data: PathBuf,
+    pub port: u16,
+}
+
+impl Cluster {
+    /// Creates and starts a cluster on a free loopback port; `None` when no
+    /// server binaries are installed.
+    pub fn start() -> Option<Cluster> {
+        let bin = server_binaries()?;
+        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("pg-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&root).unwrap();
+        let cluster = Cluster {
+            bin,
+            data: root.join("data"),
+            port: super::process::free_port(),
+        };
+        if is_root() {
+            run(Command::new("chown").arg("postgres:").arg(&root));
+        }
+        run(cluster
+            .command("initdb")
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(&cluster.data));
+        cluster.pg_ctl_start();
+        Some(cluster)
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// A fast restart: sessions are ended, committed data stays. (Stop and
+    /// start rather than `pg_ctl restart`, which forgets the log file and
+    /// leaves the server holding this process's output pipes.)
+    pub fn restart(&self) {
+        run(self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-w", "-m", "fast", "stop"]));
+        self.pg_ctl_start();
+    }
+
+    fn pg_ctl_start(&self) {
+        let root = self.data.parent().unwrap();
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            root.display()
+        );
+        run(self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-w", "-l"])
+            .arg(root.join("log"))
+            .args(["-o", &options, "start"]));
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let path = self.bin.join(program);
+        if is_root() {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(path);
+            command
+        } else {
+            Command::new(path)
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "stop"])
+            .output();
+        if let Some(root) = self.data.parent() {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+}
+
+fn run(command: &mut Command) {
+    let output = command.output().expect("the command starts");
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
+}
+
+fn server_binaries() -> Option<PathBuf> {
+    let has_initdb = |dir: &Path| dir.join("initdb").is_file().then(|| dir.to_owned());
+    if let Some(dir) = std::env::var_os("PG_BINDIR") {
+        return has_initdb(Path::new(&dir));
+    }
+    let mut debian: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("bin"))
+        .collect();
+    // Newest version first (numeric, so 16 sorts after 9).
+    debian.sort_by_key(|dir| {
+        dir.parent()
+            .and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    debian
+        .iter()
+        .rev()
+        .find_map(|dir| has_initdb(dir))
+        .or_else(|| {
+            std::env::split_paths(&std::env::var_os("PATH")?).find_map(|dir| has_initdb(&dir))
+        })
+}

@@ -1,0 +1,178 @@
+//! The relay as a real operating-system process (the `eventrelay` binary
+//! this package builds), for tests that kill it with SIGKILL, restart it on
+//! the same port, or read its resident memory from `/proc`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+
+use super::server::{PUBLISH_TOKEN, TEST_SECRET};
+use super::{DEADLINE, TestDb};
+
+/// A TOML configuration for `eventrelay serve` on `db`, listening on
+/// `port`, with the test secret and publish token; `extra` is appended
+/// (further tables such as `[webhooks]`).
+pub fn relay_config(db: &TestDb, port: u16, extra: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{url}"
+schema = "{schema}"
+channel = "{channel}"
+pool_size = 4
+
+[http]
+bind = "127.0.0.1:{port}"
+workers = 1
+
+[hub]
+arbiters = 1
+
+[auth]
+mode = "jwt"
+algorithm = "HS256"
+secret = "{TEST_SECRET}"
+
+[publish]
+token = "{PUBLISH_TOKEN}"
+
+[log]
+level = "warn"
+
+{extra}
+"#,
+        url = db.url,
+        schema = db.schema,
+        channel = db.channel,
+    )
+}
+
+/// A port nothing listens on right now, for a relay that must come back on
+/// the same address after a restart.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct RelayProcess {
+    child: Child,
+    pub base: String,
+    _config: ConfigFile,
+}
+
+impl RelayProcess {
+    /// Starts `eventrelay serve --config <file>` and waits for the line
+    /// announcing its address.
+    pub fn spawn(config: &str) -> RelayProcess {
+        let config = ConfigFile::write(config);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_eventrelay"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config.path)
+            // The configuration file is the whole truth for these relays.
+            .env_remove("DATABASE_URL")
+            .env_remove("EVENTRELAY_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the eventrelay binary starts");
+        let stdout = child.stdout.take().unwrap();
+        let (first_line, announced) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = first_line.send(lines.next());
+            // Keep draining so the relay never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = announced
+            .recv_timeout(DEADLINE)
+            .expect("the relay announces its address before the deadline")
+            .expect("the relay printed a line")
+            .expect("stdout is readable");
+        let base = line
+            .split_whitespace()
+            .find(|word| word.starts_with("http://"))
+            .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+            .to_owned();
+        RelayProcess {
+            child,
+            base,
+            _config: config,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Ends the process with SIGKILL: no shutdown code runs.
+    pub fn kill(mut self) {
+        self.kill_now();
+    }
+
+    fn kill_now(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn ready(&self) {
+        super::wait_ready(&self.base).await
+    }
+
+    /// A field of `/proc/<pid>/status` in kB, such as `VmRSS`.
+    pub fn status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|value| value.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc status"))
+    }
+
+    /// Open file descriptors (sockets included).
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .unwrap()
+            .count()
+    }
+
+    /// A metric's value from `/metrics` (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        super::metric(&self.base, name).await
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        self.kill_now();
+    }
+}
+
+/// A configuration file that is removed with its relay.
+struct ConfigFile {
+    path: PathBuf,
+}
+
+impl ConfigFile {
+    fn write(contents: &str) -> ConfigFile {
+        let path = std::env::temp_dir().join(format!(
+            "eventrelay-test-{}.toml",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let mut file = std::fs::File::create(&path).unwrap();
+        file.write_all(contents.as_bytes()).unwrap();
+        ConfigFile { path }
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
