@@ -64,6 +64,8 @@ pub struct Session {
     queue: mpsc::Receiver<Arc<EncodedEvent>>,
     phase: Phase,
     sent: BTreeSet<i64>,
+    /// Frames taken from the queue for one write; kept to reuse its buffer.
+    live_batch: Vec<Arc<EncodedEvent>>,
     heartbeat: Interval,
     _registration: Registration,
 }
@@ -106,6 +108,7 @@ impl Session {
             queue,
             phase: Phase::Retry,
             sent: BTreeSet::new(),
+            live_batch: Vec::new(),
             heartbeat,
             _registration: registration,
         }
@@ -129,8 +132,8 @@ impl Session {
                     return Some(Bytes::from(sse::retry_frame(self.params.retry_ms)));
                 }
                 Phase::Replay => match self.next_replay_batch().await {
-                    Ok(Some(batch)) => {
-                        if let Some(chunk) = self.frames(batch) {
+                    Ok(Some(mut batch)) => {
+                        if let Some(chunk) = self.frames(&mut batch) {
                             return Some(chunk);
                         }
                     }
@@ -197,14 +200,17 @@ impl Session {
                         self.phase = Phase::Finished;
                         return None;
                     };
-                    let mut batch = vec![first];
+                    let mut batch = std::mem::take(&mut self.live_batch);
+                    batch.push(first);
                     while batch.len() < MAX_FRAMES_PER_CHUNK {
                         match self.queue.try_recv() {
                             Ok(event) => batch.push(event),
                             Err(_) => break,
                         }
                     }
-                    if let Some(chunk) = self.frames(batch) {
+                    let chunk = self.frames(&mut batch);
+                    self.live_batch = batch;
+                    if let Some(chunk) = chunk {
                         return Some(chunk);
                     }
                 }
@@ -215,10 +221,13 @@ impl Session {
         }
     }
 
-    /// Concatenates the frames not yet sent; stops after an `until` event.
-    fn frames(&mut self, batch: Vec<Arc<EncodedEvent>>) -> Option<Bytes> {
-        let mut chunk = BytesMut::new();
-        for event in batch {
+    /// The frames of `batch` not yet sent, as one chunk; stops after an
+    /// `until` event and leaves `batch` empty. A lone frame is shared with
+    /// every other subscriber rather than copied.
+    fn frames(&mut self, batch: &mut Vec<Arc<EncodedEvent>>) -> Option<Bytes> {
+        let mut single: Option<Bytes> = None;
+        let mut joined: Option<BytesMut> = None;
+        for event in batch.drain(..) {
             if let Some(seq) = event.seq() {
                 if !self.sent.insert(seq) {
                     continue;
@@ -227,7 +236,16 @@ impl Session {
                     self.sent.pop_first();
                 }
             }
-            chunk.extend_from_slice(&event.frame);
+            match (&mut joined, single.take()) {
+                (Some(chunk), _) => chunk.extend_from_slice(&event.frame),
+                (None, None) => single = Some(event.frame.clone()),
+                (None, Some(first)) => {
+                    let mut chunk = BytesMut::with_capacity(first.len() + event.frame.len());
+                    chunk.extend_from_slice(&first);
+                    chunk.extend_from_slice(&event.frame);
+                    joined = Some(chunk);
+                }
+            }
             if self
                 .params
                 .until
@@ -238,11 +256,9 @@ impl Session {
                 break;
             }
         }
-        if chunk.is_empty() {
-            return None;
-        }
+        let chunk = joined.map(BytesMut::freeze).or(single)?;
         self.heartbeat.reset();
-        Some(chunk.freeze())
+        Some(chunk)
     }
 }
 

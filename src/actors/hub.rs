@@ -49,14 +49,18 @@ impl Hub {
     fn fan_out(&mut self, event: &Arc<EncodedEvent>) {
         let metrics = &self.metrics;
         let scope_key = &self.scope_key;
+        // Counted locally and added once: one atomic update per event, not
+        // one per subscriber.
+        let mut delivered = 0u64;
+        let mut filtered = 0u64;
         self.members.retain(|id, member| {
             if !is_envelope_permitted(&event.envelope, &member.subscriber) {
-                metrics.events_filtered.inc();
+                filtered += 1;
                 return true;
             }
             match member.queue.try_send(Arc::clone(event)) {
                 Ok(()) => {
-                    metrics.events_delivered.inc();
+                    delivered += 1;
                     true
                 }
                 Err(TrySendError::Full(_)) => {
@@ -71,6 +75,8 @@ impl Hub {
                 Err(TrySendError::Closed(_)) => false,
             }
         });
+        metrics.events_delivered.inc_by(delivered);
+        metrics.events_filtered.inc_by(filtered);
         let latency = (Utc::now() - event.envelope.occurred_at)
             .to_std()
             .unwrap_or_default();

@@ -1,0 +1,93 @@
+//! One monotonic clock for commit-to-receive latency: publishers record when
+//! each numbered event committed (or was sent), subscribers when its frame
+//! arrived, both as nanoseconds since the same `Instant`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Commit times of numbered events, shared by publishers and the analysis.
+pub struct CommitLog {
+    origin: Instant,
+    /// Nanoseconds since `origin` plus one; zero means not committed.
+    committed: Vec<AtomicU64>,
+}
+
+impl CommitLog {
+    pub fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(CommitLog {
+            origin: Instant::now(),
+            committed: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.committed.len()
+    }
+
+    /// Nanoseconds since the origin, now.
+    pub fn now(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    /// Records that event `number` committed at `at` (from [`CommitLog::now`]).
+    pub fn record(&self, number: usize, at: u64) {
+        if let Some(slot) = self.committed.get(number) {
+            slot.store(at + 1, Ordering::Release);
+        }
+    }
+
+    pub fn committed_at(&self, number: usize) -> Option<u64> {
+        match self.committed.get(number)?.load(Ordering::Acquire) {
+            0 => None,
+            at => Some(at - 1),
+        }
+    }
+
+    /// How many events committed, and the first commit time.
+    pub fn committed_count(&self) -> (usize, Option<u64>) {
+        let mut count = 0;
+        let mut first = None::<u64>;
+        for number in 0..self.committed.len() {
+            if let Some(at) = self.committed_at(number) {
+                count += 1;
+                first = Some(first.map_or(at, |f| f.min(at)));
+            }
+        }
+        (count, first)
+    }
+}
+
+/// One frame's arrival: which event, and when (nanoseconds since origin).
+#[derive(Clone, Copy)]
+pub struct Receipt {
+    pub number: u32,
+    pub at: u64,
+}
+
+/// Latency percentiles over a set of samples.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Percentiles {
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+}
+
+impl Percentiles {
+    /// From samples in nanoseconds (sorted in place).
+    pub fn of(samples: &mut [u64]) -> Percentiles {
+        if samples.is_empty() {
+            return Percentiles::default();
+        }
+        samples.sort_unstable();
+        let at = |fraction: f64| {
+            let index = ((samples.len() as f64 - 1.0) * fraction).round() as usize;
+            Duration::from_nanos(samples[index])
+        };
+        Percentiles {
+            p50: at(0.50),
+            p99: at(0.99),
+            max: Duration::from_nanos(*samples.last().unwrap()),
+        }
+    }
+}

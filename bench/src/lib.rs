@@ -1,0 +1,42 @@
+//! The eventrelay load tool as a library: the scenarios, and the pieces they
+//! share (SSE subscribers over raw TCP, event sources, a single clock for
+//! commit-to-receive latency, relay processes, process statistics, the
+//! result table). The `eventrelay-bench` binary runs them; the smoke test
+//! drives a small fan-out against an in-process relay.
+
+pub mod alloc_counter;
+pub mod clock;
+pub mod database;
+pub mod in_process;
+pub mod proc_stats;
+pub mod publish;
+pub mod relay_process;
+pub mod report;
+pub mod scenarios;
+pub mod sse_load;
+pub mod webhook_receiver;
+
+/// Errors are reported, not handled: a tool, not a library.
+pub type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The HS256 secret every bench relay verifies subscriber tokens with.
+pub const SUBSCRIBER_SECRET: &str = "bench-secret-that-is-long-enough-for-hs256-signing";
+/// The publish API token of every bench relay.
+pub const PUBLISH_TOKEN: &str = "bench-publish-token-long-enough";
+
+/// Mints a subscriber token for `scope` valid for an hour.
+pub fn subscriber_token(subscriber: &str, scope: &str) -> String {
+    use eventrelay::auth::{Algorithm, MintOptions, TokenSpec, mint_token};
+    mint_token(
+        SUBSCRIBER_SECRET,
+        Algorithm::HS256,
+        &TokenSpec {
+            subscriber_id: subscriber.into(),
+            scope_key: scope.into(),
+            grants: serde_json::Value::Null,
+            ttl: std::time::Duration::from_secs(3600),
+        },
+        &MintOptions::default(),
+    )
+    .expect("the bench secret mints tokens")
+}

@@ -1,0 +1,453 @@
+//! `eventrelay-bench`: runs every scenario against a release relay (and
+//! nchan when given) for a bounded time and prints one Markdown table.
+//! `bench/run` builds it, starts Postgres and nginx/nchan, and calls it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use eventrelay_bench::alloc_counter::CountingAllocator;
+use eventrelay_bench::database::{create_schema, drop_schema};
+use eventrelay_bench::publish::{Pace, Source};
+use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
+use eventrelay_bench::report::{Table, ms, size, verdict};
+use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
+use eventrelay_bench::scenarios::{emit_cost, replay, tail_memory, webhooks};
+use eventrelay_bench::webhook_receiver::WebhookReceiver;
+use eventrelay_bench::{BenchResult, proc_stats};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+#[derive(Parser, Debug)]
+#[command(about = "eventrelay performance harness")]
+struct Args {
+    /// Smaller subscriber counts and shorter runs.
+    #[arg(long)]
+    quick: bool,
+    /// The release `eventrelay` binary.
+    #[arg(long)]
+    relay_bin: PathBuf,
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// nchan's loopback address (`/pub` publishes, `/sub` subscribes).
+    #[arg(long)]
+    nchan_address: Option<SocketAddr>,
+    /// nginx's master pid; CPU and RSS are summed over its workers.
+    #[arg(long)]
+    nchan_pid: Option<u32>,
+    /// Where relay configurations and logs go.
+    #[arg(long, default_value = "/tmp/eventrelay-bench")]
+    work_dir: PathBuf,
+    /// Run only these scenarios (comma separated: tail, emit, fanout, scopes,
+    /// replay, webhooks).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+/// Sizes and durations of one run.
+struct Scale {
+    small_fanout: usize,
+    large_fanout: usize,
+    scopes: usize,
+    per_scope: usize,
+    fixed_run: Duration,
+    unthrottled_run: Duration,
+    emit_run: Duration,
+    replay_events: usize,
+    webhook_events: usize,
+}
+
+impl Scale {
+    fn of(quick: bool) -> Scale {
+        if quick {
+            Scale {
+                small_fanout: 200,
+                large_fanout: 1_000,
+                scopes: 100,
+                per_scope: 10,
+                fixed_run: Duration::from_secs(3),
+                unthrottled_run: Duration::from_secs(2),
+                emit_run: Duration::from_secs(1),
+                replay_events: 2_000,
+                webhook_events: 300,
+            }
+        } else {
+            Scale {
+                small_fanout: 1_000,
+                large_fanout: 10_000,
+                scopes: 1_000,
+                per_scope: 10,
+                fixed_run: Duration::from_secs(10),
+                unthrottled_run: Duration::from_secs(5),
+                emit_run: Duration::from_secs(3),
+                replay_events: 10_000,
+                webhook_events: 2_000,
+            }
+        }
+    }
+}
+
+fn main() -> BenchResult<()> {
+    let args = Args::parse();
+    let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
+    let mut table = Table::default();
+    // Before any runtime exists, so no other thread allocates meanwhile.
+    if wanted("tail") {
+        tail_rows(&mut table);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let schema = format!("bench_{}", std::process::id());
+    let result = runtime.block_on(async {
+        std::fs::create_dir_all(&args.work_dir)?;
+        create_schema(&args.database_url, &schema).await?;
+        let outcome = run_scenarios(&args, &schema, &mut table, &wanted).await;
+        drop_schema(&args.database_url, &schema).await;
+        outcome
+    });
+    println!("\n{}", table.render());
+    println!(
+        "machine: {} cores, {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu_model()
+    );
+    result
+}
+
+async fn run_scenarios(
+    args: &Args,
+    schema: &str,
+    table: &mut Table,
+    wanted: &dyn Fn(&str) -> bool,
+) -> BenchResult<()> {
+    let scale = Scale::of(args.quick);
+    let db = args.database_url.as_str();
+    if wanted("emit") {
+        emit_cost::prepare(db, schema).await?;
+        for writers in [1, 8, 32] {
+            eprintln!("emit cost, {writers} writers");
+            let f = emit_cost::run(db, schema, writers, scale.emit_run).await?;
+            let ratio = f.publisher_tps / f.plain_tps;
+            let sql_ratio = f.sql_tps / f.plain_tps;
+            let target = if writers == 8 {
+                format!(
+                    "≥ 0.8× plain at 8 writers: {}",
+                    verdict(ratio >= 0.8 && sql_ratio >= 0.8)
+                )
+            } else {
+                "–".to_owned()
+            };
+            table.add(
+                format!("emit cost, {writers} writer(s)"),
+                format!(
+                    "plain {:.0} tx/s · with publisher emit {:.0} tx/s ({ratio:.2}×) · with SQL emit() {:.0} tx/s ({sql_ratio:.2}×)",
+                    f.plain_tps, f.publisher_tps, f.sql_tps
+                ),
+                target,
+            );
+        }
+    }
+    if wanted("fanout") {
+        fanout_rows(args, schema, &scale, table).await?;
+    }
+    if wanted("scopes") {
+        let subscribers = scale.scopes * scale.per_scope;
+        let relay = start_relay(args, RelaySettings::new(db, schema)).await?;
+        let rate = 200.0;
+        eprintln!("many scopes: {} × {}", scale.scopes, scale.per_scope);
+        let plan = FanoutPlan {
+            subscribers,
+            scopes: scale.scopes,
+            scope_prefix: "many".to_owned(),
+            pace: Pace::PerSecond(rate),
+            duration: scale.fixed_run,
+            writers: 4,
+            source: emit_source(db, schema),
+        };
+        let f = fanout::run(&plan, &relay_server(&relay)).await?;
+        table.add(
+            format!(
+                "many scopes: {} scopes × {} subscribers, {rate:.0} ev/s spread over them, emit",
+                scale.scopes, scale.per_scope
+            ),
+            fanout_summary(&f),
+            format!("all received: {}", verdict(f.delivered == f.expected)),
+        );
+    }
+    if wanted("replay") {
+        for (label, events, bytes) in [
+            ("tail", scale.replay_events * 2, 256 * 1024 * 1024),
+            ("outbox", 1, 1024),
+        ] {
+            eprintln!("replay from the {label}");
+            let mut settings = RelaySettings::new(db, schema);
+            settings.tail_events = events;
+            settings.tail_bytes = bytes;
+            settings.replay_lookback = 0;
+            settings.queue_capacity = 16_384;
+            let relay = start_relay(args, settings).await?;
+            let f = replay::run(
+                &relay,
+                db,
+                schema,
+                &format!("replay-{label}"),
+                scale.replay_events,
+            )
+            .await?;
+            table.add(
+                format!(
+                    "replay {} events, Last-Event-ID, {label} configured",
+                    f.events
+                ),
+                format!(
+                    "{} received in {} ({:.0} events/s), served from the {}",
+                    f.received,
+                    ms(f.took),
+                    f.received as f64 / f.took.as_secs_f64(),
+                    f.served_from
+                ),
+                format!("all received: {}", verdict(f.received == f.events)),
+            );
+        }
+    }
+    if wanted("webhooks") {
+        for dispatchers in [1, 2] {
+            eprintln!("webhooks, {dispatchers} dispatcher process(es)");
+            let receiver = WebhookReceiver::start().await?;
+            let mut relays = Vec::new();
+            for _ in 0..dispatchers {
+                let mut settings = RelaySettings::new(db, schema);
+                settings.webhook_url = Some(receiver.url.clone());
+                relays.push(start_relay(args, settings).await?);
+            }
+            let f = webhooks::run(&receiver, dispatchers, db, schema, scale.webhook_events).await?;
+            table.add(
+                format!(
+                    "webhooks, {} relay process(es) × 4 workers, signed, receiver answers 200",
+                    f.dispatchers
+                ),
+                format!(
+                    "{:.0} deliveries/s ({} of {} delivered)",
+                    f.deliveries_per_second, f.delivered, f.events
+                ),
+                format!("all delivered: {}", verdict(f.delivered == f.events as u64)),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Fan-out at one scope: eventrelay (emit and HTTP publish) and nchan, at a
+/// fixed rate for both sizes, then unthrottled, side by side.
+async fn fanout_rows(
+    args: &Args,
+    schema: &str,
+    scale: &Scale,
+    table: &mut Table,
+) -> BenchResult<()> {
+    let db = args.database_url.as_str();
+    let nchan = match (args.nchan_address, args.nchan_pid) {
+        (Some(address), Some(master)) => {
+            let mut pids = proc_stats::children_of(master);
+            pids.push(master);
+            Some((address, Server::Nchan { address, pids }))
+        }
+        _ => None,
+    };
+    let runs: [(usize, Pace, Duration); 3] = [
+        (scale.small_fanout, Pace::PerSecond(100.0), scale.fixed_run),
+        (scale.large_fanout, Pace::PerSecond(10.0), scale.fixed_run),
+        (scale.small_fanout, Pace::Unthrottled, scale.unthrottled_run),
+    ];
+    for (run, (subscribers, pace, duration)) in runs.into_iter().enumerate() {
+        let writers = match pace {
+            Pace::PerSecond(_) => 4,
+            Pace::Unthrottled => 8,
+        };
+        let pace_label = match pace {
+            Pace::PerSecond(rate) => format!("{rate:.0} ev/s"),
+            Pace::Unthrottled => format!("unthrottled ({writers} publishers)"),
+        };
+        let mut eventrelay_http = None;
+        for http in [false, true] {
+            let relay = start_relay(args, RelaySettings::new(db, schema)).await?;
+            let source = if http {
+                Source::HttpPublish {
+                    base: relay.base.clone(),
+                }
+            } else {
+                emit_source(db, schema)
+            };
+            eprintln!("fan-out {subscribers}, {pace_label}, {}", source.label());
+            let plan = FanoutPlan {
+                subscribers,
+                scopes: 1,
+                scope_prefix: format!("fan-{run}-{http}"),
+                pace,
+                duration,
+                writers,
+                source: source.clone(),
+            };
+            let f = fanout::run(&plan, &relay_server(&relay)).await?;
+            let target = fanout_target(subscribers, pace, http, &f);
+            let clock = if http {
+                "send-to-receive"
+            } else {
+                "commit-to-receive"
+            };
+            table.add(
+                format!(
+                    "eventrelay fan-out {subscribers} subs, 1 scope, {pace_label}, {} ({clock})",
+                    source.label()
+                ),
+                fanout_summary(&f),
+                target,
+            );
+            if subscribers == scale.large_fanout && !http {
+                let per = f.idle_rss_per_connection;
+                table.add(
+                    format!(
+                        "eventrelay idle connections: RSS per idle SSE connection at {subscribers}"
+                    ),
+                    size(per),
+                    format!("≤ 16 KiB: {}", verdict(per <= 16.0 * 1024.0)),
+                );
+            }
+            if http {
+                eventrelay_http = Some(f);
+            }
+        }
+        if let Some((address, server)) = &nchan {
+            eprintln!("fan-out {subscribers}, {pace_label}, nchan");
+            let plan = FanoutPlan {
+                subscribers,
+                scopes: 1,
+                scope_prefix: format!("nchan-{run}"),
+                pace,
+                duration,
+                writers,
+                source: Source::Nchan {
+                    url: format!("http://{address}/pub"),
+                },
+            };
+            let f = fanout::run(&plan, server).await?;
+            table.add(
+                format!("nchan fan-out {subscribers} subs, 1 channel, {pace_label}, HTTP publish (send-to-receive)"),
+                fanout_summary(&f),
+                format!("all received: {}", verdict(f.delivered == f.expected)),
+            );
+            if let Some(ours) = eventrelay_http {
+                let ratio = ours.deliveries_per_second / f.deliveries_per_second.max(1.0);
+                table.add(
+                    format!("side by side, {subscribers} subs, {pace_label}: eventrelay HTTP publish / nchan"),
+                    format!(
+                        "deliveries/s {ratio:.2}× · p50 {} vs {} · p99 {} vs {} · CPU s/1k {:.3} vs {:.3}",
+                        ms(ours.latency.p50), ms(f.latency.p50), ms(ours.latency.p99), ms(f.latency.p99),
+                        ours.cpu_seconds_per_1000, f.cpu_seconds_per_1000
+                    ),
+                    format!("deliveries/s ≥ nchan's: {}", verdict(ratio >= 0.995)),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fanout_target(subscribers: usize, pace: Pace, http: bool, f: &FanoutFigures) -> String {
+    let all = f.delivered == f.expected;
+    match pace {
+        Pace::PerSecond(rate) if subscribers == 1_000 && rate == 100.0 && !http => format!(
+            "p50 ≤ 3 ms, p99 ≤ 20 ms: {}",
+            verdict(
+                all && f.latency.p50 <= Duration::from_millis(3)
+                    && f.latency.p99 <= Duration::from_millis(20)
+            )
+        ),
+        _ if subscribers == 10_000 && !http => {
+            format!(
+                "10,000 subscribers on 2 cores, all received: {}",
+                verdict(all)
+            )
+        }
+        _ => format!("all received: {}", verdict(all)),
+    }
+}
+
+fn fanout_summary(f: &FanoutFigures) -> String {
+    format!(
+        "{:.0} deliveries/s · {} of {} received from {} events · p50 {} · p99 {} · max {} · {:.3} CPU s per 1,000 deliveries · RSS {}",
+        f.deliveries_per_second,
+        f.delivered,
+        f.expected,
+        f.published,
+        ms(f.latency.p50),
+        ms(f.latency.p99),
+        ms(f.latency.max),
+        f.cpu_seconds_per_1000,
+        size(f.rss_bytes as f64)
+    )
+}
+
+fn tail_rows(table: &mut Table) {
+    for (label, bytes) in [
+        ("300 B", 300),
+        ("4 KiB", 4096),
+        ("64 KiB", 65_536),
+        ("1 MiB", 1_048_576),
+    ] {
+        let f = tail_memory::measure(bytes);
+        let target = if bytes == 300 {
+            format!("≤ 64 KiB: {}", verdict(f.heap_bytes <= 64 * 1024))
+        } else {
+            "–".to_owned()
+        };
+        table.add(
+            format!(
+                "tail memory: {} events of {label} (encoded), bound {} events / {}",
+                tail_memory::EVENT_COUNT,
+                tail_memory::BOUND_EVENTS,
+                size(tail_memory::BOUND_BYTES as f64)
+            ),
+            format!(
+                "{} events held · {} counted against the bound · {} heap really held",
+                f.events_held,
+                size(f.encoded_bytes as f64),
+                size(f.heap_bytes as f64)
+            ),
+            target,
+        );
+    }
+}
+
+fn emit_source(db: &str, schema: &str) -> Source {
+    Source::Emit {
+        database_url: db.to_owned(),
+        schema: schema.to_owned(),
+    }
+}
+
+fn relay_server(relay: &RelayProcess) -> Server {
+    Server::Eventrelay {
+        address: relay.address(),
+        pids: vec![relay.pid()],
+    }
+}
+
+async fn start_relay(args: &Args, settings: RelaySettings) -> BenchResult<RelayProcess> {
+    RelayProcess::start(&args.relay_bin, &args.work_dir, &settings).await
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split_once(':'))
+                .map(|(_, model)| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned())
+}

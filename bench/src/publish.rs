@@ -1,0 +1,188 @@
+//! Event sources that put numbered bench events in front of subscribers:
+//! an emit committed in Postgres (the publisher crate), eventrelay's HTTP
+//! publish API, and an nchan publisher endpoint. Each records the event's
+//! time on the shared clock: after COMMIT returned for an emit, just before
+//! the request for HTTP publishing (the commit happens inside the server).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use eventrelay_publisher::{NewEvent, Publisher};
+use serde_json::{Value, json};
+
+use crate::clock::CommitLog;
+use crate::{BenchResult, PUBLISH_TOKEN};
+
+/// The event type of fan-out events.
+pub const TICK_TYPE: &str = "bench.tick";
+/// Padding that brings an event's data to about 100 bytes.
+const PAD: &str =
+    "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
+
+/// Where events are published.
+#[derive(Clone)]
+pub enum Source {
+    /// `Publisher::emit` in a transaction, committed.
+    Emit {
+        database_url: String,
+        schema: String,
+    },
+    /// `POST /v1/events` on a relay.
+    HttpPublish { base: String },
+    /// An nchan publisher location (`POST`).
+    Nchan { url: String },
+}
+
+impl Source {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Source::Emit { .. } => "emit (Postgres commit)",
+            Source::HttpPublish { .. } => "HTTP publish",
+            Source::Nchan { .. } => "nchan HTTP publish",
+        }
+    }
+}
+
+/// How fast events go out.
+#[derive(Clone, Copy, Debug)]
+pub enum Pace {
+    /// This many events per second, on a fixed schedule.
+    PerSecond(f64),
+    /// As fast as the writers can, each waiting for its previous event.
+    Unthrottled,
+}
+
+/// The data of bench event `number`.
+pub fn event_data(number: usize) -> Value {
+    json!({ "bn": number, "pad": PAD })
+}
+
+/// Publishes numbered events for `duration` with `writers` concurrent
+/// writers; `scope_of` names each event's scope. Returns how many committed.
+pub async fn publish_for(
+    source: &Source,
+    scope_of: Arc<dyn Fn(usize) -> String + Send + Sync>,
+    pace: Pace,
+    duration: Duration,
+    writers: usize,
+    log: Arc<CommitLog>,
+) -> BenchResult<usize> {
+    let start = tokio::time::Instant::now();
+    let deadline = start + duration;
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..writers {
+        let mut writer = Writer::open(source).await?;
+        let next = Arc::clone(&next);
+        let log = Arc::clone(&log);
+        let scope_of = Arc::clone(&scope_of);
+        tasks.push(tokio::spawn(async move {
+            let mut published = 0usize;
+            loop {
+                let number = next.fetch_add(1, Ordering::Relaxed);
+                if number >= log.capacity() {
+                    break;
+                }
+                if let Pace::PerSecond(rate) = pace {
+                    let due = start + Duration::from_secs_f64(number as f64 / rate);
+                    if due >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep_until(due).await;
+                } else if tokio::time::Instant::now() >= deadline {
+                    break;
+                }
+                writer.publish(number, &scope_of(number), &log).await?;
+                published += 1;
+            }
+            BenchResult::Ok(published)
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await??;
+    }
+    Ok(total)
+}
+
+enum Writer {
+    Emit {
+        client: Box<tokio_postgres::Client>,
+        publisher: Publisher,
+    },
+    Http {
+        client: reqwest::Client,
+        url: String,
+        nchan: bool,
+    },
+}
+
+impl Writer {
+    async fn open(source: &Source) -> BenchResult<Writer> {
+        Ok(match source {
+            Source::Emit {
+                database_url,
+                schema,
+            } => Writer::Emit {
+                client: Box::new(eventrelay::connect(database_url).await?),
+                publisher: Publisher::new(schema)?,
+            },
+            Source::HttpPublish { base } => Writer::Http {
+                client: reqwest::Client::new(),
+                url: format!("{base}/v1/events"),
+                nchan: false,
+            },
+            Source::Nchan { url } => Writer::Http {
+                client: reqwest::Client::new(),
+                url: url.clone(),
+                nchan: true,
+            },
+        })
+    }
+
+    async fn publish(&mut self, number: usize, scope: &str, log: &CommitLog) -> BenchResult<()> {
+        match self {
+            Writer::Emit { client, publisher } => {
+                let transaction = client.transaction().await?;
+                publisher
+                    .emit(
+                        &transaction,
+                        NewEvent::durable(TICK_TYPE, scope, event_data(number)),
+                    )
+                    .await?;
+                transaction.commit().await?;
+                log.record(number, log.now());
+            }
+            Writer::Http { client, url, nchan } => {
+                let request = if *nchan {
+                    // The same bytes a browser would get from eventrelay.
+                    let mut envelope = NewEvent::durable(TICK_TYPE, scope, event_data(number))
+                        .into_envelope(chrono::Utc::now());
+                    envelope.seq = Some(number as i64);
+                    client
+                        .post(url.as_str())
+                        .body(serde_json::to_vec(&envelope)?)
+                } else {
+                    client
+                        .post(url.as_str())
+                        .bearer_auth(PUBLISH_TOKEN)
+                        .json(&json!({
+                            "type": TICK_TYPE,
+                            "scopeKey": scope,
+                            "lane": "durable",
+                            "data": event_data(number),
+                        }))
+                };
+                log.record(number, log.now());
+                let response = request.send().await?;
+                let status = response.status();
+                if !status.is_success() {
+                    let body = response.text().await.unwrap_or_default();
+                    return Err(format!("publish answered {status}: {body}").into());
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,194 @@
+//! Starts the eventrelay binary as a separate process with a generated
+//! configuration file, waits until it is ready, and stops it when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::{BenchResult, PUBLISH_TOKEN, SUBSCRIBER_SECRET};
+
+/// The webhook secret of the bench subscription (Standard Webhooks form).
+pub const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// What differs between the relays the scenarios start.
+#[derive(Clone, Debug)]
+pub struct RelaySettings {
+    pub database_url: String,
+    pub schema: String,
+    pub tail_events: usize,
+    pub tail_bytes: usize,
+    pub queue_capacity: usize,
+    pub replay_lookback: i64,
+    /// Deliver every `bench.hook` event to this URL.
+    pub webhook_url: Option<String>,
+}
+
+impl RelaySettings {
+    pub fn new(database_url: &str, schema: &str) -> Self {
+        RelaySettings {
+            database_url: database_url.to_owned(),
+            schema: schema.to_owned(),
+            tail_events: 128,
+            tail_bytes: 4 * 1024 * 1024,
+            queue_capacity: 1024,
+            replay_lookback: 100,
+            webhook_url: None,
+        }
+    }
+
+    fn toml(&self, port: u16) -> String {
+        let mut text = format!(
+            r#"[database]
+url = "{url}"
+schema = "{schema}"
+channel = "{schema}"
+pool_size = 16
+
+[http]
+bind = "127.0.0.1:{port}"
+workers = 2
+inspector = false
+
+[sse]
+max_age_secs = 3600
+queue_capacity = {queue}
+replay_lookback = {lookback}
+
+[hub]
+arbiters = 2
+tail_events = {tail_events}
+tail_bytes = {tail_bytes}
+
+[auth]
+mode = "jwt"
+algorithm = "HS256"
+secret = "{secret}"
+
+[publish]
+token = "{token}"
+
+[log]
+level = "warn"
+
+[webhooks]
+allow_private_networks = true
+"#,
+            url = self.database_url,
+            schema = self.schema,
+            queue = self.queue_capacity,
+            lookback = self.replay_lookback,
+            tail_events = self.tail_events,
+            tail_bytes = self.tail_bytes,
+            secret = SUBSCRIBER_SECRET,
+            token = PUBLISH_TOKEN,
+        );
+        if let Some(url) = &self.webhook_url {
+            text.push_str(&format!(
+                r#"
+[[webhooks.subscriptions]]
+id = "bench"
+url = "{url}"
+secret = "{WEBHOOK_SECRET}"
+types = ["bench.hook"]
+"#
+            ));
+        }
+        text
+    }
+}
+
+/// A running relay process.
+pub struct RelayProcess {
+    child: Child,
+    pub port: u16,
+    pub base: String,
+}
+
+impl RelayProcess {
+    /// Starts `binary serve` with `settings`; its log goes to `work_dir`.
+    pub async fn start(
+        binary: &Path,
+        work_dir: &Path,
+        settings: &RelaySettings,
+    ) -> BenchResult<RelayProcess> {
+        let port = free_port()?;
+        let config_path: PathBuf = work_dir.join(format!("relay-{port}.toml"));
+        std::fs::write(&config_path, settings.toml(port))?;
+        let log = std::fs::File::create(work_dir.join(format!("relay-{port}.log")))?;
+        let child = Command::new(binary)
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        let mut relay = RelayProcess {
+            child,
+            port,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        relay.wait_ready(work_dir).await?;
+        Ok(relay)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn address(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    async fn wait_ready(&mut self, work_dir: &Path) -> BenchResult<()> {
+        let client = reqwest::Client::new();
+        for _ in 0..600 {
+            if let Some(status) = self.child.try_wait()? {
+                return Err(format!(
+                    "the relay exited with {status}; see {}/relay-{}.log",
+                    work_dir.display(),
+                    self.port
+                )
+                .into());
+            }
+            let url = format!("{}/readyz", self.base);
+            if let Ok(response) = client.get(url).send().await {
+                if response.status().is_success() {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err("the relay did not become ready within 60 s".into())
+    }
+
+    /// A metric from `/metrics` whose name (with labels) is or ends with
+    /// `name`; 0 when absent.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let Ok(response) = reqwest::get(format!("{}/metrics", self.base)).await else {
+            return 0.0;
+        };
+        let text = response.text().await.unwrap_or_default();
+        text.lines()
+            .find_map(|line| {
+                let (key, value) = line.rsplit_once(' ')?;
+                (key == name || key.ends_with(name)).then(|| value.parse().ok())?
+            })
+            .unwrap_or(0.0)
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> BenchResult<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}

@@ -1,0 +1,64 @@
+//! The result table: one row per measured figure group, printed as
+//! Markdown so it can be pasted into bench/README.md as is.
+
+use std::time::Duration;
+
+/// One line of the table.
+pub struct Row {
+    pub scenario: String,
+    pub result: String,
+    /// The target this row is checked against, and where it stands.
+    pub target: String,
+}
+
+#[derive(Default)]
+pub struct Table {
+    rows: Vec<Row>,
+}
+
+impl Table {
+    pub fn add(
+        &mut self,
+        scenario: impl Into<String>,
+        result: impl Into<String>,
+        target: impl Into<String>,
+    ) {
+        let row = Row {
+            scenario: scenario.into(),
+            result: result.into(),
+            target: target.into(),
+        };
+        eprintln!("  {} | {} | {}", row.scenario, row.result, row.target);
+        self.rows.push(row);
+    }
+
+    pub fn render(&self) -> String {
+        let mut text = String::from("| scenario | measured | target |\n|---|---|---|\n");
+        for row in &self.rows {
+            text.push_str(&format!(
+                "| {} | {} | {} |\n",
+                row.scenario, row.result, row.target
+            ));
+        }
+        text
+    }
+}
+
+/// Milliseconds with two decimals.
+pub fn ms(duration: Duration) -> String {
+    format!("{:.2} ms", duration.as_secs_f64() * 1000.0)
+}
+
+/// Bytes as KiB or MiB.
+pub fn size(bytes: f64) -> String {
+    if bytes.abs() >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
+    } else {
+        format!("{:.1} KiB", bytes / 1024.0)
+    }
+}
+
+/// "met" or "missed" for a target check.
+pub fn verdict(met: bool) -> &'static str {
+    if met { "**met**" } else { "**missed**" }
+}

@@ -1,0 +1,163 @@
+//! Fan-out: N SSE subscribers spread over S scopes, events published at a
+//! fixed rate (or unthrottled), against any server that speaks SSE. Measures
+//! deliveries per second, commit-to-receive latency, server CPU per 1,000
+//! deliveries, server RSS, and the RSS of the idle connections.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::BenchResult;
+use crate::clock::{CommitLog, Percentiles};
+use crate::proc_stats::{self, Usage};
+use crate::publish::{Pace, Source, publish_for};
+use crate::sse_load::{ReadyWhen, StreamTarget, Subscribers};
+
+/// Handshakes in flight while subscribers connect.
+const CONNECT_CONCURRENCY: usize = 200;
+/// Longest wait for the last deliveries after publishing stops.
+const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
+/// Event numbers available to an unthrottled run.
+const UNTHROTTLED_CAPACITY: usize = 1 << 21;
+
+/// The server the subscribers connect to.
+#[derive(Clone, Debug)]
+pub enum Server {
+    Eventrelay { address: SocketAddr, pids: Vec<u32> },
+    Nchan { address: SocketAddr, pids: Vec<u32> },
+}
+
+impl Server {
+    fn pids(&self) -> &[u32] {
+        match self {
+            Server::Eventrelay { pids, .. } | Server::Nchan { pids, .. } => pids,
+        }
+    }
+
+    fn target(&self, subscriber: usize, scope: &str) -> StreamTarget {
+        match self {
+            Server::Eventrelay { address, .. } => StreamTarget {
+                address: *address,
+                path: "/v1/events".to_owned(),
+                authorization: Some(format!(
+                    "Bearer {}",
+                    crate::subscriber_token(&format!("s{subscriber}"), scope)
+                )),
+                last_event_id: None,
+                ready_when: ReadyWhen::ReadyEvent,
+            },
+            Server::Nchan { address, .. } => StreamTarget {
+                address: *address,
+                path: "/sub".to_owned(),
+                authorization: None,
+                last_event_id: None,
+                ready_when: ReadyWhen::HeadersEnd,
+            },
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct FanoutPlan {
+    pub subscribers: usize,
+    pub scopes: usize,
+    /// Prefix of this run's scope names, unique per run.
+    pub scope_prefix: String,
+    pub pace: Pace,
+    pub duration: Duration,
+    pub writers: usize,
+    pub source: Source,
+}
+
+#[derive(Debug, Clone)]
+pub struct FanoutFigures {
+    pub published: usize,
+    pub expected: u64,
+    pub delivered: u64,
+    pub deliveries_per_second: f64,
+    pub latency: Percentiles,
+    pub cpu_seconds_per_1000: f64,
+    pub rss_bytes: u64,
+    /// (RSS with every subscriber connected and idle − RSS before) / N.
+    pub idle_rss_per_connection: f64,
+}
+
+pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigures> {
+    let capacity = match plan.pace {
+        Pace::PerSecond(rate) => (rate * plan.duration.as_secs_f64()).ceil() as usize + 1,
+        Pace::Unthrottled => UNTHROTTLED_CAPACITY,
+    };
+    let log = CommitLog::new(capacity);
+    let per_scope = plan.subscribers.div_ceil(plan.scopes);
+    let scope_name = {
+        let prefix = plan.scope_prefix.clone();
+        move |index: usize| format!("{prefix}-{index}")
+    };
+    let targets = (0..plan.subscribers)
+        .map(|i| server.target(i, &scope_name(i / per_scope)))
+        .collect();
+
+    let before_connect = proc_stats::usage(server.pids());
+    let subscribers = Subscribers::open(targets, Arc::clone(&log), CONNECT_CONCURRENCY).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = proc_stats::usage(server.pids());
+
+    let scopes = plan.scopes;
+    let scope_of = Arc::new(move |number: usize| scope_name(number % scopes));
+    let published = publish_for(
+        &plan.source,
+        scope_of,
+        plan.pace,
+        plan.duration,
+        plan.writers,
+        Arc::clone(&log),
+    )
+    .await;
+    let published = match published {
+        Ok(published) => published,
+        Err(error) => {
+            subscribers.finish().await;
+            return Err(error);
+        }
+    };
+    let expected = (published * per_scope) as u64;
+    subscribers.wait_for(expected, DRAIN_PATIENCE).await;
+    let after = proc_stats::usage(server.pids());
+    let outcomes = subscribers.finish().await;
+
+    let mut latencies = Vec::with_capacity(expected as usize);
+    let mut last_receipt = 0u64;
+    for outcome in &outcomes {
+        for receipt in &outcome.receipts {
+            if let Some(committed) = log.committed_at(receipt.number as usize) {
+                latencies.push(receipt.at.saturating_sub(committed));
+                last_receipt = last_receipt.max(receipt.at);
+            }
+        }
+    }
+    let delivered = latencies.len() as u64;
+    let (_, first_commit) = log.committed_count();
+    let span = last_receipt.saturating_sub(first_commit.unwrap_or(0)) as f64 / 1e9;
+    Ok(FanoutFigures {
+        published,
+        expected,
+        delivered,
+        deliveries_per_second: if span > 0.0 {
+            delivered as f64 / span
+        } else {
+            0.0
+        },
+        latency: Percentiles::of(&mut latencies),
+        cpu_seconds_per_1000: cpu_per_1000(idle, after, delivered),
+        rss_bytes: after.rss_bytes,
+        idle_rss_per_connection: (idle.rss_bytes as f64 - before_connect.rss_bytes as f64)
+            / plan.subscribers as f64,
+    })
+}
+
+fn cpu_per_1000(before: Usage, after: Usage, delivered: u64) -> f64 {
+    if delivered == 0 {
+        return 0.0;
+    }
+    (after.cpu_seconds - before.cpu_seconds) / delivered as f64 * 1000.0
+}

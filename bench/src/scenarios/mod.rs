@@ -1,0 +1,8 @@
+//! The scenarios, one module each. Each is bounded in time and returns its
+//! measured figures; the binary turns them into table rows.
+
+pub mod emit_cost;
+pub mod fanout;
+pub mod replay;
+pub mod tail_memory;
+pub mod webhooks;

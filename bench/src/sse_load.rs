@@ -1,0 +1,334 @@
+//! Many SSE subscribers over plain TCP, cheap enough to run 10,000 of them
+//! next to the server. Each one sends a `GET`, waits until its stream is
+//! ready, then notes the arrival time of every frame that carries a bench
+//! event number (`"bn":<n>` in its data line).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::BenchResult;
+use crate::clock::{CommitLog, Receipt};
+
+/// The marker before an event number in a frame's data.
+const NUMBER_MARKER: &[u8] = b"\"bn\":";
+/// Longest a subscriber waits for its stream to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// When a stream counts as subscribed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ReadyWhen {
+    /// eventrelay: after its `event: ready` frame (replay is done).
+    ReadyEvent,
+    /// nchan: once the response headers are in.
+    HeadersEnd,
+}
+
+/// One stream to open.
+#[derive(Clone, Debug)]
+pub struct StreamTarget {
+    pub address: SocketAddr,
+    pub path: String,
+    pub authorization: Option<String>,
+    pub last_event_id: Option<i64>,
+    pub ready_when: ReadyWhen,
+}
+
+/// What one subscriber saw.
+#[derive(Default)]
+pub struct StreamOutcome {
+    /// When the stream became ready (nanoseconds on the shared clock).
+    pub ready_at: Option<u64>,
+    pub receipts: Vec<Receipt>,
+}
+
+/// Open subscribers, reading until told to stop.
+pub struct Subscribers {
+    tasks: Vec<JoinHandle<Result<StreamOutcome, String>>>,
+    stop: watch::Sender<bool>,
+    /// Frames with an event number received so far, by all subscribers.
+    pub received: Arc<AtomicU64>,
+}
+
+impl Subscribers {
+    /// Opens every target, at most `concurrency` handshakes at a time, and
+    /// returns once all are ready.
+    pub async fn open(
+        targets: Vec<StreamTarget>,
+        log: Arc<CommitLog>,
+        concurrency: usize,
+    ) -> BenchResult<Subscribers> {
+        let (stop, stopped) = watch::channel(false);
+        let received = Arc::new(AtomicU64::new(0));
+        let handshakes = Arc::new(Semaphore::new(concurrency));
+        let (ready_tx, mut ready_rx) = mpsc::unbounded_channel::<Result<(), String>>();
+        let count = targets.len();
+        let tasks = targets
+            .into_iter()
+            .map(|target| {
+                let log = Arc::clone(&log);
+                let received = Arc::clone(&received);
+                let handshakes = Arc::clone(&handshakes);
+                let ready = ready_tx.clone();
+                let stopped = stopped.clone();
+                tokio::spawn(async move {
+                    let permit = handshakes.acquire_owned().await.ok();
+                    subscribe(target, log, received, ready, permit, stopped).await
+                })
+            })
+            .collect();
+        drop(ready_tx);
+        let subscribers = Subscribers {
+            tasks,
+            stop,
+            received,
+        };
+        let all_ready = async {
+            for _ in 0..count {
+                match ready_rx.recv().await {
+                    Some(Ok(())) => {}
+                    Some(Err(error)) => return Err(error),
+                    None => return Err("a subscriber ended before it was ready".to_owned()),
+                }
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(READY_TIMEOUT, all_ready).await {
+            Ok(Ok(())) => Ok(subscribers),
+            Ok(Err(error)) => {
+                subscribers.finish().await;
+                Err(error.into())
+            }
+            Err(_) => {
+                subscribers.finish().await;
+                Err(format!("not all {count} subscribers were ready in time").into())
+            }
+        }
+    }
+
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `expected` frames arrived in total, or `patience` passed.
+    pub async fn wait_for(&self, expected: u64, patience: Duration) {
+        let deadline = tokio::time::Instant::now() + patience;
+        while self.received() < expected && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Closes every stream and returns what each saw.
+    pub async fn finish(self) -> Vec<StreamOutcome> {
+        let _ = self.stop.send(true);
+        let mut outcomes = Vec::with_capacity(self.tasks.len());
+        for task in self.tasks {
+            if let Ok(Ok(outcome)) = task.await {
+                outcomes.push(outcome);
+            }
+        }
+        outcomes
+    }
+}
+
+async fn subscribe(
+    target: StreamTarget,
+    log: Arc<CommitLog>,
+    received: Arc<AtomicU64>,
+    ready: mpsc::UnboundedSender<Result<(), String>>,
+    mut handshake: Option<tokio::sync::OwnedSemaphorePermit>,
+    mut stopped: watch::Receiver<bool>,
+) -> Result<StreamOutcome, String> {
+    let mut signalled = false;
+    let result = read_stream(&target, &log, &received, &mut stopped, &mut || {
+        handshake.take();
+        signalled = true;
+        let _ = ready.send(Ok(()));
+    })
+    .await;
+    if let Err(error) = &result {
+        if !signalled {
+            let _ = ready.send(Err(format!("{}{}: {error}", target.address, target.path)));
+        }
+    }
+    result
+}
+
+async fn read_stream(
+    target: &StreamTarget,
+    log: &CommitLog,
+    received: &AtomicU64,
+    stopped: &mut watch::Receiver<bool>,
+    on_ready: &mut (dyn FnMut() + Send),
+) -> Result<StreamOutcome, String> {
+    let mut stream = TcpStream::connect(target.address)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    stream.set_nodelay(true).ok();
+    let mut request = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n",
+        target.path, target.address
+    );
+    if let Some(authorization) = &target.authorization {
+        request.push_str(&format!("Authorization: {authorization}\r\n"));
+    }
+    if let Some(id) = target.last_event_id {
+        request.push_str(&format!("Last-Event-ID: {id}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+
+    let mut parser = FrameParser::new(target.ready_when);
+    let mut outcome = StreamOutcome::default();
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let read = tokio::select! {
+            _ = stopped.changed() => return Ok(outcome),
+            read = stream.read(&mut buffer) => read.map_err(|e| format!("read: {e}"))?,
+        };
+        if read == 0 {
+            return if outcome.ready_at.is_some() {
+                Ok(outcome)
+            } else {
+                Err("the server closed the stream before it was ready".to_owned())
+            };
+        }
+        let now = log.now();
+        let before = outcome.receipts.len();
+        let became_ready = parser.feed(&buffer[..read], now, &mut outcome.receipts)?;
+        received.fetch_add((outcome.receipts.len() - before) as u64, Ordering::Relaxed);
+        if became_ready {
+            outcome.ready_at = Some(now);
+            on_ready();
+        }
+    }
+}
+
+/// Splits the byte stream into lines and picks out status, readiness and
+/// event numbers.
+struct FrameParser {
+    ready_when: ReadyWhen,
+    pending: Vec<u8>,
+    in_headers: bool,
+    status_seen: bool,
+    ready: bool,
+}
+
+impl FrameParser {
+    fn new(ready_when: ReadyWhen) -> Self {
+        FrameParser {
+            ready_when,
+            pending: Vec::new(),
+            in_headers: true,
+            status_seen: false,
+            ready: false,
+        }
+    }
+
+    /// Consumes `bytes`; true when the stream became ready in them.
+    fn feed(
+        &mut self,
+        bytes: &[u8],
+        now: u64,
+        receipts: &mut Vec<Receipt>,
+    ) -> Result<bool, String> {
+        let was_ready = self.ready;
+        let mut data: &[u8] = bytes;
+        let joined;
+        if !self.pending.is_empty() {
+            self.pending.extend_from_slice(bytes);
+            joined = std::mem::take(&mut self.pending);
+            data = &joined;
+        }
+        let mut start = 0;
+        while let Some(offset) = data[start..].iter().position(|b| *b == b'\n') {
+            let line = &data[start..start + offset];
+            start += offset + 1;
+            self.line(line, now, receipts)?;
+        }
+        self.pending.extend_from_slice(&data[start..]);
+        Ok(self.ready && !was_ready)
+    }
+
+    fn line(&mut self, line: &[u8], now: u64, receipts: &mut Vec<Receipt>) -> Result<(), String> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if self.in_headers {
+            if !self.status_seen {
+                self.status_seen = true;
+                if !line.windows(5).any(|w| w == b" 200 ") && !line.ends_with(b" 200") {
+                    return Err(format!("refused: {}", String::from_utf8_lossy(line)));
+                }
+            } else if line.is_empty() {
+                self.in_headers = false;
+                if self.ready_when == ReadyWhen::HeadersEnd {
+                    self.ready = true;
+                }
+            }
+            return Ok(());
+        }
+        if line.starts_with(b"data:") {
+            if let Some(number) = event_number(line) {
+                receipts.push(Receipt { number, at: now });
+            }
+        } else if line == b"event: ready" && self.ready_when == ReadyWhen::ReadyEvent {
+            self.ready = true;
+        }
+        Ok(())
+    }
+}
+
+/// The number after the first `"bn":` in `line`.
+fn event_number(line: &[u8]) -> Option<u32> {
+    let at = line
+        .windows(NUMBER_MARKER.len())
+        .position(|w| w == NUMBER_MARKER)?;
+    let digits = &line[at + NUMBER_MARKER.len()..];
+    let mut number: u32 = 0;
+    let mut any = false;
+    for byte in digits.iter().take_while(|b| b.is_ascii_digit()) {
+        number = number
+            .checked_mul(10)?
+            .checked_add(u32::from(byte - b'0'))?;
+        any = true;
+    }
+    any.then_some(number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_numbers_and_readiness_across_split_reads() {
+        let mut parser = FrameParser::new(ReadyWhen::ReadyEvent);
+        let mut receipts = Vec::new();
+        let stream = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n1a\r\nretry: 3000\n\nevent: ready\ndata: {}\n\nid: 4\nevent: t\ndata: {\"data\":{\"bn\":17,\"pad\":\"x\"}}\n\n";
+        let (first, second) = stream.split_at(70);
+        assert!(!parser.feed(first, 1, &mut receipts).unwrap());
+        assert!(parser.feed(second, 2, &mut receipts).unwrap());
+        assert_eq!(receipts.len(), 1);
+        assert_eq!(receipts[0].number, 17);
+    }
+
+    #[test]
+    fn a_refusal_is_an_error() {
+        let mut parser = FrameParser::new(ReadyWhen::HeadersEnd);
+        let error = parser
+            .feed(
+                b"HTTP/1.1 429 Too Many Requests\r\n\r\n",
+                0,
+                &mut Vec::new(),
+            )
+            .unwrap_err();
+        assert!(error.contains("429"));
+    }
+}

@@ -1,0 +1,81 @@
+//! A local webhook receiver that answers 200 at once and counts requests.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::BenchResult;
+
+const OK_RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+
+pub struct WebhookReceiver {
+    pub url: String,
+    received: Arc<AtomicU64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl WebhookReceiver {
+    pub async fn start() -> BenchResult<WebhookReceiver> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/hook", listener.local_addr()?);
+        let received = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&received);
+        let accept = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve(stream, Arc::clone(&counter)));
+            }
+        });
+        Ok(WebhookReceiver {
+            url,
+            received,
+            accept,
+        })
+    }
+
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for WebhookReceiver {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Serves keep-alive requests on one connection: reads the head and the
+/// `content-length` body, answers 200.
+async fn serve(mut stream: TcpStream, received: Arc<AtomicU64>) {
+    let mut buffer = Vec::with_capacity(8192);
+    let mut chunk = vec![0u8; 8192];
+    loop {
+        let head_end = loop {
+            if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buffer[..head_end]).to_ascii_lowercase();
+        let body_length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0);
+        while buffer.len() < head_end + body_length {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buffer.drain(..head_end + body_length);
+        received.fetch_add(1, Ordering::Relaxed);
+        if stream.write_all(OK_RESPONSE).await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! A short fan-out against an in-process relay: 20 subscribers for about a
+//! second, every event received by every subscriber. The full benchmark is
+//! `bench/run`, never run here.
+
+use std::time::Duration;
+
+use eventrelay_bench::database::{create_schema, drop_schema};
+use eventrelay_bench::in_process::InProcessRelay;
+use eventrelay_bench::publish::{Pace, Source};
+use eventrelay_bench::scenarios::fanout::{self, FanoutPlan, Server};
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_fan_out_reaches_every_subscriber() {
+    let url = database_url();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let schema = format!("bench_smoke_{}_{nanos}", std::process::id());
+    create_schema(&url, &schema).await.expect("schema migrates");
+    let relay = InProcessRelay::start(&url, &schema)
+        .await
+        .expect("relay starts");
+    let plan = FanoutPlan {
+        subscribers: 20,
+        scopes: 1,
+        scope_prefix: "smoke".to_owned(),
+        pace: Pace::PerSecond(20.0),
+        duration: Duration::from_secs(1),
+        writers: 2,
+        source: Source::Emit {
+            database_url: url.clone(),
+            schema: schema.clone(),
+        },
+    };
+    let server = Server::Eventrelay {
+        address: relay.address,
+        pids: vec![std::process::id()],
+    };
+    let figures = fanout::run(&plan, &server).await;
+    drop(relay);
+    drop_schema(&url, &schema).await;
+    let figures = figures.expect("the fan-out runs");
+    assert!(figures.published >= 10, "{figures:?}");
+    assert_eq!(figures.delivered, figures.expected, "{figures:?}");
+    assert!(figures.deliveries_per_second > 0.0, "{figures:?}");
+}
