@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 
 use super::server::{PUBLISH_TOKEN, TEST_SECRET};
 use super::{DEADLINE, TestDb};
@@ -61,6 +61,8 @@ pub fn free_port() -> u16 {
 pub struct RelayProcess {
     child: Child,
     pub base: String,
+    /// Everything the relay wrote to stderr (its log), also echoed.
+    log: Arc<Mutex<String>>,
     _config: ConfigFile,
 }
 
@@ -78,9 +80,20 @@ impl RelayProcess {
             .env_remove("EVENTRELAY_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("the eventrelay binary starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let collected = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("relay: {line}");
+                let mut log = collected.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
         let stdout = child.stdout.take().unwrap();
         let (first_line, announced) = mpsc::channel();
         std::thread::spawn(move || {
@@ -102,8 +115,19 @@ impl RelayProcess {
         RelayProcess {
             child,
             base,
+            log,
             _config: config,
         }
+    }
+
+    /// The relay's log so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 
     pub fn pid(&self) -> u32 {
