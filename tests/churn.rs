@@ -52,9 +52,11 @@ enum Visit {
 async fn visit(http: &reqwest::Client, base: &str, n: usize) -> bool {
     let scope = format!("churn-{}", n % SCOPES);
     let kind = [Visit::UntilReady, Visit::Replay, Visit::Abrupt][n % 3];
-    let mut request = http
-        .get(format!("{base}/v1/events"))
-        .bearer_auth(token(&format!("churner-{n}"), &scope, json!({})));
+    let mut request = http.get(format!("{base}/v1/events")).bearer_auth(token(
+        &format!("churner-{n}"),
+        &scope,
+        json!({}),
+    ));
     if let Visit::Replay = kind {
         request = request.header("last-event-id", "1");
     }
@@ -137,7 +139,10 @@ async fn churn(base: &str, duration: Duration) -> (usize, usize) {
     for churner in loops {
         churner.await.unwrap();
     }
-    (opened.load(Ordering::Relaxed), refused.load(Ordering::Relaxed))
+    (
+        opened.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -257,7 +262,10 @@ async fn thousands_of_connections_come_and_go_while_events_flow() {
     assert_eq!(after.connections, 1.0, "only the steady subscriber remains");
     assert_eq!(after.scopes, 1.0, "churned hubs were removed");
     assert!(after.fds <= baseline.fds, "sockets leaked: {after:?}");
-    assert!(after.threads <= baseline.threads, "threads leaked: {after:?}");
+    assert!(
+        after.threads <= baseline.threads,
+        "threads leaked: {after:?}"
+    );
     assert!(
         after.db_sessions <= baseline.db_sessions,
         "database sessions leaked: {after:?}"
@@ -279,8 +287,7 @@ async fn settled(relay: &RelayProcess, db: &TestDb, baseline: Option<&Footprint>
         let back = now.connections == 1.0
             && now.scopes == 1.0
             && baseline.is_none_or(|base| {
-                now.fds <= base.fds
-                    && now.rss_kib as f64 <= base.rss_kib as f64 * 1.10
+                now.fds <= base.fds && now.rss_kib as f64 <= base.rss_kib as f64 * 1.10
             });
         if back || Instant::now() >= deadline {
             return now;

@@ -61,6 +61,75 @@ async fn a_committed_emit_leaves_the_row_and_notifies_only_at_commit() {
 }
 
 #[tokio::test]
+async fn many_emits_in_one_transaction_wake_relays_once_per_scope() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let mut client = db.connect().await;
+    let publisher = publisher(&db);
+
+    let mut tx = client.transaction().await.unwrap();
+    let mut first_seq = std::collections::HashMap::new();
+    for n in 0..30 {
+        let scope = ["org-1", "org-2", "org-1;org-2"][n % 3];
+        let envelope = publisher
+            .emit(&tx, NewEvent::durable("bulk.item", scope, json!({"n": n})))
+            .await
+            .unwrap();
+        first_seq.entry(scope).or_insert(envelope.seq.unwrap());
+    }
+    // A savepoint rolled back takes its pointer with it; the next event in
+    // that scope must announce itself again.
+    let savepoint = tx.savepoint("undone").await.unwrap();
+    publisher
+        .emit(&savepoint, NewEvent::durable("undone", "org-3", json!({})))
+        .await
+        .unwrap();
+    savepoint.rollback().await.unwrap();
+    let kept = publisher
+        .emit(&tx, NewEvent::durable("kept", "org-3", json!({})))
+        .await
+        .unwrap();
+    first_seq.insert("org-3", kept.seq.unwrap());
+    tx.commit().await.unwrap();
+
+    let mut pointers: Vec<(String, i64)> = listener
+        .drain(&db)
+        .await
+        .iter()
+        .map(
+            |payload| match decode_notification(payload.as_bytes()).unwrap() {
+                EventNotification::Pointer { scope_key, seq } => (scope_key, seq),
+                other => panic!("expected a pointer, got {other:?}"),
+            },
+        )
+        .collect();
+    pointers.sort();
+    let mut expected: Vec<(String, i64)> = first_seq
+        .into_iter()
+        .map(|(scope, seq)| (scope.to_owned(), seq))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        pointers, expected,
+        "one pointer per scope, at its lowest seq"
+    );
+    assert_eq!(read_all(&db, "org-1").await.len(), 10);
+
+    // The next transaction announces again.
+    let envelope = publisher
+        .emit(&client, NewEvent::durable("later", "org-1", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(
+        decode_notification(listener.next().await.as_bytes()).unwrap(),
+        EventNotification::Pointer {
+            scope_key: "org-1".into(),
+            seq: envelope.seq.unwrap()
+        }
+    );
+}
+
+#[tokio::test]
 async fn a_rolled_back_emit_leaves_no_row_and_no_notification() {
     let db = TestDb::new().await;
     let mut listener = db.listen().await;

@@ -357,6 +357,28 @@ async fn a_last_event_id_older_than_the_outbox_asks_for_a_resync() {
 }
 
 #[tokio::test]
+async fn a_transaction_of_many_events_arrives_whole_from_one_wake_up() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let mut client = db.connect().await;
+    let tx = client.transaction().await.unwrap();
+    let mut expected = Vec::new();
+    for _ in 0..25 {
+        let envelope = publisher(&db)
+            .emit(&tx, durable("bulk", "org-1"))
+            .await
+            .unwrap();
+        expected.push(envelope.id.to_string());
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(ids(&stream.events(25).await), expected);
+}
+
+#[tokio::test]
 async fn transactions_committing_out_of_seq_order_both_arrive() {
     let db = TestDb::new().await;
     let server = TestServer::start(&db, |_| {});

@@ -33,6 +33,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "webhooks",
         sql: include_str!("../../migrations/0002_webhooks.sql"),
     },
+    Migration {
+        version: 3,
+        name: "coalesce_notify",
+        sql: include_str!("../../migrations/0003_coalesce_notify.sql"),
+    },
 ];
 
 /// Why the schema could not be brought up to date.

@@ -71,13 +71,20 @@ impl RelayProcess {
     /// announcing its address.
     pub fn spawn(config: &str) -> RelayProcess {
         let config = ConfigFile::write(config);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_eventrelay"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_eventrelay"));
+        // The configuration file is the whole truth for these relays: no
+        // DATABASE_URL, and none of the EVENTRELAY_* variables that tune
+        // the tests themselves (the relay refuses unknown ones).
+        command.env_remove("DATABASE_URL");
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("EVENTRELAY_") {
+                command.env_remove(name);
+            }
+        }
+        let mut child = command
             .arg("serve")
             .arg("--config")
             .arg(&config.path)
-            // The configuration file is the whole truth for these relays.
-            .env_remove("DATABASE_URL")
-            .env_remove("EVENTRELAY_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
