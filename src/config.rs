@@ -410,6 +410,12 @@ impl Config {
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be `text` or `json`"));
         }
+        if let Err(error) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(invalid(
+                "log.level",
+                format!("not a tracing filter such as `info` or `eventrelay=debug`: {error}"),
+            ));
+        }
         Ok(())
     }
 
@@ -492,6 +498,14 @@ mod tests {
         config.webhooks.lease_ms = config.webhooks.request_timeout_ms;
         let error = config.validate().unwrap_err().to_string();
         assert!(error.starts_with("webhooks.lease_ms:"), "{error}");
+    }
+
+    #[test]
+    fn a_log_level_that_is_not_a_filter_is_refused() {
+        let mut config = Config::default();
+        config.log.level = "eventrelay=loud".into();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.starts_with("log.level:"), "{error}");
     }
 
     #[test]

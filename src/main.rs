@@ -12,7 +12,7 @@ use eventrelay::auth::{
     Algorithm, AuthConfig, AuthConfigError, JwtConfig, MintError, MintOptions, SubscriberResolver,
     TokenSpec, build_resolver, mint_token,
 };
-use eventrelay::config::{Config, ConfigError};
+use eventrelay::config::{Config, ConfigError, LogConfig};
 use eventrelay::http::admin::{config_source_refusal, generate_secret, prepare_subscription};
 use eventrelay::publisher::{
     Audience, Identifier, IdentifierError, NewEvent, PublishError, Publisher,
@@ -21,6 +21,7 @@ use eventrelay::server::ServeError;
 use eventrelay::store::webhooks::{DeliveryFilter, MAX_PAGE, Subscription};
 use eventrelay::store::{MigrateError, StoreError, WebhookStore, migrate};
 use serde_json::{Value, json};
+use tracing_subscriber::EnvFilter;
 
 /// Where development mode keeps its generated secrets.
 const DEV_DIR: &str = ".eventrelay";
@@ -302,13 +303,13 @@ enum CliError {
 
 #[actix_web::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Cli::parse()).await {
+    let cli = Cli::parse();
+    // `serve` logs as its configuration says, so it starts logging once the
+    // configuration is read; one-off commands log with the defaults.
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_logging(&LogConfig::default());
+    }
+    match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");
@@ -624,8 +625,25 @@ fn dev_secret(dir: &Path, name: &str) -> Result<String, CliError> {
     Ok(secret)
 }
 
+/// Logs to stderr with `log.level` as the filter (`RUST_LOG`, when set,
+/// overrides it) in `log.format`, text or JSON lines.
+fn init_logging(log: &LogConfig) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if log.format == "json" {
+        subscriber.json().init();
+    } else {
+        subscriber.init();
+    }
+}
+
 async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     let mut config = Config::load(args.config.as_deref())?;
+    init_logging(&config.log);
     let development = config.auth.is_none();
     let resolver: Arc<dyn SubscriberResolver> = match &config.auth {
         Some(auth) => build_resolver(auth)?,

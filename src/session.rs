@@ -250,7 +250,7 @@ impl Session {
                 .params
                 .until
                 .as_deref()
-                .is_some_and(|until| until == event.envelope.event_type)
+                .is_some_and(|until| until == event.event_type())
             {
                 self.phase = Phase::Finished;
                 break;

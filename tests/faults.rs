@@ -26,8 +26,11 @@ use eventrelay_client::{ClientBuilder, ClientHandle, State};
 use serde_json::json;
 use uuid::Uuid;
 
-/// Longest a scenario waits for its last delivery once the writers finish.
-const SETTLE: Duration = Duration::from_secs(60);
+/// Longest a scenario waits for its last delivery once the writers
+/// finish: a minute, plus 20 ms per event at larger sizes.
+fn settle_deadline() -> Duration {
+    Duration::from_secs(60) + Duration::from_millis(20 * events_per_scenario() as u64)
+}
 
 /// How many durable events each scenario writes.
 fn events_per_scenario() -> usize {
@@ -61,7 +64,7 @@ async fn write_events(url: String, schema: String, total: usize, pace: Duration)
             let (next, written) = (Arc::clone(&next), Arc::clone(&written));
             tokio::spawn(async move {
                 let publisher = Publisher::new(&schema).unwrap();
-                let deadline = Instant::now() + SETTLE;
+                let deadline = Instant::now() + settle_deadline();
                 let mut client = None;
                 while next.fetch_add(1, Ordering::SeqCst) < total {
                     loop {
@@ -173,7 +176,7 @@ async fn subscribers(base: &Arc<Mutex<String>>) -> Vec<Subscriber> {
 
 /// Waits until every observer has every confirmed id, or the deadline.
 async fn settle(confirmed: &HashSet<Uuid>, observers: impl Fn() -> Vec<Received>) -> Vec<Received> {
-    let deadline = Instant::now() + SETTLE;
+    let deadline = Instant::now() + settle_deadline();
     loop {
         let now = observers();
         let complete = now
@@ -323,7 +326,7 @@ fn webhook_tables(receiver: &str, timeout_ms: u64, lease_ms: u64) -> String {
         r#"
 [webhooks]
 enabled = true
-workers = 4
+workers = 16
 allow_private_networks = true
 request_timeout_ms = {timeout_ms}
 lease_ms = {lease_ms}
@@ -407,13 +410,13 @@ async fn a_webhook_receiver_that_flaps_stalls_and_times_out() {
 async fn a_dispatcher_killed_mid_request() {
     let started = Instant::now();
     let db = TestDb::new().await;
-    // A third of the requests stall past the timeout, so a kill almost
-    // always lands while a request is in flight.
+    // One request in ten stalls past the timeout, so a kill almost always
+    // lands while a request is in flight; only such kills count.
     let receiver = FlakyReceiver::start(
         Mischief {
             fail_500: 0,
             unavailable_503: 0,
-            stall: 33,
+            stall: 10,
             stall_for: Duration::from_millis(1_500),
         },
         11,
@@ -423,15 +426,26 @@ async fn a_dispatcher_killed_mid_request() {
     relay.ready().await;
 
     let writing = start_writing(&db, Duration::from_millis(3));
-    let mut kills = 0;
-    while kills < 3 {
-        tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut kills_mid_request = 0;
+    let deadline = Instant::now() + settle_deadline();
+    while kills_mid_request < 3 {
+        assert!(Instant::now() < deadline, "no request was ever in flight");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if receiver.in_flight() == 0 {
+            continue;
+        }
         relay.kill();
-        kills += 1;
+        kills_mid_request += 1;
         relay = RelayProcess::spawn(&config);
         relay.ready().await;
     }
     let written = writing.await.unwrap();
     let observed = settle(&written.confirmed, || vec![accepted(&receiver)]).await;
-    report("dispatcher-killed", &written, &observed, kills, started);
+    report(
+        "dispatcher-killed",
+        &written,
+        &observed,
+        kills_mid_request,
+        started,
+    );
 }

@@ -121,3 +121,37 @@ fn serve_stops_cleanly_on_sigterm() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[tokio::test]
+async fn the_relay_logs_at_the_configured_level_and_format() {
+    use common::process::{RelayProcess, relay_config};
+    let db = TestDb::new().await;
+    // relay_config sets `log.level = "warn"`: the start-up lines at INFO
+    // must not appear.
+    let quiet = RelayProcess::spawn(&relay_config(&db, 0, "[webhooks]\nenabled = false\n"));
+    quiet.ready().await;
+    // A JSON relay at info on the same database, to compare with.
+    let json = RelayProcess::spawn(
+        &relay_config(&db, 0, "[webhooks]\nenabled = false\n")
+            .replace("level = \"warn\"", "level = \"info\"\nformat = \"json\""),
+    );
+    json.ready().await;
+    let deadline = tokio::time::Instant::now() + common::DEADLINE;
+    while !json.log().contains("listening for notifications") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no INFO line logged"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for line in json.log().lines() {
+        let parsed: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+        assert!(parsed["level"].is_string(), "{line}");
+    }
+    assert!(
+        !quiet.log().contains("INFO"),
+        "INFO lines under level = warn:\n{}",
+        quiet.log()
+    );
+}

@@ -1,32 +1,54 @@
-//! An event together with its SSE frame, encoded once when it enters a hub
-//! and shared (by `Arc`) with every subscriber and the tail.
+//! An event as hubs, tails and sessions hold it: its SSE frame, encoded
+//! once when it enters a hub and shared (by `Arc`) with every subscriber and
+//! the tail, beside only the fields routing reads.
 //!
-//! Once encoded, the frame is the only copy of the event's data and
-//! resources: the envelope kept beside it holds just what routing needs
-//! (seq, type, scope, audience, times), so the tail and every queue hold an
-//! event's payload once.
+//! The frame is the only copy of the event's payload. Keeping the routing
+//! fields apart from the full envelope (no id, data, resources or lane) keeps
+//! what a tail holds per event close to the size of its frame.
 
 use bytes::Bytes;
-use eventrelay_wire::{EventEnvelope, sse};
+use chrono::{DateTime, Utc};
+use eventrelay_wire::{Audience, EventEnvelope, Subscriber, is_permitted, sse};
 
 #[derive(Debug)]
 pub struct EncodedEvent {
-    /// The envelope without `data` and `resources` (they live in `frame`).
-    pub envelope: EventEnvelope,
+    seq: Option<i64>,
+    occurred_at: DateTime<Utc>,
+    event_type: Box<str>,
+    scope_key: Box<str>,
+    audience: Option<Box<Audience>>,
     pub frame: Bytes,
 }
 
 impl EncodedEvent {
-    pub fn new(mut envelope: EventEnvelope) -> Self {
+    pub fn new(envelope: EventEnvelope) -> Self {
         let frame = Bytes::from(sse::event_frame(&envelope));
-        envelope.data = serde_json::Value::Null;
-        envelope.resources = Vec::new();
-        EncodedEvent { envelope, frame }
+        EncodedEvent {
+            seq: envelope.seq,
+            occurred_at: envelope.occurred_at,
+            event_type: envelope.event_type.into_boxed_str(),
+            scope_key: envelope.scope_key.into_boxed_str(),
+            audience: envelope.audience.map(Box::new),
+            frame,
+        }
     }
 
     /// The outbox seq; `None` for ephemeral events.
     pub fn seq(&self) -> Option<i64> {
-        self.envelope.seq
+        self.seq
+    }
+
+    pub fn event_type(&self) -> &str {
+        &self.event_type
+    }
+
+    pub fn occurred_at(&self) -> DateTime<Utc> {
+        self.occurred_at
+    }
+
+    /// The audience predicate, applied to this event.
+    pub fn is_permitted_for(&self, subscriber: &Subscriber) -> bool {
+        is_permitted(&self.scope_key, self.audience.as_deref(), subscriber)
     }
 
     /// Encoded size, which the tail's byte bound counts.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use actix::{Actor, Context, Handler, Message, MessageResult};
 use chrono::Utc;
-use eventrelay_wire::{Subscriber, is_envelope_permitted};
+use eventrelay_wire::Subscriber;
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use super::encoded::EncodedEvent;
@@ -54,7 +54,7 @@ impl Hub {
         let mut delivered = 0u64;
         let mut filtered = 0u64;
         self.members.retain(|id, member| {
-            if !is_envelope_permitted(&event.envelope, &member.subscriber) {
+            if !event.is_permitted_for(&member.subscriber) {
                 filtered += 1;
                 return true;
             }
@@ -77,7 +77,7 @@ impl Hub {
         });
         metrics.events_delivered.inc_by(delivered);
         metrics.events_filtered.inc_by(filtered);
-        let latency = (Utc::now() - event.envelope.occurred_at)
+        let latency = (Utc::now() - event.occurred_at())
             .to_std()
             .unwrap_or_default();
         self.metrics
@@ -147,7 +147,7 @@ impl Handler<Attach> for Hub {
             .map(|events| {
                 events
                     .into_iter()
-                    .filter(|event| is_envelope_permitted(&event.envelope, &msg.subscriber))
+                    .filter(|event| event.is_permitted_for(&msg.subscriber))
                     .collect()
             });
         self.members.insert(

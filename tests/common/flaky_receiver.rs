@@ -29,6 +29,7 @@ pub struct Mischief {
 struct Ledger {
     accepted: HashMap<String, usize>,
     requests: usize,
+    in_flight: usize,
 }
 
 struct Behaviour {
@@ -92,6 +93,11 @@ impl FlakyReceiver {
     pub fn requests(&self) -> usize {
         self.behaviour.ledger.lock().unwrap().requests
     }
+
+    /// Requests being answered right now.
+    pub fn in_flight(&self) -> usize {
+        self.behaviour.ledger.lock().unwrap().in_flight
+    }
 }
 
 impl Drop for FlakyReceiver {
@@ -133,30 +139,33 @@ async fn answer(request: HttpRequest, behaviour: web::Data<Behaviour>) -> HttpRe
         .to_owned();
     let roll = behaviour.rng.lock().unwrap().u8(0..100);
     let m = behaviour.mischief;
-    behaviour.ledger.lock().unwrap().requests += 1;
-    let accept = |behaviour: &Behaviour| {
-        *behaviour
-            .ledger
-            .lock()
-            .unwrap()
-            .accepted
-            .entry(id.clone())
-            .or_default() += 1;
-        HttpResponse::Ok().finish()
-    };
-    if roll < m.fail_500 {
+    {
+        let mut ledger = behaviour.ledger.lock().unwrap();
+        ledger.requests += 1;
+        ledger.in_flight += 1;
+    }
+    let reply = if roll < m.fail_500 {
         HttpResponse::InternalServerError().finish()
     } else if roll < m.fail_500 + m.unavailable_503 {
         HttpResponse::ServiceUnavailable()
             .insert_header(("retry-after", "0"))
             .finish()
-    } else if roll < m.fail_500 + m.unavailable_503 + m.stall {
-        // The receiver does the work, but too late: the sender has timed
-        // out and will send again, which is the duplicate at-least-once
-        // delivery allows.
-        tokio::time::sleep(m.stall_for).await;
-        accept(&behaviour)
     } else {
-        accept(&behaviour)
-    }
+        if roll < m.fail_500 + m.unavailable_503 + m.stall {
+            // The receiver does the work, but too late: the sender has
+            // timed out and will send again, which is the duplicate
+            // at-least-once delivery allows.
+            tokio::time::sleep(m.stall_for).await;
+        }
+        *behaviour
+            .ledger
+            .lock()
+            .unwrap()
+            .accepted
+            .entry(id)
+            .or_default() += 1;
+        HttpResponse::Ok().finish()
+    };
+    behaviour.ledger.lock().unwrap().in_flight -= 1;
+    reply
 }

@@ -1,13 +1,14 @@
 //! The audience predicate: the one rule deciding whether a subscriber may see
-//! an envelope. Live delivery and every replay path call [`is_envelope_permitted`];
-//! none re-derives it.
+//! an envelope. Live delivery and every replay path call [`is_envelope_permitted`]
+//! (or [`is_permitted`], the same rule on an event's routing fields); none
+//! re-derives it.
 
 use std::fmt;
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::envelope::EventEnvelope;
+use crate::envelope::{Audience, EventEnvelope};
 
 /// Decides whether a subscriber holds an opaque `audience.permission`.
 ///
@@ -71,10 +72,16 @@ impl fmt::Debug for Subscriber {
 /// 3. if `audience.permission` is present, the subscriber has an evaluator
 ///    and it returns true. No evaluator means the event is withheld.
 pub fn is_envelope_permitted(envelope: &EventEnvelope, subscriber: &Subscriber) -> bool {
-    if envelope.scope_key != subscriber.scope_key {
+    is_permitted(&envelope.scope_key, envelope.audience.as_ref(), subscriber)
+}
+
+/// The same rule as [`is_envelope_permitted`], on the two fields it reads,
+/// for holders of an event that keep only its routing fields.
+pub fn is_permitted(scope_key: &str, audience: Option<&Audience>, subscriber: &Subscriber) -> bool {
+    if scope_key != subscriber.scope_key {
         return false;
     }
-    let Some(audience) = &envelope.audience else {
+    let Some(audience) = audience else {
         return true;
     };
     if let Some(users) = &audience.users {

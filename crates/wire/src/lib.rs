@@ -12,7 +12,7 @@ pub mod schema;
 pub mod sse;
 pub mod webhook;
 
-pub use audience::{PermissionEvaluator, Subscriber, is_envelope_permitted};
+pub use audience::{PermissionEvaluator, Subscriber, is_envelope_permitted, is_permitted};
 pub use envelope::{
     Audience, EnvelopeError, EventEnvelope, Lane, MAX_EVENT_TYPE_BYTES, MAX_SCOPE_KEY_BYTES,
     NewEvent, validate_event_type, validate_scope_key,
