@@ -388,6 +388,14 @@ impl Config {
                 Some(&subscription.url),
                 Some(&subscription.types),
             )
+            .and_then(|()| {
+                crate::store::webhooks::validate_subscription_fields(
+                    Some(&subscription.url),
+                    Some(&subscription.types),
+                    subscription.scope_key.as_deref(),
+                    Some(&subscription.secret),
+                )
+            })
             .map_err(|e| {
                 invalid(
                     "webhooks.subscriptions",
@@ -498,6 +506,20 @@ mod tests {
         config.webhooks.lease_ms = config.webhooks.request_timeout_ms;
         let error = config.validate().unwrap_err().to_string();
         assert!(error.starts_with("webhooks.lease_ms:"), "{error}");
+    }
+
+    #[test]
+    fn a_configured_subscription_gets_the_same_field_checks_as_the_api() {
+        let mut config = Config::default();
+        config.webhooks.subscriptions = vec![crate::store::webhooks::NewSubscription {
+            id: "hostless".into(),
+            url: "https://".into(),
+            secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+            types: vec!["*".into()],
+            scope_key: None,
+        }];
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("hostless: url:"), "{error}");
     }
 
     #[test]

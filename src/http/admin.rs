@@ -27,7 +27,7 @@ use super::error::ApiError;
 use super::token::Guard;
 use crate::store::webhooks::{
     DeliveryFilter, MAX_PAGE, NewSubscription, Subscription, SubscriptionPatch,
-    validate_subscription,
+    validate_subscription, validate_subscription_fields,
 };
 use crate::store::{Connection, WebhookStore};
 
@@ -103,50 +103,6 @@ fn refuse_config_source(subscription: &Subscription) -> Result<(), ApiError> {
     config_source_refusal(subscription).map_or(Ok(()), |message| Err(conflict(message)))
 }
 
-/// An empty scope key would match no event at all, which is never intended.
-fn check_scope_key(scope_key: Option<&str>) -> Result<(), String> {
-    if scope_key.is_some_and(str::is_empty) {
-        return Err("scopeKey: must not be empty; leave it out (or null) for every scope".into());
-    }
-    Ok(())
-}
-
-/// Checks what [`validate_subscription`] leaves to the database: a URL that
-/// parses and names a host, type patterns and a scope key that could match
-/// an event (no control characters, at most 200 bytes), and a secret without
-/// control characters. Postgres text cannot hold NUL, so without this such
-/// input would fail in the database instead of being refused here.
-fn check_fields(
-    url: Option<&str>,
-    types: Option<&[String]>,
-    scope_key: Option<&str>,
-    secret: Option<&str>,
-) -> Result<(), String> {
-    if let Some(url) = url {
-        if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return Err("url: must not contain whitespace or control characters".into());
-        }
-        let parsed = reqwest::Url::parse(url).map_err(|e| format!("url: not a URL: {e}"))?;
-        if parsed.host_str().is_none_or(str::is_empty) {
-            return Err("url: has no host".into());
-        }
-    }
-    for pattern in types.unwrap_or_default() {
-        let body = pattern.strip_suffix(".*").unwrap_or(pattern);
-        if pattern != "*" {
-            eventrelay_wire::validate_event_type(body)
-                .map_err(|e| format!("types: {pattern:?}: {e}"))?;
-        }
-    }
-    if let Some(scope_key) = scope_key {
-        eventrelay_wire::validate_scope_key(scope_key).map_err(|e| format!("scopeKey: {e}"))?;
-    }
-    if secret.is_some_and(|secret| secret.chars().any(char::is_control)) {
-        return Err("secret: must not contain control characters".into());
-    }
-    Ok(())
-}
-
 /// Checks a subscription to create, defaulting its types to `*` and
 /// generating a secret when none is given. Shared by the API and the
 /// command line so both accept exactly the same subscriptions.
@@ -159,8 +115,7 @@ pub fn prepare_subscription(
 ) -> Result<NewSubscription, String> {
     let types = types.unwrap_or_else(|| vec!["*".to_owned()]);
     validate_subscription(Some(&id), Some(&url), Some(&types))?;
-    check_scope_key(scope_key.as_deref())?;
-    check_fields(
+    validate_subscription_fields(
         Some(&url),
         Some(&types),
         scope_key.as_deref(),
@@ -277,16 +232,13 @@ pub async fn update_subscription(
     validate_subscription(None, patch.url.as_deref(), patch.types.as_deref())
         .map_err(|e| ApiError::bad_request("invalid_body", e))?;
     let scope_key = patch.scope_key.clone().flatten();
-    check_scope_key(scope_key.as_deref())
-        .and_then(|()| {
-            check_fields(
-                patch.url.as_deref(),
-                patch.types.as_deref(),
-                scope_key.as_deref(),
-                None,
-            )
-        })
-        .map_err(|e| ApiError::bad_request("invalid_body", e))?;
+    validate_subscription_fields(
+        patch.url.as_deref(),
+        patch.types.as_deref(),
+        scope_key.as_deref(),
+        None,
+    )
+    .map_err(|e| ApiError::bad_request("invalid_body", e))?;
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
     let updated = store(&state)

@@ -132,6 +132,53 @@ pub fn validate_subscription(
     Ok(())
 }
 
+/// An empty scope key would match no event at all, which is never intended.
+fn check_scope_key(scope_key: Option<&str>) -> Result<(), String> {
+    if scope_key.is_some_and(str::is_empty) {
+        return Err("scopeKey: must not be empty; leave it out (or null) for every scope".into());
+    }
+    Ok(())
+}
+
+/// Checks what [`validate_subscription`] leaves to the database: a URL that
+/// parses and names a host, type patterns and a non-empty scope key that
+/// could match an event (no control characters, at most 200 bytes), and a
+/// secret without control characters. Postgres text cannot hold NUL, so
+/// without this such input would fail in the database instead of being
+/// refused here. The admin API, the command line and the configuration file
+/// all apply it.
+pub fn validate_subscription_fields(
+    url: Option<&str>,
+    types: Option<&[String]>,
+    scope_key: Option<&str>,
+    secret: Option<&str>,
+) -> Result<(), String> {
+    check_scope_key(scope_key)?;
+    if let Some(url) = url {
+        if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err("url: must not contain whitespace or control characters".into());
+        }
+        let parsed = reqwest::Url::parse(url).map_err(|e| format!("url: not a URL: {e}"))?;
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err("url: has no host".into());
+        }
+    }
+    for pattern in types.unwrap_or_default() {
+        let body = pattern.strip_suffix(".*").unwrap_or(pattern);
+        if pattern != "*" {
+            eventrelay_wire::validate_event_type(body)
+                .map_err(|e| format!("types: {pattern:?}: {e}"))?;
+        }
+    }
+    if let Some(scope_key) = scope_key {
+        eventrelay_wire::validate_scope_key(scope_key).map_err(|e| format!("scopeKey: {e}"))?;
+    }
+    if secret.is_some_and(|secret| secret.chars().any(char::is_control)) {
+        return Err("secret: must not contain control characters".into());
+    }
+    Ok(())
+}
+
 /// One delivery in the log.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
