@@ -6,7 +6,7 @@
 //! already is the one task per connection, so it owns the bounded queue the
 //! hub fills, the timers and the de-duplication, with no second hop.
 
-use std::collections::BTreeSet;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,7 +63,7 @@ pub struct Session {
     subscriber: Subscriber,
     queue: mpsc::Receiver<Arc<EncodedEvent>>,
     phase: Phase,
-    sent: BTreeSet<i64>,
+    sent: SentSeqs,
     /// Frames taken from the queue for one write; kept to reuse its buffer.
     live_batch: Vec<Arc<EncodedEvent>>,
     heartbeat: Interval,
@@ -107,7 +107,7 @@ impl Session {
             subscriber,
             queue,
             phase: Phase::Retry,
-            sent: BTreeSet::new(),
+            sent: SentSeqs::new(SENT_MEMORY),
             live_batch: Vec::new(),
             heartbeat,
             _registration: registration,
@@ -232,9 +232,6 @@ impl Session {
                 if !self.sent.insert(seq) {
                     continue;
                 }
-                if self.sent.len() > SENT_MEMORY {
-                    self.sent.pop_first();
-                }
             }
             match (&mut joined, single.take()) {
                 (Some(chunk), _) => chunk.extend_from_slice(&event.frame),
@@ -265,4 +262,74 @@ impl Session {
 /// Counts a replay by where it was served from.
 pub fn count_replay(metrics: &Metrics, source: &'static str) {
     metrics.replays.get_or_create(&SourceLabel { source }).inc();
+}
+
+/// The seqs a stream has sent, remembered to drop an event delivered twice
+/// (once by replay and again live, or by a pointer read twice). At most
+/// `capacity` are kept; the lowest are forgotten first.
+///
+/// Kept sorted in a ring rather than a tree: live seqs arrive in ascending
+/// order, so recording one is a push at the back and forgetting one a pop
+/// at the front. Only a seq older than the newest (a late commit) pays for
+/// a search and an insert in place.
+struct SentSeqs {
+    seqs: VecDeque<i64>,
+    capacity: usize,
+}
+
+impl SentSeqs {
+    fn new(capacity: usize) -> Self {
+        SentSeqs {
+            seqs: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// Records `seq`; false when it was sent already.
+    fn insert(&mut self, seq: i64) -> bool {
+        match self.seqs.back() {
+            Some(&newest) if seq <= newest => match self.seqs.binary_search(&seq) {
+                Ok(_) => return false,
+                Err(position) => self.seqs.insert(position, seq),
+            },
+            _ => self.seqs.push_back(seq),
+        }
+        if self.seqs.len() > self.capacity {
+            self.seqs.pop_front();
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SentSeqs;
+
+    #[test]
+    fn a_seq_is_sent_once_in_order_or_late() {
+        let mut sent = SentSeqs::new(8);
+        assert!(sent.insert(5));
+        assert!(sent.insert(7));
+        assert!(!sent.insert(7));
+        // A late commit with a lower seq is new, then a duplicate.
+        assert!(sent.insert(6));
+        assert!(!sent.insert(6));
+        assert!(!sent.insert(5));
+        assert!(sent.insert(1));
+        assert_eq!(Vec::from(sent.seqs.clone()), [1, 5, 6, 7]);
+    }
+
+    #[test]
+    fn the_lowest_seqs_are_forgotten_past_the_capacity() {
+        let mut sent = SentSeqs::new(3);
+        for seq in [10, 11, 12, 13] {
+            assert!(sent.insert(seq));
+        }
+        assert_eq!(Vec::from(sent.seqs.clone()), [11, 12, 13]);
+        // Forgotten, so no longer recognised; and older than everything kept,
+        // so it is forgotten again at once.
+        assert!(sent.insert(10));
+        assert_eq!(Vec::from(sent.seqs.clone()), [11, 12, 13]);
+        assert!(!sent.insert(12));
+    }
 }
