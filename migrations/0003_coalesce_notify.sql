@@ -10,9 +10,10 @@
 CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    channel text := notify_channel();
     announced text := coalesce(current_setting('eventrelay.announced_scopes', true), '');
-    key text := channel || '/' || md5(NEW.scope_key) || ';';
+    -- Keyed by the outbox's schema, which names its channel, so a coalesced
+    -- row costs no lookup of the channel setting.
+    key text := TG_TABLE_SCHEMA || '/' || md5(NEW.scope_key) || ';';
 BEGIN
     IF position(key IN announced) > 0 THEN
         RETURN NULL;
@@ -21,7 +22,7 @@ BEGIN
         PERFORM set_config('eventrelay.announced_scopes', announced || key, true);
     END IF;
     PERFORM pg_notify(
-        channel,
+        notify_channel(),
         format('{"k":"ptr","s":%s,"q":%s}', to_json(NEW.scope_key)::text, NEW.seq)
     );
     RETURN NULL;

@@ -61,8 +61,13 @@ fn database_error(error: impl std::fmt::Display) -> ApiError {
     ApiError::unavailable(format!("database error: {error}"))
 }
 
-fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
+/// Reads the request body under the configured size limit and parses it.
+async fn json_body<T: DeserializeOwned>(
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<T, ApiError> {
+    let body = read_body(payload, state.config.http.max_body_bytes).await?;
+    serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request("invalid_body", format!("invalid body: {e}")))
 }
 
@@ -155,8 +160,7 @@ pub async fn create_subscription(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     check_admin(&request, &state)?;
-    let create: CreateSubscription =
-        parse_body(&read_body(payload, state.config.http.max_body_bytes).await?)?;
+    let create: CreateSubscription = json_body(payload, &state).await?;
     let new = prepare_subscription(
         create.id,
         create.url,
@@ -227,8 +231,7 @@ pub async fn update_subscription(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     check_admin(&request, &state)?;
-    let patch: SubscriptionPatch =
-        parse_body(&read_body(payload, state.config.http.max_body_bytes).await?)?;
+    let patch: SubscriptionPatch = json_body(payload, &state).await?;
     validate_subscription(None, patch.url.as_deref(), patch.types.as_deref())
         .map_err(|e| ApiError::bad_request("invalid_body", e))?;
     let scope_key = patch.scope_key.clone().flatten();
@@ -439,7 +442,7 @@ pub async fn prune_deliveries(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     check_admin(&request, &state)?;
-    let prune: Prune = parse_body(&read_body(payload, state.config.http.max_body_bytes).await?)?;
+    let prune: Prune = json_body(payload, &state).await?;
     let conn = connection(&state).await?;
     let pruned = store(&state)
         .prune_deliveries(&*conn, prune.before)

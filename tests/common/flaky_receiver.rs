@@ -10,8 +10,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
-use tokio::sync::oneshot;
+use actix_web::{HttpRequest, HttpResponse, web};
+
+use super::receiver::Running;
 
 /// Out of 100 requests, roughly how many get each misbehaviour; the rest
 /// are answered 200 at once.
@@ -45,11 +46,6 @@ pub struct FlakyReceiver {
     running: Option<Running>,
 }
 
-struct Running {
-    stop: oneshot::Sender<()>,
-    thread: std::thread::JoinHandle<()>,
-}
-
 impl FlakyReceiver {
     pub fn start(mischief: Mischief, seed: u64) -> FlakyReceiver {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -72,8 +68,7 @@ impl FlakyReceiver {
     /// Stops listening: senders now get connection refused.
     pub fn go_down(&mut self) {
         if let Some(running) = self.running.take() {
-            let _ = running.stop.send(());
-            let _ = running.thread.join();
+            running.stop();
         }
     }
 
@@ -107,27 +102,10 @@ impl Drop for FlakyReceiver {
 }
 
 fn serve(listener: std::net::TcpListener, behaviour: Arc<Behaviour>) -> Running {
-    let (stop, stopped) = oneshot::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        actix_web::rt::System::new().block_on(async move {
-            let server = HttpServer::new(move || {
-                App::new()
-                    .app_data(web::Data::from(Arc::clone(&behaviour)))
-                    .default_service(web::to(answer))
-            })
-            .workers(2)
-            .disable_signals()
-            .shutdown_timeout(0)
-            .listen(listener)
-            .unwrap()
-            .run();
-            let handle = server.handle();
-            actix_web::rt::spawn(server);
-            let _ = stopped.await;
-            handle.stop(false).await;
-        });
-    });
-    Running { stop, thread }
+    super::receiver::serve(listener, move |app| {
+        app.app_data(web::Data::from(Arc::clone(&behaviour)))
+            .default_service(web::to(answer));
+    })
 }
 
 async fn answer(request: HttpRequest, behaviour: web::Data<Behaviour>) -> HttpResponse {

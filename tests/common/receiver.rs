@@ -37,8 +37,7 @@ struct Script {
 pub struct Receiver {
     pub url: String,
     script: Arc<Script>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    running: Option<Running>,
 }
 
 impl Receiver {
@@ -50,32 +49,15 @@ impl Receiver {
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
         let shared = Arc::clone(&script);
-        let thread = std::thread::spawn(move || {
-            actix_web::rt::System::new().block_on(async move {
-                let server = HttpServer::new(move || {
-                    App::new()
-                        .app_data(web::Data::from(Arc::clone(&shared)))
-                        .default_service(web::to(answer))
-                })
-                .workers(2)
-                .disable_signals()
-                .shutdown_timeout(0)
-                .listen(listener)
-                .unwrap()
-                .run();
-                let handle = server.handle();
-                actix_web::rt::spawn(server);
-                let _ = stopped.await;
-                handle.stop(false).await;
-            });
+        let running = serve(listener, move |app| {
+            app.app_data(web::Data::from(Arc::clone(&shared)))
+                .default_service(web::to(answer));
         });
         Receiver {
             url,
             script,
-            stop: Some(stop),
-            thread: Some(thread),
+            running: Some(running),
         }
     }
 
@@ -103,13 +85,49 @@ impl Receiver {
 
 impl Drop for Receiver {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        if let Some(running) = self.running.take() {
+            running.stop();
         }
     }
+}
+
+/// An HTTP server on its own thread and actix system, until stopped.
+pub struct Running {
+    stop: oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the server and waits for its thread.
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
+/// Serves the routes `configure` adds on `listener` (two workers, no
+/// signal handling, no shutdown grace).
+pub fn serve(
+    listener: std::net::TcpListener,
+    configure: impl Fn(&mut web::ServiceConfig) + Send + Clone + 'static,
+) -> Running {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        actix_web::rt::System::new().block_on(async move {
+            let server = HttpServer::new(move || App::new().configure(configure.clone()))
+                .workers(2)
+                .disable_signals()
+                .shutdown_timeout(0)
+                .listen(listener)
+                .unwrap()
+                .run();
+            let handle = server.handle();
+            actix_web::rt::spawn(server);
+            let _ = stopped.await;
+            handle.stop(false).await;
+        });
+    });
+    Running { stop, thread }
 }
 
 async fn answer(request: HttpRequest, body: web::Bytes, script: web::Data<Script>) -> HttpResponse {
