@@ -22,6 +22,9 @@ use crate::limiter::ConnectionLimiter;
 use crate::metrics::Metrics;
 use crate::store::{Database, DatabaseError, MigrateError, Outbox, WebhookStore, migrate};
 
+/// How long open connections get to finish when the service stops.
+const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -215,7 +218,7 @@ pub async fn run(
             .configure(routes)
     })
     .disable_signals()
-    .shutdown_timeout(2);
+    .shutdown_timeout(HTTP_SHUTDOWN_GRACE.as_secs());
     if config.http.workers > 0 {
         server = server.workers(config.http.workers);
     }
@@ -224,8 +227,22 @@ pub async fn run(
     let stopped = actix::spawn(server);
     shutdown.await;
     tracing::info!("shutting down");
-    handle.stop(true).await;
-    let result = stopped.await.unwrap_or(Ok(()));
+    // Bounded: the rest of the shutdown (actors, arbiters, the embedded
+    // database) must run even if the HTTP server never reports back.
+    let http_stopped = async {
+        handle.stop(true).await;
+        stopped.await.unwrap_or(Ok(()))
+    };
+    let result = match tokio::time::timeout(HTTP_SHUTDOWN_GRACE * 3, http_stopped).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(
+                "the HTTP server did not report stopping within {:?}; stopping the rest",
+                HTTP_SHUTDOWN_GRACE * 3
+            );
+            Ok(())
+        }
+    };
     janitor.abort();
     drop(listener_actor);
     drop(dispatcher);

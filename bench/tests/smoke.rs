@@ -43,7 +43,10 @@ async fn a_short_fan_out_reaches_every_subscriber() {
         pids: vec![std::process::id()],
     };
     let figures = fanout::run(&plan, &server).await;
-    drop(relay);
+    // Stopping joins the relay's thread: do it off this runtime's workers.
+    tokio::task::spawn_blocking(move || drop(relay))
+        .await
+        .unwrap();
     drop_schema(&url, &schema).await;
     let figures = figures.expect("the fan-out runs");
     assert!(figures.published >= 10, "{figures:?}");
