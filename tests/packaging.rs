@@ -1,6 +1,9 @@
 //! What can be checked of the container files and the command line without
 //! a container engine: the Dockerfile's shape, that what it copies exists,
-//! and that the health check command it runs works against a real relay.
+//! that the health check command it runs works against a real relay, and
+//! that SIGTERM drains the relay within what the deployment files allow.
+//! `scripts/check-image` replays the image's build stage and
+//! `scripts/check-deploy` validates the Kubernetes and systemd files.
 
 mod common;
 
@@ -39,6 +42,24 @@ fn the_dockerfile_is_multi_stage_non_root_and_health_checked() {
                 "Dockerfile copies {source}, which does not exist"
             );
         }
+    }
+    let runtime_base = dockerfile
+        .lines()
+        .rfind(|line| line.starts_with("FROM "))
+        .unwrap();
+    assert!(
+        runtime_base.contains("distroless") || runtime_base.contains("slim"),
+        "the runtime stage starts from a small base: {runtime_base}"
+    );
+    let ignored: Vec<String> = repo_file(".dockerignore")
+        .lines()
+        .map(|line| line.trim().trim_end_matches('/').to_owned())
+        .collect();
+    for folder in ["target", ".git", ".eventrelay", "**/node_modules", "fuzz"] {
+        assert!(
+            ignored.iter().any(|line| line == folder),
+            ".dockerignore must keep {folder} out of the build context"
+        );
     }
     let compose = repo_file("docker/compose.yaml");
     assert!(compose.contains("dockerfile: docker/Dockerfile"));
@@ -153,5 +174,164 @@ async fn the_relay_logs_at_the_configured_level_and_format() {
         !quiet.log().contains("INFO"),
         "INFO lines under level = warn:\n{}",
         quiet.log()
+    );
+}
+
+/// A child process that is killed if the test ends before it exits.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The first number after `key` in a deployment file (`key: 30`,
+/// `key=30s`).
+fn setting_after(text: &str, key: &str) -> u64 {
+    let start = text
+        .find(key)
+        .unwrap_or_else(|| panic!("no {key} in the file"))
+        + key.len();
+    text[start..]
+        .trim_start_matches([':', '=', ' '])
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|digits| digits.parse().ok())
+        .unwrap_or_else(|| panic!("{key} is not followed by a number"))
+}
+
+/// SIGTERM with streams open: every stream ends, the process exits 0, and
+/// it does so well inside what the deployment files allow: the Kubernetes
+/// Deployment's grace period after its preStop pause, and the systemd
+/// unit's TimeoutStopSec. The streams end when the HTTP server's shutdown
+/// grace closes their connections; a client reconnects (to another replica)
+/// with its Last-Event-ID and replays, so nothing durable is lost.
+#[tokio::test]
+async fn sigterm_ends_open_streams_within_the_deployments_grace_period() {
+    use common::process::relay_config;
+    use futures_util::StreamExt;
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+
+    let deployment = repo_file("deploy/kubernetes/deployment.yaml");
+    let grace = setting_after(&deployment, "terminationGracePeriodSeconds");
+    let pre_stop = setting_after(
+        &deployment[deployment.find("preStop:").unwrap()..],
+        "seconds",
+    );
+    let unit = repo_file("deploy/systemd/eventrelay.service");
+    let timeout_stop = setting_after(&unit, "TimeoutStopSec");
+
+    let db = TestDb::new().await;
+    let config = std::env::temp_dir().join(format!(
+        "eventrelay-sigterm-{}.toml",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(
+        &config,
+        relay_config(&db, 0, "[webhooks]\nenabled = false\n"),
+    )
+    .unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_eventrelay"));
+    command.env_remove("DATABASE_URL");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("EVENTRELAY_") {
+            command.env_remove(name);
+        }
+    }
+    let mut relay = KillOnDrop(
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = BufReader::new(relay.0.stdout.take().unwrap());
+    let mut first_line = String::new();
+    stdout.read_line(&mut first_line).unwrap();
+    std::fs::remove_file(&config).unwrap();
+    // Keep reading so the relay never writes into a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    let base = first_line
+        .split_whitespace()
+        .find(|word| word.starts_with("http://"))
+        .unwrap_or_else(|| panic!("unexpected first line: {first_line}"))
+        .to_owned();
+    common::wait_ready(&base).await;
+    let mut bodies = Vec::new();
+    for subscriber in ["alice", "bob", "carol"] {
+        let response = reqwest::Client::new()
+            .get(format!("{base}/v1/events"))
+            .bearer_auth(common::server::token(
+                subscriber,
+                "org-1",
+                serde_json::json!({}),
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut body = response.bytes_stream();
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("event: ready") {
+            let chunk = tokio::time::timeout(common::DEADLINE, body.next())
+                .await
+                .expect("the ready frame arrives")
+                .expect("the stream is open")
+                .unwrap();
+            seen.extend_from_slice(&chunk);
+        }
+        bodies.push(body);
+    }
+
+    let started = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &relay.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let limit = Duration::from_secs(grace.saturating_sub(pre_stop));
+    for mut body in bodies {
+        // Heartbeats may still arrive; the stream must then end.
+        loop {
+            match tokio::time::timeout(limit, body.next()).await {
+                Ok(Some(Ok(_))) => continue,
+                Ok(None) => break,
+                Ok(Some(Err(error))) => {
+                    eprintln!("a stream ended with the connection: {error}");
+                    break;
+                }
+                Err(_) => panic!("a stream stayed open {limit:?} after SIGTERM"),
+            }
+        }
+    }
+    let streams_ended = started.elapsed();
+    let code = loop {
+        if let Some(status) = relay.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "the relay did not exit within {limit:?} of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let exited = started.elapsed();
+    assert!(code.success(), "exit status after SIGTERM: {code}");
+    eprintln!("streams ended {streams_ended:?} and the relay exited {exited:?} after SIGTERM");
+    // Margin for a loaded node: the drain must take at most half of what
+    // the deployment files allow.
+    assert!(
+        exited * 2 < limit,
+        "draining took {exited:?}: raise terminationGracePeriodSeconds ({grace} s, preStop {pre_stop} s)"
+    );
+    assert!(
+        exited * 2 < Duration::from_secs(timeout_stop),
+        "draining took {exited:?}: raise TimeoutStopSec ({timeout_stop} s)"
     );
 }
