@@ -140,6 +140,9 @@ pub struct HubConfig {
     pub arbiters: usize,
     pub tail_events: usize,
     pub tail_bytes: usize,
+    /// Encoded bytes all tails together may hold; past it the least
+    /// recently used tails are emptied and their readers use the outbox.
+    pub tails_max_bytes: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -235,6 +238,7 @@ impl Default for HubConfig {
             arbiters: 2,
             tail_events: 128,
             tail_bytes: 4 * 1024 * 1024,
+            tails_max_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -343,6 +347,9 @@ impl Config {
         }
         if self.hub.tail_events == 0 {
             return Err(invalid("hub.tail_events", "must be at least 1"));
+        }
+        if self.hub.tails_max_bytes == 0 {
+            return Err(invalid("hub.tails_max_bytes", "must be at least 1"));
         }
         if self.publish.max_batch == 0 {
             return Err(invalid("publish.max_batch", "must be at least 1"));

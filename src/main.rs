@@ -72,6 +72,11 @@ enum SubscriptionsCommand {
     /// Replace the secret with a generated one and print it; the previous one
     /// keeps signing for webhooks.rotation_grace_secs.
     RotateSecret(SubscriptionIdArgs),
+    /// Delete the configured subscriptions that the configuration no longer
+    /// lists (relays only ever add or update them). Run it once every
+    /// replica runs the new configuration; pending deliveries of the removed
+    /// ones give up.
+    RemoveUnlisted(Database),
 }
 
 #[derive(Args)]
@@ -506,6 +511,20 @@ async fn subscriptions(command: SubscriptionsCommand) -> Result<(), CliError> {
                 return Err(CliError::NoSubscription(args.id));
             }
             println!("{}", json!({ "deleted": args.id }));
+        }
+        SubscriptionsCommand::RemoveUnlisted(database) => {
+            let config = Config::load(database.config.config.as_deref())?;
+            let keep: Vec<&str> = config
+                .webhooks
+                .subscriptions
+                .iter()
+                .map(|s| s.id.as_str())
+                .collect();
+            let (client, store) = webhook_store(&database).await?;
+            let removed = store
+                .remove_unlisted_config_subscriptions(&client, &keep)
+                .await?;
+            println!("{}", json!({ "removed": removed }));
         }
         SubscriptionsCommand::RotateSecret(args) => {
             let config = Config::load(args.database.config.config.as_deref())?;

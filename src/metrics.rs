@@ -32,6 +32,8 @@ pub struct Metrics {
     pub listener_reconnects: Counter,
     pub notifications_malformed: Counter,
     pub slow_subscribers_dropped: Counter,
+    pub tails_bytes: Gauge,
+    pub tails_shrunk: Counter,
     pub commit_to_send_seconds: Histogram,
     pub events_published: Counter,
     pub outbox_rows_pruned: Counter,
@@ -51,6 +53,8 @@ impl Metrics {
             listener_reconnects: Counter::default(),
             notifications_malformed: Counter::default(),
             slow_subscribers_dropped: Counter::default(),
+            tails_bytes: Gauge::default(),
+            tails_shrunk: Counter::default(),
             commit_to_send_seconds: Histogram::new([
                 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
             ]),
@@ -103,6 +107,16 @@ impl Metrics {
             "slow_subscribers_dropped",
             "Subscribers disconnected because their queue was full",
             metrics.slow_subscribers_dropped.clone(),
+        );
+        registry.register(
+            "tails_bytes",
+            "Encoded bytes held by all scopes' tails together",
+            metrics.tails_bytes.clone(),
+        );
+        registry.register(
+            "tails_shrunk",
+            "Tails emptied because all tails together reached hub.tails_max_bytes",
+            metrics.tails_shrunk.clone(),
         );
         registry.register(
             "commit_to_send_seconds",

@@ -14,6 +14,8 @@ use eventrelay_publisher::{Publisher, SchemaRegistry};
 use crate::actors::dispatcher::Dispatcher;
 use crate::actors::listener::NotificationSource;
 use crate::actors::relay::StopRelay;
+use crate::actors::relay::TailSettings;
+use crate::actors::tail_budget::TailBudget;
 use crate::actors::{Listener, Relay};
 use crate::auth::SubscriberResolver;
 use crate::config::Config;
@@ -175,8 +177,11 @@ pub async fn run(
         db.clone(),
         outbox.clone(),
         arbiters.iter().map(Arbiter::handle).collect(),
-        Arc::new(move || tail_events),
-        Arc::new(move || tail_bytes),
+        TailSettings {
+            max_events: Arc::new(move || tail_events),
+            max_bytes: Arc::new(move || tail_bytes),
+            budget: TailBudget::new(config.hub.tails_max_bytes, metrics.tails_bytes.clone()),
+        },
         Arc::clone(&metrics),
         Arc::clone(&webhook_wake),
     )

@@ -29,6 +29,13 @@ const SENT_MEMORY: usize = 16_384;
 /// Frames gathered into one write when several are queued.
 const MAX_FRAMES_PER_CHUNK: usize = 64;
 
+/// Why a stream was cut short rather than ended.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("event stream unavailable: the replay could not be read: {0}")]
+    ReplayFailed(String),
+}
+
 /// Where the replay comes from.
 pub enum Replay {
     Nothing,
@@ -115,39 +122,41 @@ impl Session {
     }
 
     /// The response body.
-    pub fn into_stream(
-        self,
-    ) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    pub fn into_stream(self) -> impl futures_util::Stream<Item = Result<Bytes, StreamError>> {
         futures_util::stream::unfold(self, |mut session| async move {
             let chunk = session.next_chunk().await?;
-            Some((Ok(chunk), session))
+            Some((chunk, session))
         })
     }
 
-    async fn next_chunk(&mut self) -> Option<Bytes> {
+    async fn next_chunk(&mut self) -> Option<Result<Bytes, StreamError>> {
         loop {
             match self.phase {
                 Phase::Retry => {
                     self.phase = Phase::Replay;
-                    return Some(Bytes::from(sse::retry_frame(self.params.retry_ms)));
+                    return Some(Ok(Bytes::from(sse::retry_frame(self.params.retry_ms))));
                 }
                 Phase::Replay => match self.next_replay_batch().await {
                     Ok(Some(mut batch)) => {
                         if let Some(chunk) = self.frames(&mut batch) {
-                            return Some(chunk);
+                            return Some(Ok(chunk));
                         }
                     }
                     Ok(None) => self.phase = Phase::Ready,
                     Err(error) => {
-                        tracing::warn!(%error, "replay failed; ending the stream so the client retries");
+                        // An error, not a clean end: the connection is cut
+                        // without its closing chunk, so no client can take
+                        // it for the age cap and both count a failure.
+                        tracing::warn!(%error, "replay failed; aborting the stream so the client retries");
                         self.phase = Phase::Finished;
+                        return Some(Err(StreamError::ReplayFailed(error)));
                     }
                 },
                 Phase::Ready => {
                     self.phase = Phase::Live;
-                    return Some(Bytes::from(sse::ready_frame(self.params.resync)));
+                    return Some(Ok(Bytes::from(sse::ready_frame(self.params.resync))));
                 }
-                Phase::Live => return self.next_live().await,
+                Phase::Live => return self.next_live().await.map(Ok),
                 Phase::Finished => return None,
             }
         }

@@ -517,6 +517,15 @@ fn publish_cases() -> Vec<Case> {
                     .into_bytes(),
             )
             .refused(400, "invalid_event"),
+        publish("the control frame's name as an event type")
+            .json(&with(tick(), "type", json!("ready")))
+            .refused(400, "invalid_event"),
+        publish("a type under the reserved prefix")
+            .json(&with(tick(), "type", json!("eventrelay.resync")))
+            .refused(400, "invalid_event"),
+        publish("a reserved type in a batch")
+            .json(&json!([tick(), with(tick(), "type", json!("error"))]))
+            .refused(400, "invalid_event"),
         publish("resources with NUL")
             .json(&with(tick(), "resources", json!(["order:\u{0}"])))
             .refused(400, "invalid_event"),
@@ -1248,6 +1257,12 @@ async fn garbage_notifications_are_dropped_counted_and_harmless() {
         ),
         format!(
             r#"{{"k":"evt","e":{{"id":"{}","type":"x\n","scopeKey":"org-1","lane":"ephemeral","data":{{}},"resources":[],"occurredAt":"2024-01-01T00:00:00Z"}}}}"#,
+            uuid::Uuid::new_v4()
+        ),
+        // An inline event under the control frame's name, as `notify_inline`
+        // could send it: never shown, or clients would take it for `ready`.
+        format!(
+            r#"{{"k":"evt","e":{{"id":"{}","type":"ready","scopeKey":"org-1","lane":"ephemeral","data":{{"resync":false}},"resources":[],"occurredAt":"2024-01-01T00:00:00Z"}}}}"#,
             uuid::Uuid::new_v4()
         ),
         "\u{1}\u{2}\u{3}\u{7f}\u{fffd}\u{feff}ÿþ".into(),

@@ -132,7 +132,8 @@ async fn the_janitor_prunes_rows_past_the_retention() {
         client
             .execute(
                 &format!(
-                    "SELECT {}.emit('old', 'org-1', occurred_at => $1)",
+                    "INSERT INTO {}.outbox (id, type, scope_key, written_at)
+                     VALUES (gen_random_uuid(), 'old', 'org-1', $1)",
                     db.schema
                 ),
                 &[&old],
@@ -140,6 +141,18 @@ async fn the_janitor_prunes_rows_past_the_retention() {
             .await
             .unwrap();
     }
+    // Backdated by its caller, but written now: retention counts from the
+    // writing, so it stays.
+    client
+        .execute(
+            &format!(
+                "SELECT {}.emit('backdated', 'org-1', occurred_at => $1)",
+                db.schema
+            ),
+            &[&old],
+        )
+        .await
+        .unwrap();
     client
         .execute(&format!("SELECT {}.emit('fresh', 'org-1')", db.schema), &[])
         .await
@@ -150,7 +163,7 @@ async fn the_janitor_prunes_rows_past_the_retention() {
     });
     server.ready().await;
     let deadline = tokio::time::Instant::now() + common::DEADLINE;
-    while db.outbox_count().await != 1 {
+    while db.outbox_count().await != 2 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "old rows were never pruned"

@@ -376,3 +376,33 @@ async fn sqlx_transactions_are_accepted() {
         }
     );
 }
+
+#[tokio::test]
+async fn reserved_event_types_are_refused_before_anything_is_written() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    for (reserved, lane) in [
+        (
+            "ready",
+            NewEvent::durable("ready", "org-1", json!({"resync": false})),
+        ),
+        ("open", NewEvent::ephemeral("open", "org-1", json!({}))),
+        (
+            "eventrelay.x",
+            NewEvent::durable("eventrelay.x", "org-1", json!({})),
+        ),
+    ] {
+        let error = publisher(&db).emit(&client, lane).await.unwrap_err();
+        assert!(
+            matches!(
+                error,
+                eventrelay::publisher::PublishError::InvalidEvent(
+                    eventrelay::wire::EnvelopeError::ReservedType(_)
+                )
+            ),
+            "{reserved}: {error}"
+        );
+        assert!(error.to_string().contains("reserved"), "{error}");
+    }
+    assert!(read_all(&db, "org-1").await.is_empty());
+}

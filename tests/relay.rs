@@ -674,3 +674,182 @@ async fn malformed_notifications_are_dropped_counted_and_harmless() {
         4.0
     );
 }
+
+/// Terminates the relay's LISTEN connection and waits until it is back.
+async fn cut_the_listener(db: &TestDb, server: &TestServer, tag: &str) {
+    let before = server.metric("eventrelay_listener_reconnects_total").await;
+    db.connect()
+        .await
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[&tag],
+        )
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while server.metric("eventrelay_listener_reconnects_total").await <= before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the listener never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn no_history_after_a_listener_reconnect_yet_late_commits_arrive() {
+    let db = TestDb::new().await;
+    let listener_tag = format!("{}_listener", db.schema);
+    let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
+    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url));
+    server.ready().await;
+    // History, with a transaction still open whose seq sits among it.
+    for n in 0..5 {
+        emit(&db, NewEvent::durable("history", "org-1", json!({"n": n}))).await;
+    }
+    let mut late_writer = db.connect().await;
+    let late_tx = late_writer.transaction().await.unwrap();
+    let late = publisher(&db)
+        .emit(&late_tx, durable("late", "org-1"))
+        .await
+        .unwrap();
+    for n in 5..8 {
+        emit(&db, NewEvent::durable("history", "org-1", json!({"n": n}))).await;
+    }
+
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let live = emit(&db, durable("live", "org-1")).await;
+    assert_eq!(stream.next_event().await.json()["id"], live.id.to_string());
+    // Committed after the subscriber joined, with a seq below history's.
+    late_tx.commit().await.unwrap();
+    let frame = stream.next_event().await;
+    assert_eq!(frame.json()["id"], late.id.to_string(), "{frame:?}");
+
+    // The reconnect re-reads far below the watermark; none of the history
+    // may come out of it.
+    cut_the_listener(&db, &server, &listener_tag).await;
+    let after = emit(&db, durable("after", "org-1")).await;
+    let frame = stream.next_event().await;
+    assert_eq!(
+        frame.json()["id"],
+        after.id.to_string(),
+        "expected the next live event, got {frame:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_subscriber_joining_an_active_scope_never_gets_what_committed_before() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (mut first, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    for round in 0..20 {
+        // Committed just before the second subscriber connects: its
+        // notification may reach the scope after the subscriber is in.
+        let before = emit(&db, durable("before", "org-1")).await;
+        let (mut second, _) = server
+            .subscribe(&token("bob", "org-1", json!({})), None, "")
+            .await;
+        let after = emit(&db, durable("after", "org-1")).await;
+        assert_eq!(
+            ids(&first.events(2).await),
+            [before.id.to_string(), after.id.to_string()]
+        );
+        let frame = second.next_event().await;
+        assert_eq!(
+            frame.json()["id"],
+            after.id.to_string(),
+            "round {round}: the second subscriber got an event from before it joined"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_watermark_from_the_future_asks_for_a_resync() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let mut newest = 0;
+    for _ in 0..3 {
+        newest = emit(&db, durable("n", "org-1")).await.seq.unwrap();
+    }
+    let alice = token("alice", "org-1", json!({}));
+    let (_, resync) = server
+        .subscribe(&alice, Some(&newest.to_string()), "")
+        .await;
+    assert!(!resync, "a current watermark needs no resync");
+    // With a subscriber in place the tail answers replays too; both paths
+    // must notice an id the outbox never assigned.
+    let (_, resync) = server.subscribe(&alice, Some("999999"), "").await;
+    assert!(resync, "an id above every seq is from another database");
+    let (_, resync) = server
+        .subscribe(&alice, Some(&(newest + 1).to_string()), "")
+        .await;
+    assert!(resync);
+    let (_, resync) = server
+        .subscribe(&token("bob", "org-2", json!({})), Some("999999"), "")
+        .await;
+    assert!(resync, "from the outbox path too");
+}
+
+#[tokio::test]
+async fn a_replay_that_fails_midway_ends_as_an_error_not_a_clean_end() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    // Many pages of large rows: the stream cannot send them all at once, so
+    // the replay is still reading when the outbox becomes unreadable.
+    let client = db.connect().await;
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {s}.outbox (id, type, scope_key, data)
+             SELECT gen_random_uuid(), 'bulk', 'org-1', jsonb_build_object('pad', repeat('x', 10000))
+             FROM generate_series(1, 3000)",
+            s = db.schema
+        ))
+        .await
+        .unwrap();
+    let response = reqwest::Client::new()
+        .get(server.url("/v1/events"))
+        .bearer_auth(token("alice", "org-1", json!({})))
+        .header("last-event-id", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = Box::pin(response.bytes_stream());
+    use futures_util::StreamExt;
+    let first = tokio::time::timeout(DEADLINE, body.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(!first.is_empty());
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE {s}.outbox RENAME TO outbox_gone",
+            s = db.schema
+        ))
+        .await
+        .unwrap();
+    let mut seen = String::from_utf8_lossy(&first).into_owned();
+    let ending = loop {
+        match tokio::time::timeout(DEADLINE, body.next()).await.unwrap() {
+            Some(Ok(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+            Some(Err(error)) => break Ok(error),
+            None => break Err(()),
+        }
+    };
+    assert!(
+        ending.is_ok(),
+        "the stream ended cleanly, which looks like the age cap"
+    );
+    assert!(
+        !seen.contains("event: ready"),
+        "no ready after a failed replay"
+    );
+}

@@ -27,30 +27,100 @@ export interface ClientOptions {
   onResync?: () => void;
   /** 401/403: return true after refreshing credentials to retry; otherwise the client stops. */
   onUnauthorized?: (status: number) => boolean | Promise<boolean>;
-  onError?: (error: Error) => void;
+  /**
+   * The client stopped on refused credentials (`code` `unauthorized`), or
+   * dropped a frame it must not deliver (`reserved_event_type`,
+   * `malformed_ready`). Without this hook, dropped frames go to `console.warn`.
+   */
+  onError?: (error: EventRelayError | Error) => void;
   /** Resume after this seq (a watermark saved earlier). */
   lastEventId?: string;
+  /** Backoff base, replaced by the relay's `retry:`. Default 1000. */
   initialDelayMs?: number;
+  /** Backoff ceiling. Default 30000. */
   maxDelayMs?: number;
-  /** Consecutive failures before the state becomes `degraded`. */
+  /**
+   * Longest wait a 429 or 503 answer's `Retry-After` can ask for; a longer
+   * one is cut to this. Default 300000 (5 minutes).
+   */
+  maxRetryAfterMs?: number;
+  /**
+   * Failed attempts in a row (a refusal, a network error, a stream that ends
+   * before `ready`, a body that errors) before the state becomes `degraded`;
+   * `ready` resets the count. Default 3.
+   */
   degradedAfter?: number;
   /** How many event ids are remembered for de-duplication. */
   seenCapacity?: number;
+  /**
+   * Tabs of one origin that open the same stream share one connection: one
+   * tab holds it (a Web Lock) and passes events, the watermark, state
+   * changes and resyncs to the others (a BroadcastChannel); when it closes,
+   * another takes over from the shared watermark. Default true where
+   * `navigator.locks` and `BroadcastChannel` exist, except under Node; false
+   * forces a connection of this client's own.
+   */
+  shareAcrossTabs?: boolean;
+  /**
+   * The name tabs meet under (the lock and the channel are named
+   * `eventrelay-v1:<shareName>`). Default: a digest of the request's absolute
+   * URL and headers, with a JWT bearer token reduced to its claims without
+   * `exp`, `iat`, `nbf` and `jti`, so tabs holding different tokens for the
+   * same subscriber still share. Set it when a header differs per tab.
+   */
+  shareName?: string;
 }
 
 export interface EventStreamClient {
   start(): void;
   stop(): void;
   readonly state: ConnectionState;
-  /** The last durable `id:` seen: the replay watermark. */
+  /** The last durable `id:` seen by this tab or, when sharing, the tab holding the connection: the replay watermark. */
   readonly lastEventId: string | undefined;
+  /** True while this client holds the connection (always, once started, when it does not share). */
+  readonly isLeader: boolean;
 }
 
 export function createEventStreamClient(options: ClientOptions): EventStreamClient;
 
+export type EventRelayErrorCode =
+  | 'unauthorized'
+  | 'http_status'
+  | 'ended_early'
+  | 'not_event_stream'
+  | 'malformed_ready'
+  | 'reserved_event_type';
+
+/** What the client reports; `code` keeps its meaning across versions. */
+export class EventRelayError extends Error {
+  constructor(
+    code: EventRelayErrorCode,
+    message: string,
+    details?: { status?: number; retryAfterMs?: number; eventType?: string },
+  );
+  readonly code: EventRelayErrorCode;
+  /** The HTTP status, for `unauthorized` and `http_status`. */
+  readonly status?: number;
+  /** How long a 429 or 503 asked the client to wait. */
+  readonly retryAfterMs?: number;
+  /** The dropped frame's type, for `reserved_event_type`. */
+  readonly eventType?: string;
+}
+
+/** `ready`, `open`, `error` and every type starting with `eventrelay.`: never an application event. */
+export function isReservedEventType(type: string): boolean;
+
+/** A `Retry-After` value (seconds or an HTTP date) as milliseconds from `now`; undefined when unreadable. */
+export function parseRetryAfter(value: string | undefined, now?: number): number | undefined;
+
+/** The default `shareName` for a request. */
+export function deriveShareName(request: StreamRequest): Promise<string>;
+
 export interface SseFrame {
   /** The last `id:` seen on the stream (kept across frames). */
   id: string | undefined;
+  /** True when this frame had an `id:` line of its own. */
+  ownId: boolean;
   event: string;
   data: string;
 }

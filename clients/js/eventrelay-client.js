@@ -1,7 +1,9 @@
 // eventrelay browser client: reads the relay's Server-Sent Events stream with
 // fetch (so it can send an Authorization header, which EventSource cannot),
 // replays from a durable-only watermark, reconnects with full-jitter backoff,
-// and de-duplicates at-least-once delivery by envelope id. No dependencies;
+// and de-duplicates at-least-once delivery by envelope id. In a browser, the
+// tabs of one origin share one connection: one tab holds it (a Web Lock) and
+// passes what arrives to the others (a BroadcastChannel). No dependencies;
 // runs in browsers, workers and Node 20+.
 
 /** @typedef {'connecting'|'connected'|'reconnecting'|'degraded'|'stopped'} ConnectionState */
@@ -9,9 +11,46 @@
 const DEFAULTS = {
   initialDelayMs: 1000,
   maxDelayMs: 30000,
+  maxRetryAfterMs: 300000,
   degradedAfter: 3,
   seenCapacity: 1000,
 };
+
+// Part of every lock and channel name, so that tabs running different
+// versions of this client (an old tab next to a reloaded one) never mix
+// messages they do not both understand.
+const SHARE_PREFIX = 'eventrelay-v1:';
+
+// The states a tab takes over from the one holding the connection (which
+// never announces `stopped`: another tab takes over instead).
+const FOLLOWED_STATES = new Set(['connecting', 'reconnecting', 'degraded']);
+
+// Names the relay refuses for application events: `ready` is its control
+// frame, `open` and `error` are what EventSource raises for the connection
+// itself, and the prefix is kept for future control frames.
+const RESERVED_EVENT_TYPES = new Set(['ready', 'open', 'error']);
+const RESERVED_EVENT_TYPE_PREFIX = 'eventrelay.';
+
+/** True for event types an application event may not have. */
+export function isReservedEventType(type) {
+  return typeof type === 'string' && (RESERVED_EVENT_TYPES.has(type) || type.startsWith(RESERVED_EVENT_TYPE_PREFIX));
+}
+
+/**
+ * What the client reports through `onError`, and why an attempt failed.
+ * `code` keeps its meaning across versions: `unauthorized` (with `status`),
+ * `http_status` (with `status`, and `retryAfterMs` when the relay sent a
+ * usable Retry-After), `ended_early`, `not_event_stream`, `malformed_ready`,
+ * `reserved_event_type` (with `eventType`).
+ */
+export class EventRelayError extends Error {
+  constructor(code, message, details = {}) {
+    super(message);
+    this.name = 'EventRelayError';
+    this.code = code;
+    Object.assign(this, details);
+  }
+}
 
 /**
  * Splits a byte stream into SSE events following the WHATWG EventSource
@@ -31,10 +70,13 @@ export class SseParser {
   }
 
   // The id buffer is not reset between events: per the EventSource rules a
-  // frame without `id:` keeps the last one.
+  // frame without `id:` keeps the last one. `ownId` says whether the frame
+  // being read set it itself, which is what tells a control frame (never
+  // has one) from a durable application event (always has one).
   reset() {
     this.data = [];
     this.eventType = '';
+    this.ownId = false;
   }
 
   /** @param {Uint8Array|string} chunk */
@@ -67,7 +109,7 @@ export class SseParser {
   line(line) {
     if (line === '') {
       if (this.data.length > 0) {
-        this.onEvent({ id: this.id, event: this.eventType || 'message', data: this.data.join('\n') });
+        this.onEvent({ id: this.id, ownId: this.ownId, event: this.eventType || 'message', data: this.data.join('\n') });
       }
       this.reset();
       return;
@@ -85,7 +127,10 @@ export class SseParser {
         this.eventType = value;
         break;
       case 'id':
-        if (!value.includes('\0')) this.id = value;
+        if (!value.includes('\0')) {
+          this.id = value;
+          this.ownId = true;
+        }
         break;
       case 'retry':
         if (/^[0-9]+$/.test(value)) this.onRetry(Number(value));
@@ -114,11 +159,106 @@ class SeenIds {
   }
 }
 
-class Unauthorized extends Error {
-  constructor(status) {
-    super(`the relay refused the credentials (${status})`);
-    this.status = status;
+/**
+ * A `Retry-After` value in milliseconds from now: delay-seconds or an
+ * HTTP date. Undefined when it is missing or unreadable.
+ */
+export function parseRetryAfter(value, now = Date.now()) {
+  if (typeof value !== 'string') return undefined;
+  const text = value.trim();
+  if (/^[0-9]+$/.test(text)) return Number(text) * 1000;
+  // Every HTTP date format starts with a day name; without this check
+  // Date.parse would also take things like "-5".
+  if (!/^[A-Za-z]{3,9},? /.test(text)) return undefined;
+  const at = Date.parse(text);
+  return Number.isNaN(at) ? undefined : Math.max(0, at - now);
+}
+
+function refusal(response) {
+  const { status } = response;
+  if (status === 401 || status === 403) {
+    return new EventRelayError('unauthorized', `the relay refused the credentials (${status})`, { status });
   }
+  // Only these two mean "come back later"; elsewhere the header is ignored.
+  const retryAfter = status === 429 || status === 503 ? response.headers.get('retry-after') : null;
+  const retryAfterMs = parseRetryAfter(retryAfter ?? undefined);
+  return new EventRelayError('http_status', `the relay answered ${status}`, { status, retryAfterMs });
+}
+
+function parseJson(text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+}
+
+const isObject = (value) => typeof value === 'object' && value !== null && !Array.isArray(value);
+
+const delay = (ms, signal) =>
+  new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
+
+/** Web Locks and BroadcastChannel are both needed to share a stream. */
+function canShare() {
+  return typeof BroadcastChannel === 'function' && typeof globalThis.navigator?.locks?.request === 'function';
+}
+
+// Node has no tabs: a process there connects on its own unless asked to share.
+const isNode = typeof globalThis.process?.versions?.node === 'string';
+
+function decodeBase64Url(text) {
+  const base64 = text.replaceAll('-', '+').replaceAll('_', '/').padEnd(Math.ceil(text.length / 4) * 4, '=');
+  return new TextDecoder().decode(Uint8Array.from(atob(base64), (c) => c.charCodeAt(0)));
+}
+
+/** JSON with object keys sorted, so equal claims always read the same. */
+function canonicalJson(value) {
+  const sort = (v) =>
+    Array.isArray(v) ? v.map(sort) : isObject(v) ? Object.fromEntries(Object.keys(v).sort().map((k) => [k, sort(v[k])])) : v;
+  return JSON.stringify(sort(value));
+}
+
+// Tabs usually hold different tokens for the same subscriber (each fetched
+// its own, with its own expiry), so a JWT is identified by its claims minus
+// the time-dependent ones: those tabs still share. Anything else counts as
+// written. Nothing is verified here; the relay checks whichever token the
+// connected tab sends.
+function credentialIdentity(value) {
+  const match = /^bearer\s+([\w-]+)\.([\w-]+)\.([\w-]*)$/i.exec(value.trim());
+  if (!match) return value;
+  try {
+    const claims = JSON.parse(decodeBase64Url(match[2]));
+    if (!isObject(claims)) return value;
+    for (const claim of ['exp', 'iat', 'nbf', 'jti']) delete claims[claim];
+    return `jwt ${canonicalJson(claims)}`;
+  } catch {
+    return value;
+  }
+}
+
+/**
+ * The name tabs meet under: a digest of the stream's absolute URL and its
+ * request headers (credentials by identity), so only tabs that would get
+ * the same stream share one. Hashed, so no credential shows in lock names.
+ */
+export async function deriveShareName(request) {
+  const url = new URL(request.url, globalThis.location?.href).href;
+  const headers = [];
+  for (const [name, value] of new Headers(request.headers ?? {})) {
+    headers.push([name, name === 'authorization' ? credentialIdentity(value) : value]);
+  }
+  const bytes = new TextEncoder().encode(JSON.stringify([url, headers]));
+  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes));
+  return [...digest.slice(0, 16)].map((b) => b.toString(16).padStart(2, '0')).join('');
 }
 
 /**
@@ -127,114 +267,279 @@ class Unauthorized extends Error {
  */
 export function createEventStreamClient(options) {
   const settings = { ...DEFAULTS, ...options };
+  const sharing = (settings.shareAcrossTabs ?? !isNode) && canShare();
   const seen = new SeenIds(settings.seenCapacity);
   let state = 'stopped';
   let lastEventId = settings.lastEventId;
-  let failures = 0;
-  let retryMs = settings.initialDelayMs;
-  let controller;
-  let running = false;
+  // One run, from start() to stop(). Everything asynchronous checks that its
+  // run is still active, so a stop() followed by a start() can never let
+  // the old run call the application or touch the new one.
+  let session;
 
-  const setState = (next) => {
-    if (next === state) return;
-    state = next;
-    settings.onStateChange?.(next);
+  // Application callbacks run isolated: one that throws is reported as an
+  // uncaught error (reportError in browsers) but never tears down a
+  // connection other tabs depend on.
+  const call = (callback, ...args) => {
+    if (!callback) return;
+    try {
+      callback(...args);
+    } catch (error) {
+      if (typeof globalThis.reportError === 'function') globalThis.reportError(error);
+      else
+        queueMicrotask(() => {
+          throw error;
+        });
+    }
   };
 
-  const delay = (ms, signal) =>
-    new Promise((resolve) => {
-      const timer = setTimeout(resolve, ms);
-      signal.addEventListener('abort', () => {
-        clearTimeout(timer);
-        resolve();
-      });
-    });
-
-  const backoff = () => {
-    const ceiling = Math.min(settings.maxDelayMs, retryMs * 2 ** Math.min(failures - 1, 16));
-    return Math.random() * ceiling;
+  const report = (error) => {
+    if (settings.onError) call(settings.onError, error);
+    else globalThis.console?.warn?.(`eventrelay: ${error.message}`);
   };
 
-  async function connectOnce(signal) {
-    const request = await settings.buildRequest();
-    const headers = new Headers(request.headers ?? {});
-    headers.set('accept', 'text/event-stream');
-    if (lastEventId !== undefined) headers.set('last-event-id', String(lastEventId));
-    const response = await fetch(request.url, { headers, signal, cache: 'no-store' });
-    if (response.status === 401 || response.status === 403) throw new Unauthorized(response.status);
-    if (!response.ok || !response.body) throw new Error(`the relay answered ${response.status}`);
+  const post = (s, message) => {
+    if (!s.active || !s.channel) return;
+    try {
+      s.channel.postMessage(message);
+    } catch {
+      // Not clonable or the channel is closed: the other tabs resync later.
+    }
+  };
 
-    const parser = new SseParser(
-      (frame) => {
-        if (frame.event === 'ready') {
-          failures = 0;
-          setState('connected');
-          const ready = JSON.parse(frame.data);
-          if (ready.resync) settings.onResync?.();
-          return;
-        }
-        let envelope;
-        try {
-          envelope = JSON.parse(frame.data);
-        } catch {
-          return;
-        }
-        // Only durable events move the watermark: an ephemeral id would
-        // point at nothing in the outbox.
-        if (frame.id !== undefined && envelope.lane === 'durable') lastEventId = frame.id;
-        if (seen.add(envelope.id)) settings.onEvent?.(envelope);
-      },
-      (ms) => {
-        retryMs = ms;
-      },
-    );
-    const reader = response.body.getReader();
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) return;
-      parser.push(value);
+  /** Sets the state; the tab holding the connection tells the others. */
+  const setState = (s, next, extra = {}) => {
+    if (!s.active) return;
+    if (next !== state) {
+      state = next;
+      call(settings.onStateChange, next);
+    }
+    if (s.leader) post(s, { kind: 'state', state: next, lastEventId, ...extra });
+  };
+
+  // The stream is live. A tab that joined a stream already in progress (or
+  // took over one it never saw live) cannot replay what went by before it
+  // listened, so it resyncs once on top of what the relay asks for.
+  const onConnected = (s, resync) => {
+    const missed = resync || (!s.joined && s.adopted);
+    s.joined = true;
+    setState(s, 'connected', { resync });
+    if (missed) call(settings.onResync);
+  };
+
+  const stopSession = (s) => {
+    if (session !== s) return;
+    session = undefined;
+    s.active = false;
+    s.controller.abort(); // ends the attempt, the backoff wait, and a lock request
+    s.channel?.close();
+    if (state !== 'stopped') {
+      state = 'stopped';
+      call(settings.onStateChange, 'stopped');
+    }
+  };
+
+  /** A frame from the connection (only the tab holding it reads frames). */
+  function onFrame(s, attempt, frame) {
+    if (!s.active) return;
+    // A `ready` without an `id:` of its own is the relay's control frame:
+    // the relay refuses application events under that name, and durable
+    // ones always carry an id. (`frame.id` would not do: it keeps the last
+    // id across frames.)
+    if (frame.event === 'ready' && !frame.ownId) {
+      const ready = parseJson(frame.data);
+      if (!isObject(ready) || typeof ready.resync !== 'boolean') {
+        report(new EventRelayError('malformed_ready', 'skipped a malformed `ready` frame'));
+        return;
+      }
+      attempt.ready = true;
+      s.failures = 0;
+      onConnected(s, ready.resync);
+      return;
+    }
+    const envelope = parseJson(frame.data);
+    // Only durable events move the watermark: an ephemeral id would point at
+    // nothing in the outbox. An empty `id:` forgets it, as in a browser.
+    if (frame.ownId && envelope?.lane === 'durable') lastEventId = frame.id || undefined;
+    const reserved = [frame.event, envelope?.type].find(isReservedEventType);
+    if (reserved !== undefined) {
+      // Never handed to the application: a control frame this version does
+      // not know, or an event an older relay let through under such a name.
+      const message = `dropped a frame with the reserved event type ${JSON.stringify(reserved)}`;
+      report(new EventRelayError('reserved_event_type', message, { eventType: reserved }));
+      return;
+    }
+    if (!isObject(envelope)) return;
+    post(s, { kind: 'event', event: envelope, lastEventId });
+    if (seen.add(envelope.id)) call(settings.onEvent, envelope);
+  }
+
+  /** One connection, from the request to the end of its body. */
+  async function connectOnce(s, attempt) {
+    // Its own controller, so the request and its body are released however
+    // the attempt ends (a thrown error included), and a stop() ends it.
+    const controller = new AbortController();
+    const abort = () => controller.abort();
+    s.signal.addEventListener('abort', abort, { once: true });
+    try {
+      const request = await settings.buildRequest();
+      if (!s.active) return;
+      const headers = new Headers(request.headers ?? {});
+      headers.set('accept', 'text/event-stream');
+      if (lastEventId) headers.set('last-event-id', String(lastEventId));
+      const response = await fetch(request.url, { headers, signal: controller.signal, cache: 'no-store' });
+      if (!response.ok) throw refusal(response);
+      const type = response.headers.get('content-type') ?? '';
+      if (!response.body || !type.toLowerCase().startsWith('text/event-stream')) {
+        throw new EventRelayError('not_event_stream', `the relay answered ${JSON.stringify(type)}, not an event stream`);
+      }
+      const parser = new SseParser(
+        (frame) => onFrame(s, attempt, frame),
+        (ms) => {
+          s.retryMs = ms;
+        },
+      );
+      const reader = response.body.getReader();
+      // A body that errors (the relay aborted the response, the network
+      // dropped) rejects here and fails the attempt; only a body that ends
+      // properly returns.
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done || !s.active) return;
+        parser.push(value);
+      }
+    } finally {
+      s.signal.removeEventListener('abort', abort);
+      controller.abort();
     }
   }
 
-  async function run() {
-    controller = new AbortController();
-    const { signal } = controller;
-    setState('connecting');
-    while (running) {
+  const backoff = (s) => {
+    const doublings = Math.min(Math.max(s.failures - 1, 0), 16);
+    return Math.random() * Math.min(settings.maxDelayMs, s.retryMs * 2 ** doublings);
+  };
+
+  /** Holds the connection until the run stops: reconnects, backs off. */
+  async function lead(s) {
+    if (!s.active) return;
+    s.leader = true;
+    // Taking over a stream another tab had open: to the app, a reconnect.
+    setState(s, state === 'connecting' ? 'connecting' : 'reconnecting');
+    while (s.active) {
+      const attempt = { ready: false };
+      let wait;
       try {
-        await connectOnce(signal);
-        // A clean end (age cap, `until`): reconnect at once, replaying.
-        if (!running) break;
-        setState('reconnecting');
-        await delay(Math.random() * retryMs, signal);
+        await connectOnce(s, attempt);
+        if (!s.active) break;
+        // A relay that accepts and then drops every connection must still
+        // lead to `degraded`: an attempt succeeds at `ready`, not at 200.
+        if (!attempt.ready) throw new EventRelayError('ended_early', 'the stream ended before the relay was ready');
+        // Ended after `ready` (the age cap, `until`, an expired token): a
+        // normal reconnect, replaying from the watermark.
+        setState(s, 'reconnecting');
+        wait = Math.random() * s.retryMs;
       } catch (error) {
-        if (!running) break;
-        if (error instanceof Unauthorized) {
-          const retry = settings.onUnauthorized ? await settings.onUnauthorized(error.status) : false;
+        if (!s.active) break;
+        if (error instanceof EventRelayError && error.code === 'unauthorized') {
+          let retry = false;
+          try {
+            retry = settings.onUnauthorized ? await settings.onUnauthorized(error.status) : false;
+          } catch (refreshError) {
+            error = refreshError;
+          }
+          if (!s.active) break;
           if (!retry) {
-            running = false;
-            settings.onError?.(error);
+            stopSession(s);
+            call(settings.onError, error);
             break;
           }
         }
-        failures += 1;
-        setState(failures >= settings.degradedAfter ? 'degraded' : 'reconnecting');
-        await delay(backoff(), signal);
+        // A refusal, an attempt that never reached `ready`, and a body that
+        // errors all count towards `degraded`; `ready` resets the count.
+        s.failures += 1;
+        setState(s, s.failures >= settings.degradedAfter ? 'degraded' : 'reconnecting');
+        // A relay that is shedding load says when to come back: wait at
+        // least that long (up to a ceiling), the usual backoff if longer.
+        const asked = Math.min(error?.retryAfterMs ?? 0, settings.maxRetryAfterMs);
+        wait = Math.max(backoff(s), asked);
       }
+      await delay(wait, s.signal);
     }
-    setState('stopped');
   }
 
-  return {
+  /** A message from another tab of the same stream. */
+  function onMessage(s, message) {
+    if (!s.active || !isObject(message)) return;
+    if (s.leader) {
+      // A tab that just opened asks where the stream stands.
+      if (message.kind === 'hello') post(s, { kind: 'state', state, lastEventId });
+      return;
+    }
+    if (message.kind !== 'event' && message.kind !== 'state') return;
+    s.adopted = true;
+    // The shared watermark: whichever tab holds the connection next
+    // resumes from it, so a hand-over loses nothing.
+    if (message.lastEventId !== undefined) lastEventId = message.lastEventId;
+    if (message.kind === 'event') {
+      if (isObject(message.event) && seen.add(message.event.id)) call(settings.onEvent, message.event);
+    } else if (message.state === 'connected') {
+      onConnected(s, message.resync === true);
+    } else if (FOLLOWED_STATES.has(message.state)) {
+      setState(s, message.state);
+    }
+  }
+
+  /** Waits for the lock; until then, follows the tab that holds it. */
+  async function share(s) {
+    let name;
+    try {
+      name = SHARE_PREFIX + (settings.shareName ?? (await deriveShareName(await settings.buildRequest())));
+    } catch {
+      // No request to derive the name from (say, the token could not be
+      // fetched): connect alone; the connection loop retries that request.
+      return lead(s);
+    }
+    if (!s.active) return;
+    try {
+      s.channel = new BroadcastChannel(name);
+      s.channel.onmessage = (event) => onMessage(s, event.data);
+      post(s, { kind: 'hello' });
+      // The lock is held for as long as `lead` runs: until stop(), or
+      // until the tab goes away, when the browser hands it to the next one.
+      await navigator.locks.request(name, { signal: s.signal }, () => lead(s));
+    } catch (error) {
+      if (!s.active) return; // stopped while waiting for the lock
+      if (s.leader) throw error;
+      // An opaque origin (a sandboxed frame, a file: page) may not take
+      // locks: connect alone.
+      s.channel?.close();
+      s.channel = undefined;
+      return lead(s);
+    }
+  }
+
+  const client = {
     start() {
-      if (running) return;
-      running = true;
-      run();
+      if (session) return;
+      const controller = new AbortController();
+      const s = {
+        active: true,
+        controller,
+        signal: controller.signal,
+        channel: undefined,
+        leader: false,
+        joined: false, // saw the stream live
+        adopted: false, // followed another tab's stream
+        failures: 0, // failed attempts since the last `ready`
+        retryMs: settings.initialDelayMs,
+      };
+      session = s;
+      setState(s, 'connecting');
+      (sharing ? share(s) : lead(s)).catch((error) => {
+        if (s.active) report(error);
+      });
     },
     stop() {
-      running = false;
-      controller?.abort();
-      setState('stopped');
+      if (session) stopSession(session);
     },
     get state() {
       return state;
@@ -242,5 +547,9 @@ export function createEventStreamClient(options) {
     get lastEventId() {
       return lastEventId;
     },
+    get isLeader() {
+      return session?.leader ?? false;
+    },
   };
+  return client;
 }

@@ -13,6 +13,9 @@ use eventrelay_wire::{Audience, EventEnvelope, Subscriber, is_permitted, sse};
 #[derive(Debug)]
 pub struct EncodedEvent {
     seq: Option<i64>,
+    /// The transaction that wrote a durable event, to hide it from
+    /// subscribers that joined after it committed.
+    txid: Option<u64>,
     occurred_at: DateTime<Utc>,
     event_type: Box<str>,
     scope_key: Box<str>,
@@ -22,9 +25,15 @@ pub struct EncodedEvent {
 
 impl EncodedEvent {
     pub fn new(envelope: EventEnvelope) -> Self {
+        Self::written_by(envelope, None)
+    }
+
+    /// A durable event with the transaction that wrote it.
+    pub fn written_by(envelope: EventEnvelope, txid: Option<u64>) -> Self {
         let frame = Bytes::from(sse::event_frame(&envelope));
         EncodedEvent {
             seq: envelope.seq,
+            txid,
             occurred_at: envelope.occurred_at,
             event_type: envelope.event_type.into_boxed_str(),
             scope_key: envelope.scope_key.into_boxed_str(),
@@ -36,6 +45,12 @@ impl EncodedEvent {
     /// The outbox seq; `None` for ephemeral events.
     pub fn seq(&self) -> Option<i64> {
         self.seq
+    }
+
+    /// The writing transaction; `None` for ephemeral events and rows from
+    /// before transactions were recorded.
+    pub fn txid(&self) -> Option<u64> {
+        self.txid
     }
 
     pub fn event_type(&self) -> &str {

@@ -7,14 +7,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use actix::{Actor, Context, Handler, Message, MessageResult};
+use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
 use chrono::Utc;
 use eventrelay_wire::Subscriber;
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use super::encoded::EncodedEvent;
 use super::tail::{Bound, Tail};
+use super::tail_budget::{ShrinkTail, TailBudget};
 use crate::metrics::Metrics;
+use crate::store::Snapshot;
 
 /// A subscriber's outgoing queue, as the hub sees it.
 pub type FrameSender = mpsc::Sender<Arc<EncodedEvent>>;
@@ -22,6 +24,7 @@ pub type FrameSender = mpsc::Sender<Arc<EncodedEvent>>;
 pub struct Hub {
     scope_key: String,
     tail: Tail,
+    budget: Arc<TailBudget>,
     members: HashMap<u64, Member>,
     metrics: Arc<Metrics>,
 }
@@ -29,6 +32,20 @@ pub struct Hub {
 struct Member {
     subscriber: Subscriber,
     queue: FrameSender,
+    /// For a subscriber that asked for no replay: the snapshot taken when
+    /// it joined. A durable event whose transaction it saw committed is
+    /// history to this subscriber, though it may be new to the scope (its
+    /// notification was lost and a re-read found it).
+    hide_committed_before: Option<Arc<Snapshot>>,
+}
+
+impl Member {
+    fn wants(&self, event: &EncodedEvent) -> bool {
+        match (&self.hide_committed_before, event.seq()) {
+            (Some(snapshot), Some(_)) => !snapshot.is_visible(event.txid()),
+            _ => true,
+        }
+    }
 }
 
 impl Hub {
@@ -36,11 +53,13 @@ impl Hub {
         scope_key: String,
         max_events: Bound,
         max_bytes: Bound,
+        budget: Arc<TailBudget>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Hub {
             scope_key,
             tail: Tail::new(max_events, max_bytes),
+            budget,
             members: HashMap::new(),
             metrics,
         }
@@ -56,6 +75,9 @@ impl Hub {
         self.members.retain(|id, member| {
             if !event.is_permitted_for(&member.subscriber) {
                 filtered += 1;
+                return true;
+            }
+            if !member.wants(event) {
                 return true;
             }
             match member.queue.try_send(Arc::clone(event)) {
@@ -89,6 +111,20 @@ impl Hub {
 
 impl Actor for Hub {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let lease = self.budget.join(ctx.address().downgrade().recipient());
+        self.tail.join_budget(lease);
+    }
+}
+
+impl Handler<ShrinkTail> for Hub {
+    type Result = ();
+
+    fn handle(&mut self, _: ShrinkTail, _: &mut Context<Self>) {
+        self.tail.empty();
+        self.metrics.tails_shrunk.inc();
+    }
 }
 
 /// Durable events read from the outbox after `read_after`, new to this hub,
@@ -135,6 +171,7 @@ pub struct Attach {
     pub subscriber: Subscriber,
     pub queue: FrameSender,
     pub replay_after: Option<i64>,
+    pub hide_committed_before: Option<Arc<Snapshot>>,
 }
 
 impl Handler<Attach> for Hub {
@@ -155,6 +192,7 @@ impl Handler<Attach> for Hub {
             Member {
                 subscriber: msg.subscriber,
                 queue: msg.queue,
+                hide_committed_before: msg.hide_committed_before,
             },
         );
         MessageResult(replay)

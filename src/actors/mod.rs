@@ -8,6 +8,7 @@ pub mod hub;
 pub mod listener;
 pub mod relay;
 pub mod tail;
+pub mod tail_budget;
 
 pub use encoded::EncodedEvent;
 pub use listener::Listener;

@@ -8,6 +8,13 @@
 //! every active scope, because notifications sent meanwhile are gone. Reads
 //! for one scope never overlap: a pointer that arrives mid-read widens the
 //! next read instead.
+//!
+//! Reading below the watermark also finds history: events that committed
+//! before the scope's first subscriber joined. The scope remembers the
+//! snapshot taken when it was activated, and an event is passed on only if
+//! its seq is above the newest seq that snapshot saw, or its transaction was
+//! not yet visible in it (a late commit). So no read, however far back it
+//! starts, hands a subscriber an event from before it subscribed.
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -23,8 +30,9 @@ use eventrelay_wire::{EventEnvelope, Subscriber};
 use super::encoded::EncodedEvent;
 use super::hub::{Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral};
 use super::tail::Bound;
+use super::tail_budget::TailBudget;
 use crate::metrics::Metrics;
-use crate::store::{Database, Outbox};
+use crate::store::{Database, Outbox, Snapshot, StoredEvent};
 
 /// Rows per outbox read.
 const PAGE: i64 = 500;
@@ -36,12 +44,21 @@ const RECONNECT_LOOKBACK: i64 = 1000;
 /// Wait before retrying a failed outbox read.
 const READ_RETRY: Duration = Duration::from_secs(1);
 
+/// The bounds every scope's tail is created with.
+pub struct TailSettings {
+    /// Events per tail, read on every publish.
+    pub max_events: Bound,
+    /// Encoded bytes per tail, read on every publish.
+    pub max_bytes: Bound,
+    /// The budget all tails share.
+    pub budget: Arc<TailBudget>,
+}
+
 pub struct Relay {
     db: Database,
     outbox: Outbox,
     arbiters: Vec<ArbiterHandle>,
-    tail_events: Bound,
-    tail_bytes: Bound,
+    tails: TailSettings,
     metrics: Arc<Metrics>,
     /// Woken on every committed durable event: it may have deliveries.
     webhook_wake: Arc<tokio::sync::Notify>,
@@ -52,6 +69,8 @@ pub struct Relay {
 struct ScopeState {
     hub: Addr<Hub>,
     subscribers: usize,
+    /// What had committed when the scope was activated: never delivered.
+    history: History,
     watermark: Option<i64>,
     reading: bool,
     /// Lowest start of a read requested while one was running.
@@ -64,8 +83,7 @@ impl Relay {
         db: Database,
         outbox: Outbox,
         arbiters: Vec<ArbiterHandle>,
-        tail_events: Bound,
-        tail_bytes: Bound,
+        tails: TailSettings,
         metrics: Arc<Metrics>,
         webhook_wake: Arc<tokio::sync::Notify>,
     ) -> Self {
@@ -77,8 +95,7 @@ impl Relay {
             db,
             outbox,
             arbiters,
-            tail_events,
-            tail_bytes,
+            tails,
             metrics,
             webhook_wake,
             scopes: HashMap::new(),
@@ -92,12 +109,13 @@ impl Relay {
         &self.arbiters[hasher.finish() as usize % self.arbiters.len()]
     }
 
-    fn activate(&mut self, scope_key: &str, ctx: &mut Context<Self>) -> &mut ScopeState {
+    fn activate(&mut self, scope_key: &str, joined: &JoinPoint) -> &mut ScopeState {
         if !self.scopes.contains_key(scope_key) {
             let hub = Hub::new(
                 scope_key.to_owned(),
-                Arc::clone(&self.tail_events),
-                Arc::clone(&self.tail_bytes),
+                Arc::clone(&self.tails.max_events),
+                Arc::clone(&self.tails.max_bytes),
+                Arc::clone(&self.tails.budget),
                 Arc::clone(&self.metrics),
             );
             let hub = Hub::start_in_arbiter(self.arbiter_for(scope_key), |_| hub);
@@ -106,36 +124,20 @@ impl Relay {
                 ScopeState {
                     hub,
                     subscribers: 0,
-                    watermark: None,
+                    history: History {
+                        snapshot: Arc::clone(&joined.snapshot),
+                        newest: joined.scope_newest,
+                    },
+                    // A listener reconnect re-reads from here.
+                    watermark: Some(joined.scope_newest),
                     reading: false,
                     pending_from: None,
                     delivered: BTreeSet::new(),
                 },
             );
             self.metrics.active_scopes.set(self.scopes.len() as i64);
-            self.seed_watermark(scope_key.to_owned(), ctx);
         }
         self.scopes.get_mut(scope_key).expect("inserted above")
-    }
-
-    /// Starts a new scope's watermark at its newest row, so a listener
-    /// reconnect can re-read from there.
-    fn seed_watermark(&self, scope_key: String, ctx: &mut Context<Self>) {
-        let db = self.db.clone();
-        let outbox = self.outbox.clone();
-        let relay = ctx.address();
-        actix::spawn(async move {
-            let newest = match db.get().await {
-                Ok(client) => outbox.newest_seq(&*client, &scope_key).await.ok(),
-                Err(_) => None,
-            };
-            if let Some(seq) = newest {
-                relay.do_send(SeedWatermark {
-                    scope_key,
-                    seq: seq.unwrap_or(0),
-                });
-            }
-        });
     }
 
     fn schedule_read(&mut self, scope_key: &str, from: i64, ctx: &mut Context<Self>) {
@@ -162,22 +164,45 @@ impl Relay {
     }
 }
 
+/// Where a subscriber joined: the snapshot taken then, and the scope's
+/// newest seq in it.
+#[derive(Debug, Clone)]
+pub struct JoinPoint {
+    pub snapshot: Arc<Snapshot>,
+    pub scope_newest: i64,
+}
+
+/// The events a scope had when it was activated.
+struct History {
+    snapshot: Arc<Snapshot>,
+    newest: i64,
+}
+
+impl History {
+    /// True for an event that had committed before activation. Everything
+    /// above `newest` is new; below it, only a transaction that was still
+    /// running (a late commit) is.
+    fn contains(&self, seq: i64, txid: Option<u64>) -> bool {
+        seq <= self.newest && self.snapshot.is_visible(txid)
+    }
+}
+
 async fn read_all_after(
     db: &Database,
     outbox: &Outbox,
     scope_key: &str,
     from: i64,
-) -> Result<Vec<EventEnvelope>, String> {
+) -> Result<Vec<StoredEvent>, String> {
     let client = db.get().await.map_err(|e| e.to_string())?;
     let mut events = Vec::new();
     let mut cursor = from;
     loop {
         let page = outbox
-            .read_since(&*client, scope_key, cursor, PAGE)
+            .read_rows(&*client, scope_key, cursor, PAGE)
             .await
             .map_err(|e| e.to_string())?;
         let done = (page.len() as i64) < PAGE;
-        if let Some(last) = page.last().and_then(|e| e.seq) {
+        if let Some(last) = page.last().and_then(|e| e.envelope.seq) {
             cursor = last;
         }
         events.extend(page);
@@ -256,29 +281,10 @@ impl Handler<ListenerConnected> for Relay {
 
 #[derive(Message)]
 #[rtype(result = "()")]
-struct SeedWatermark {
-    scope_key: String,
-    seq: i64,
-}
-
-impl Handler<SeedWatermark> for Relay {
-    type Result = ();
-
-    fn handle(&mut self, msg: SeedWatermark, _: &mut Context<Self>) {
-        if let Some(state) = self.scopes.get_mut(&msg.scope_key) {
-            if state.watermark.is_none() {
-                state.watermark = Some(msg.seq);
-            }
-        }
-    }
-}
-
-#[derive(Message)]
-#[rtype(result = "()")]
 struct ReadDone {
     scope_key: String,
     from: i64,
-    result: Result<Vec<EventEnvelope>, String>,
+    result: Result<Vec<StoredEvent>, String>,
 }
 
 impl Handler<ReadDone> for Relay {
@@ -290,13 +296,16 @@ impl Handler<ReadDone> for Relay {
         };
         state.reading = false;
         match msg.result {
-            Ok(envelopes) => {
+            Ok(rows) => {
                 let mut fresh = Vec::new();
-                for envelope in envelopes {
+                for StoredEvent { envelope, txid } in rows {
                     let Some(seq) = envelope.seq else { continue };
+                    if state.history.contains(seq, txid) {
+                        continue;
+                    }
                     if state.delivered.insert(seq) {
                         state.watermark = Some(state.watermark.map_or(seq, |w| w.max(seq)));
-                        fresh.push(Arc::new(EncodedEvent::new(envelope)));
+                        fresh.push(Arc::new(EncodedEvent::written_by(envelope, txid)));
                     }
                 }
                 while state.delivered.len() > DELIVERED_MEMORY {
@@ -304,7 +313,9 @@ impl Handler<ReadDone> for Relay {
                 }
                 // One message per page keeps each burst below a session's
                 // queue capacity; each page follows on from the previous.
-                let mut read_after = msg.from;
+                // History was left out, and all of it is at or below
+                // `newest`, so the tail may claim to cover only above that.
+                let mut read_after = msg.from.max(state.history.newest);
                 for page in fresh.chunks(PAGE as usize) {
                     state.hub.do_send(PublishDurable {
                         read_after,
@@ -346,21 +357,29 @@ pub struct Subscribe {
     pub subscriber: Subscriber,
     pub queue: FrameSender,
     pub replay_after: Option<i64>,
+    /// Where the subscriber joined. A subscriber that asked for no replay
+    /// is never sent an event its snapshot already saw committed.
+    pub joined: JoinPoint,
 }
 
 impl Handler<Subscribe> for Relay {
     type Result = ResponseFuture<Result<Attached, actix::MailboxError>>;
 
-    fn handle(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: Subscribe, _: &mut Context<Self>) -> Self::Result {
         self.next_session += 1;
         let session = self.next_session;
-        let state = self.activate(&msg.subscriber.scope_key, ctx);
+        let state = self.activate(&msg.subscriber.scope_key, &msg.joined);
         state.subscribers += 1;
+        let hide_committed_before = msg
+            .replay_after
+            .is_none()
+            .then(|| Arc::clone(&msg.joined.snapshot));
         let attach = state.hub.send(Attach {
             session,
             subscriber: msg.subscriber,
             queue: msg.queue,
             replay_after: msg.replay_after,
+            hide_committed_before,
         });
         Box::pin(async move {
             let from_tail = attach.await?;
@@ -406,5 +425,26 @@ impl Handler<StopRelay> for Relay {
 
     fn handle(&mut self, _: StopRelay, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_is_what_had_committed_at_activation() {
+        // Seqs 1..=5 existed; the transaction 103 that wrote seq 3 was
+        // still running.
+        let history = History {
+            snapshot: Arc::new(Snapshot::parse("103:106:103").unwrap()),
+            newest: 5,
+        };
+        assert!(history.contains(1, Some(100)));
+        assert!(history.contains(4, Some(104)));
+        assert!(history.contains(2, None), "rows from before txids");
+        assert!(!history.contains(3, Some(103)), "a late commit is new");
+        assert!(!history.contains(6, Some(99)), "above newest is always new");
+        assert!(!history.contains(4, Some(106)), "started after activation");
     }
 }

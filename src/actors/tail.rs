@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::encoded::EncodedEvent;
+use super::tail_budget::TailLease;
 
 /// Reads a bound; called on every publish.
 pub type Bound = Arc<dyn Fn() -> usize + Send + Sync>;
@@ -31,6 +32,8 @@ pub struct Tail {
     max_events: Bound,
     max_bytes: Bound,
     version: watch::Sender<u64>,
+    /// This tail's share of the budget across all tails, when there is one.
+    lease: Option<TailLease>,
 }
 
 impl Tail {
@@ -42,6 +45,27 @@ impl Tail {
             max_events,
             max_bytes,
             version: watch::Sender::new(0),
+            lease: None,
+        }
+    }
+
+    /// Counts this tail against a budget shared with other tails.
+    pub fn join_budget(&mut self, lease: TailLease) {
+        lease.record(self.bytes);
+        self.lease = Some(lease);
+    }
+
+    /// Drops every entry while still covering everything after the newest
+    /// one, so a reader that was caught up keeps reading from memory and an
+    /// older one reads the outbox.
+    pub fn empty(&mut self) {
+        if let Some(newest) = self.entries.back().and_then(|e| e.seq()) {
+            self.covers_after = Some(newest);
+        }
+        self.entries.clear();
+        self.bytes = 0;
+        if let Some(lease) = &self.lease {
+            lease.shrunk(0);
         }
     }
 
@@ -72,6 +96,11 @@ impl Tail {
             self.entries.insert(position, Arc::clone(event));
         }
         self.enforce_bounds();
+        if let Some(lease) = &self.lease {
+            if lease.record(self.bytes) {
+                self.empty();
+            }
+        }
         self.notify();
     }
 
@@ -96,6 +125,9 @@ impl Tail {
     /// Events after `after`, or `None` when the tail does not reach back
     /// that far and the reader must page from the outbox.
     pub fn recent(&self, after: i64) -> Option<Vec<Arc<EncodedEvent>>> {
+        if let Some(lease) = &self.lease {
+            lease.touch();
+        }
         let covers_after = self.covers_after?;
         if after < covers_after {
             return None;

@@ -16,9 +16,10 @@ use tokio::time::Instant;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::actors::relay::Subscribe;
+use crate::actors::relay::{JoinPoint, Subscribe};
 use crate::auth::Credentials;
 use crate::session::{Registration, Replay, Session, SessionParams, count_replay};
+use crate::store::JoinView;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -110,6 +111,20 @@ pub async fn stream_events(
 
     let sse = &state.config.sse;
     let replay_from = last_event_id.map(|id| (id - sse.replay_lookback).max(0));
+    // Taken before the subscription exists, so whatever it saw committed
+    // is history to this subscriber and everything after it is live.
+    let view = {
+        let client = state
+            .db
+            .get()
+            .await
+            .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))?;
+        state
+            .outbox
+            .join_view(&*client, &subscriber.scope_key)
+            .await
+            .map_err(|e| ApiError::unavailable(e.to_string()))?
+    };
     let (queue, receiver) = mpsc::channel(sse.queue_capacity);
     let attached = state
         .relay
@@ -117,6 +132,10 @@ pub async fn stream_events(
             subscriber: subscriber.clone(),
             queue,
             replay_after: replay_from,
+            joined: JoinPoint {
+                snapshot: Arc::new(view.snapshot.clone()),
+                scope_newest: view.scope_newest,
+            },
         })
         .await
         .map_err(|_| ApiError::unavailable("the relay is shutting down"))?
@@ -130,32 +149,21 @@ pub async fn stream_events(
     };
 
     let (replay, resync) = match (last_event_id, replay_from, attached.from_tail) {
-        (Some(_), Some(_), Some(events)) => {
+        (Some(after), Some(_), Some(events)) => {
             count_replay(&state.metrics, "memory");
-            (Replay::FromTail(events), false)
+            // The tail holds every event after `after`: nothing was pruned
+            // from under it, but the watermark may still be from the future.
+            (Replay::FromTail(events), after > view.outbox_newest)
         }
         (Some(after), Some(from), None) => {
             count_replay(&state.metrics, "outbox");
-            let client = state
-                .db
-                .get()
-                .await
-                .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))?;
-            let horizon = state
-                .outbox
-                .horizon(&*client)
-                .await
-                .map_err(|e| ApiError::unavailable(e.to_string()))?;
-            // Anything below the horizon has been pruned; if that could
-            // include events after `after`, the client must re-read.
-            let resync = horizon.is_none_or(|oldest| oldest > after + 1);
             (
                 Replay::FromOutbox {
                     cursor: from,
                     db: state.db.clone(),
                     outbox: state.outbox.clone(),
                 },
-                resync,
+                must_reread(&view, after),
             )
         }
         _ => (Replay::Nothing, true),
@@ -187,6 +195,19 @@ pub async fn stream_events(
         .insert_header(("x-accel-buffering", "no"))
         .insert_header((header::CONTENT_ENCODING, "identity"))
         .streaming(session.into_stream()))
+}
+
+/// Whether a client replaying after `after` may have missed events and
+/// must re-read its state: some were pruned, or its watermark is above
+/// every seq this outbox ever assigned, so it comes from another database
+/// (a restore, a reset sequence) and replaying "after" it finds nothing.
+fn must_reread(view: &JoinView, after: i64) -> bool {
+    let from_the_future = after > view.outbox_newest;
+    let pruned = after < view.pruned_through;
+    // Rows pruned before the highest pruned seq was recorded leave only the
+    // horizon to go by.
+    let below_horizon = view.horizon.is_none_or(|oldest| oldest > after + 1);
+    from_the_future || pruned || (below_horizon && after < view.outbox_newest)
 }
 
 #[cfg(test)]

@@ -38,6 +38,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "coalesce_notify",
         sql: include_str!("../../migrations/0003_coalesce_notify.sql"),
     },
+    Migration {
+        version: 4,
+        name: "delivery_correctness",
+        sql: include_str!("../../migrations/0004_delivery_correctness.sql"),
+    },
 ];
 
 /// Why the schema could not be brought up to date.

@@ -1,17 +1,50 @@
-//! The outbox's read side: a scope's events after a seq, and pruning by
-//! age. The relay's live path and every replay path read through here.
+//! The outbox's read side: a scope's events after a seq, the point a new
+//! subscriber joins at, and pruning by age. The relay's live path and every
+//! replay path read through here.
 
 use chrono::{DateTime, Utc};
 use eventrelay_publisher::{Identifier, PgExecutor};
-use eventrelay_wire::{Audience, EventEnvelope, Lane};
+use eventrelay_wire::{Audience, EventEnvelope, Lane, is_reserved_event_type};
 use tokio_postgres::Row;
 use tokio_postgres::types::Type;
+
+use super::snapshot::{Snapshot, SnapshotParseError};
 
 /// Why the outbox could not be read or pruned.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database error: {0}")]
     Database(#[from] tokio_postgres::Error),
+    #[error("the database answered with an unreadable snapshot: {0}")]
+    Snapshot(#[from] SnapshotParseError),
+    #[error("the database answered no row to: {0}")]
+    NoRow(&'static str),
+}
+
+/// A durable event as read from the outbox, with the transaction that
+/// wrote it (`None` for rows written before transactions were recorded).
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    pub envelope: EventEnvelope,
+    pub txid: Option<u64>,
+}
+
+/// What the outbox looked like at the moment a subscriber joined.
+#[derive(Debug, Clone)]
+pub struct JoinView {
+    /// Transactions committed at that moment: events they wrote are history.
+    pub snapshot: Snapshot,
+    /// The scope's highest committed seq then (0 when it had none). Every
+    /// event above it is new; below it, the snapshot decides.
+    pub scope_newest: i64,
+    /// The highest seq ever assigned in this outbox, in any scope. A
+    /// `Last-Event-ID` above it comes from another database (a restore, a
+    /// reset sequence) and the client must re-read.
+    pub outbox_newest: i64,
+    /// Every event at or below this seq may have been pruned.
+    pub pruned_through: i64,
+    /// The lowest seq still held in any scope.
+    pub horizon: Option<i64>,
 }
 
 /// Rows deleted per statement when pruning, so a large backlog never holds
@@ -22,9 +55,9 @@ pub const PRUNE_BATCH: i64 = 5_000;
 #[derive(Debug, Clone)]
 pub struct Outbox {
     read_sql: String,
+    join_sql: String,
     prune_sql: String,
     oldest_sql: String,
-    newest_sql: String,
     horizon_sql: String,
 }
 
@@ -32,22 +65,37 @@ impl Outbox {
     pub fn new(schema: &Identifier) -> Self {
         Outbox {
             read_sql: format!(
-                "SELECT seq, id, type, scope_key, data, audience, resources, occurred_at
+                "SELECT seq, id, type, scope_key, data, audience, resources, occurred_at,
+                        txid::text AS txid
                  FROM {schema}.outbox
                  WHERE scope_key = $1 AND seq > $2
                  ORDER BY seq
                  LIMIT $3"
             ),
+            // One statement, so the snapshot and the seqs agree.
+            join_sql: format!(
+                "SELECT pg_current_snapshot()::text,
+                        (SELECT max(seq) FROM {schema}.outbox WHERE scope_key = $1),
+                        (SELECT pg_sequence_last_value(pg_get_serial_sequence('{schema}.outbox', 'seq'))),
+                        (SELECT pruned_through FROM {schema}.settings),
+                        (SELECT min(seq) FROM {schema}.outbox)"
+            ),
+            // By `written_at`, which the database sets, never by
+            // `occurred_at`, which callers may backdate. The highest seq
+            // deleted is recorded so replays below it are told to re-read.
             prune_sql: format!(
                 "WITH doomed AS (
-                     SELECT seq FROM {schema}.outbox WHERE occurred_at < $1 ORDER BY seq LIMIT $2
+                     SELECT seq FROM {schema}.outbox WHERE written_at < $1 ORDER BY seq LIMIT $2
                  ), gone AS (
-                     DELETE FROM {schema}.outbox o USING doomed d WHERE o.seq = d.seq RETURNING 1
+                     DELETE FROM {schema}.outbox o USING doomed d WHERE o.seq = d.seq RETURNING o.seq
+                 ), recorded AS (
+                     UPDATE {schema}.settings SET pruned_through = greatest(pruned_through, g.top)
+                     FROM (SELECT max(seq) AS top FROM gone) g
+                     WHERE g.top IS NOT NULL
                  )
                  SELECT count(*) FROM gone"
             ),
             oldest_sql: format!("SELECT min(seq) FROM {schema}.outbox WHERE scope_key = $1"),
-            newest_sql: format!("SELECT max(seq) FROM {schema}.outbox WHERE scope_key = $1"),
             horizon_sql: format!("SELECT min(seq) FROM {schema}.outbox"),
         }
     }
@@ -63,6 +111,19 @@ impl Outbox {
         after: i64,
         limit: i64,
     ) -> Result<Vec<EventEnvelope>, StoreError> {
+        let rows = self.read_rows(db, scope_key, after, limit).await?;
+        Ok(rows.into_iter().map(|row| row.envelope).collect())
+    }
+
+    /// As [`Outbox::read_since`], with each event's writing transaction, which
+    /// the relay needs to tell history from a late commit.
+    pub async fn read_rows(
+        &self,
+        db: &impl PgExecutor,
+        scope_key: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
         let rows = db
             .query_typed(
                 &self.read_sql,
@@ -73,7 +134,27 @@ impl Outbox {
                 ],
             )
             .await?;
-        Ok(rows.iter().filter_map(envelope_from_row).collect())
+        Ok(rows.iter().filter_map(stored_from_row).collect())
+    }
+
+    /// The outbox as a subscriber joining `scope_key` now sees it.
+    pub async fn join_view(
+        &self,
+        db: &impl PgExecutor,
+        scope_key: &str,
+    ) -> Result<JoinView, StoreError> {
+        let rows = db
+            .query_typed(&self.join_sql, &[(&scope_key, Type::TEXT)])
+            .await?;
+        let row = rows.first().ok_or(StoreError::NoRow("the join view"))?;
+        let snapshot: String = row.get(0);
+        Ok(JoinView {
+            snapshot: Snapshot::parse(&snapshot)?,
+            scope_newest: row.get::<_, Option<i64>>(1).unwrap_or(0),
+            outbox_newest: row.get::<_, Option<i64>>(2).unwrap_or(0),
+            pruned_through: row.get::<_, Option<i64>>(3).unwrap_or(0),
+            horizon: row.get(4),
+        })
     }
 
     /// The lowest seq the outbox still holds for `scope_key`, if any.
@@ -88,18 +169,6 @@ impl Outbox {
         Ok(rows.first().and_then(|row| row.get(0)))
     }
 
-    /// The highest seq the outbox holds for `scope_key`, if any.
-    pub async fn newest_seq(
-        &self,
-        db: &impl PgExecutor,
-        scope_key: &str,
-    ) -> Result<Option<i64>, StoreError> {
-        let rows = db
-            .query_typed(&self.newest_sql, &[(&scope_key, Type::TEXT)])
-            .await?;
-        Ok(rows.first().and_then(|row| row.get(0)))
-    }
-
     /// The lowest seq the outbox still holds in any scope. Pruning removes
     /// rows by age across all scopes, so every seq below this is gone.
     pub async fn horizon(&self, db: &impl PgExecutor) -> Result<Option<i64>, StoreError> {
@@ -107,8 +176,8 @@ impl Outbox {
         Ok(rows.first().and_then(|row| row.get(0)))
     }
 
-    /// Deletes every row that occurred before `cutoff`, in batches, and
-    /// returns how many went.
+    /// Deletes every row written before `cutoff`, in batches, and returns
+    /// how many went.
     pub async fn prune_before(
         &self,
         db: &impl PgExecutor,
@@ -134,8 +203,33 @@ impl Outbox {
     }
 }
 
-fn envelope_from_row(row: &Row) -> Option<EventEnvelope> {
+fn stored_from_row(row: &Row) -> Option<StoredEvent> {
     let seq: i64 = row.get("seq");
+    let event_type: String = row.get("type");
+    if is_reserved_event_type(&event_type) {
+        // Only rows written before reserved names were refused can hold
+        // one; shown to a client, it would pass for a control frame.
+        tracing::warn!(
+            seq,
+            event_type,
+            "withholding outbox row with a reserved event type"
+        );
+        return None;
+    }
+    let txid = match row.get::<_, Option<String>>("txid") {
+        None => None,
+        Some(text) => match text.parse::<u64>() {
+            Ok(txid) => Some(txid),
+            Err(_) => {
+                tracing::warn!(
+                    seq,
+                    txid = text,
+                    "withholding outbox row with an unreadable txid"
+                );
+                return None;
+            }
+        },
+    };
     let audience = match row.get::<_, Option<serde_json::Value>>("audience") {
         None => None,
         Some(value) => match serde_json::from_value::<Audience>(value) {
@@ -146,9 +240,9 @@ fn envelope_from_row(row: &Row) -> Option<EventEnvelope> {
             }
         },
     };
-    Some(EventEnvelope {
+    let envelope = EventEnvelope {
         id: row.get("id"),
-        event_type: row.get("type"),
+        event_type,
         scope_key: row.get("scope_key"),
         lane: Lane::Durable,
         seq: Some(seq),
@@ -156,5 +250,6 @@ fn envelope_from_row(row: &Row) -> Option<EventEnvelope> {
         audience,
         resources: row.get("resources"),
         occurred_at: row.get("occurred_at"),
-    })
+    };
+    Some(StoredEvent { envelope, txid })
 }

@@ -276,8 +276,11 @@ impl WebhookStore {
         Ok(db.query_typed(&sql, params).await?)
     }
 
-    /// Makes the `config` subscriptions exactly `subscriptions`: upserts
-    /// each, and removes configured ones no longer listed.
+    /// Writes each configured subscription (creating or updating it) and
+    /// removes none. In a rolling deploy a replica still running an older
+    /// configuration must not delete what a newer one added, with its
+    /// pending deliveries; removal is the explicit
+    /// [`WebhookStore::remove_unlisted_config_subscriptions`].
     pub async fn sync_config_subscriptions(
         &self,
         db: &impl PgExecutor,
@@ -301,14 +304,30 @@ impl WebhookStore {
             )
             .await?;
         }
-        let ids: Vec<&str> = subscriptions.iter().map(|s| s.id.as_str()).collect();
-        self.rows(
-            db,
-            "DELETE FROM {schema}.webhook_subscriptions WHERE source = 'config' AND NOT (id = ANY($1))",
-            &[(&ids, Type::TEXT_ARRAY)],
-        )
-        .await?;
         Ok(())
+    }
+
+    /// Deletes the `config` subscriptions not in `keep` and returns their
+    /// ids. Their pending deliveries give up (`gone`) at their next attempt,
+    /// so this is run once no replica's configuration lists them.
+    pub async fn remove_unlisted_config_subscriptions(
+        &self,
+        db: &impl PgExecutor,
+        keep: &[&str],
+    ) -> Result<Vec<String>, StoreError> {
+        let keep: Vec<&str> = keep.to_vec();
+        let rows = self
+            .rows(
+                db,
+                "DELETE FROM {schema}.webhook_subscriptions
+                 WHERE source = 'config' AND NOT (id = ANY($1))
+                 RETURNING id",
+                &[(&keep, Type::TEXT_ARRAY)],
+            )
+            .await?;
+        let mut removed: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+        removed.sort();
+        Ok(removed)
     }
 
     /// Creates a subscription; `None` when the id is taken.

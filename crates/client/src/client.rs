@@ -12,8 +12,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventrelay_wire::EventEnvelope;
 use eventrelay_wire::sse::READY_EVENT;
+use eventrelay_wire::{EventEnvelope, is_reserved_event_type};
 use futures_util::StreamExt;
 use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
@@ -336,9 +336,8 @@ impl ClientHandle {
     }
 }
 
-/// The `ready` frame's data. `resync` is required, which no envelope has, so
-/// an application event that happens to be named `ready` is still delivered
-/// as an event; other keys are ignored, so the relay may add some.
+/// The `ready` frame's data. Other keys are ignored, so the relay may add
+/// some.
 #[derive(Deserialize)]
 struct ReadyData {
     resync: bool,
@@ -495,11 +494,25 @@ impl Runner {
     /// One dispatched frame. Errs only when the application dropped the
     /// event receiver.
     async fn handle(&mut self, frame: SseEvent) -> Result<(), ()> {
-        if frame.event_type == READY_EVENT {
-            if let Ok(ready) = serde_json::from_str::<ReadyData>(&frame.data) {
-                self.on_ready(ready.resync);
-                return Ok(());
+        // The relay refuses application events under reserved names, so a
+        // `ready` frame is the control frame, unless it carries an `id:`,
+        // which only durable application events have.
+        if frame.event_type == READY_EVENT && frame.id.is_none() {
+            match serde_json::from_str::<ReadyData>(&frame.data) {
+                Ok(ready) => self.on_ready(ready.resync),
+                Err(error) => tracing::warn!(%error, "skipping a malformed `ready` frame"),
             }
+            return Ok(());
+        }
+        if is_reserved_event_type(&frame.event_type) {
+            // Never handed to the application: a reserved name is a control
+            // frame this version does not know, or an event that an older
+            // relay let through under a control frame's name.
+            tracing::warn!(
+                event_type = frame.event_type,
+                "skipping a frame with a reserved event type"
+            );
+            return Ok(());
         }
         match serde_json::from_str::<EventEnvelope>(&frame.data) {
             Ok(envelope) if self.seen.insert(envelope.id) => {

@@ -266,15 +266,46 @@ async fn duplicates_are_dropped_and_undecodable_frames_skipped() {
 }
 
 #[tokio::test]
-async fn an_event_named_ready_is_still_an_event() {
-    let mut named_ready = envelope(9, "ephemeral", None);
+async fn reserved_types_never_reach_the_application_nor_the_control_path() {
+    // A durable event named `ready` (which an older relay let through) has
+    // an `id:`: it must neither mark the stream ready nor reach the
+    // application. Nor may an unknown control frame under the reserved
+    // prefix, or an `error` event.
+    let mut named_ready = envelope(9, "durable", Some(9));
     named_ready["type"] = json!("ready");
-    let body = format!("{}event: ready\ndata: {named_ready}\n\n", ready(false));
+    let mut named_error = envelope(10, "ephemeral", None);
+    named_error["type"] = json!("error");
+    let body = format!(
+        "id: 9\nevent: ready\ndata: {named_ready}\n\nevent: error\ndata: {named_error}\n\nevent: eventrelay.future\ndata: {{}}\n\n{}{}",
+        ready(false),
+        durable(11, 11),
+    );
     let server = Scripted::start(vec![stream(body, true)]).await;
     let (handle, mut events) = server.client().start();
+    let mut status = handle.subscribe();
     let event = next(&mut events).await;
-    assert_eq!(event.event_type, "ready");
-    assert_eq!(event.envelope.id.as_u128(), 9);
+    assert_eq!(
+        event.envelope.id.as_u128(),
+        11,
+        "only the application event"
+    );
+    assert_eq!(status.borrow_and_update().state, State::Connected);
+    handle.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_ready_frame_with_an_id_does_not_connect() {
+    // Without the real control frame the stream never becomes ready, so
+    // its end counts as a failure.
+    let body = "id: 9\nevent: ready\ndata: {\"resync\":false}\n\n";
+    let server = Scripted::start(vec![stream(body, false)]).await;
+    let (handle, _events) = server
+        .client()
+        .backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .degraded_after(1)
+        .start();
+    let status = wait_for_state(&handle, State::Degraded).await;
+    assert!(status.consecutive_failures >= 1);
     handle.stop().await.unwrap();
 }
 

@@ -11,6 +11,23 @@ pub const MAX_EVENT_TYPE_BYTES: usize = 200;
 /// Longest accepted scope key, in bytes.
 pub const MAX_SCOPE_KEY_BYTES: usize = 200;
 
+/// Event types an application may not use, because a stream gives them a
+/// meaning of its own: `ready` is the relay's control frame, and `open` and
+/// `error` are the events a browser's `EventSource` raises for the connection
+/// itself. An application event under one of these names would be mistaken
+/// for the control signal by every client.
+pub const RESERVED_EVENT_TYPES: [&str; 3] = ["ready", "open", "error"];
+
+/// Every event type with this prefix is reserved for the relay's future
+/// control frames.
+pub const RESERVED_EVENT_TYPE_PREFIX: &str = "eventrelay.";
+
+/// True for the names [`RESERVED_EVENT_TYPES`] and
+/// [`RESERVED_EVENT_TYPE_PREFIX`] set aside for the relay and the browser.
+pub fn is_reserved_event_type(event_type: &str) -> bool {
+    RESERVED_EVENT_TYPES.contains(&event_type) || event_type.starts_with(RESERVED_EVENT_TYPE_PREFIX)
+}
+
 /// How an event travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "json-schema", derive(schemars::JsonSchema))]
@@ -121,6 +138,10 @@ pub enum EnvelopeError {
     TypeTooLong { len: usize },
     #[error("event type must not contain control characters (such as a newline)")]
     TypeHasControlCharacter,
+    #[error(
+        "event type {0:?} is reserved: `ready`, `open`, `error` and every type starting with `eventrelay.` name a stream's own control frames"
+    )]
+    ReservedType(String),
     #[error("scope key must not be empty")]
     EmptyScopeKey,
     #[error("scope key is {len} bytes; the limit is {MAX_SCOPE_KEY_BYTES}")]
@@ -133,8 +154,8 @@ pub enum EnvelopeError {
     EphemeralWithSeq,
 }
 
-/// Checks an event type: non-empty, bounded, and free of control characters
-/// (a newline in a type could otherwise split an SSE frame).
+/// Checks an event type: non-empty, bounded, free of control characters (a
+/// newline in a type could otherwise split an SSE frame) and not reserved.
 pub fn validate_event_type(event_type: &str) -> Result<(), EnvelopeError> {
     if event_type.is_empty() {
         return Err(EnvelopeError::EmptyType);
@@ -146,6 +167,9 @@ pub fn validate_event_type(event_type: &str) -> Result<(), EnvelopeError> {
     }
     if event_type.chars().any(char::is_control) {
         return Err(EnvelopeError::TypeHasControlCharacter);
+    }
+    if is_reserved_event_type(event_type) {
+        return Err(EnvelopeError::ReservedType(event_type.to_owned()));
     }
     Ok(())
 }
@@ -350,6 +374,16 @@ mod tests {
             Err(EnvelopeError::ScopeKeyHasControlCharacter)
         );
         assert_eq!(validate_event_type("order.created"), Ok(()));
+        for reserved in ["ready", "open", "error", "eventrelay.resync"] {
+            assert_eq!(
+                validate_event_type(reserved),
+                Err(EnvelopeError::ReservedType(reserved.to_owned())),
+                "{reserved}"
+            );
+        }
+        for allowed in ["Ready", "ready.changed", "order.error", "message"] {
+            assert_eq!(validate_event_type(allowed), Ok(()), "{allowed}");
+        }
     }
 
     #[test]

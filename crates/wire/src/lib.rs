@@ -15,7 +15,8 @@ pub mod webhook;
 pub use audience::{PermissionEvaluator, Subscriber, is_envelope_permitted, is_permitted};
 pub use envelope::{
     Audience, EnvelopeError, EventEnvelope, Lane, MAX_EVENT_TYPE_BYTES, MAX_SCOPE_KEY_BYTES,
-    NewEvent, validate_event_type, validate_scope_key,
+    NewEvent, RESERVED_EVENT_TYPE_PREFIX, RESERVED_EVENT_TYPES, is_reserved_event_type,
+    validate_event_type, validate_scope_key,
 };
 pub use notification::{
     DecodeError, EncodeError, EventNotification, MAX_NOTIFY_PAYLOAD_BYTES, decode_notification,

@@ -1,0 +1,375 @@
+// The client against small scripted relays: real HTTP over TCP on port 0,
+// each answering connections the way a test needs (ending early, aborting
+// the body, refusing with Retry-After, sending reserved event types).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import { createEventStreamClient, parseRetryAfter, isReservedEventType, deriveShareName } from '../eventrelay-client.js';
+
+const DEADLINE_MS = 10000;
+
+async function until(condition, what, deadlineMs = DEADLINE_MS) {
+  const deadline = Date.now() + deadlineMs;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/**
+ * A relay that answers the n-th connection (from 0) with `script(n, request,
+ * response)`, and records when each arrived and what it sent.
+ */
+async function scripted(script) {
+  const requests = [];
+  const server = createServer((request, response) => {
+    const n = requests.length;
+    requests.push({ at: Date.now(), headers: request.headers });
+    script(n, request, response);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const url = `http://127.0.0.1:${server.address().port}/v1/events`;
+  const close = () =>
+    new Promise((resolve) => {
+      server.closeAllConnections();
+      server.close(resolve);
+    });
+  return { url, requests, close };
+}
+
+/** Starts an event stream; the body is chunked, so an abort is visible. */
+function stream(response, text = '') {
+  response.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store' });
+  response.write(`retry: 10\n\n${text}`);
+}
+
+const ready = (resync = false) => `event: ready\ndata: ${JSON.stringify({ resync })}\n\n`;
+
+function envelope(n, { lane = 'durable', type = 'order.created' } = {}) {
+  return {
+    id: `00000000-0000-4000-8000-${String(n).padStart(12, '0')}`,
+    type,
+    scopeKey: 'org-1',
+    lane,
+    ...(lane === 'durable' ? { seq: n } : {}),
+    data: { n },
+    resources: [],
+    occurredAt: '2026-01-01T00:00:00Z',
+  };
+}
+
+/** The frame the relay sends for an envelope: durable events carry `id:`. */
+function frame(event) {
+  const id = event.lane === 'durable' ? `id: ${event.seq}\n` : '';
+  return `${id}event: ${event.type}\ndata: ${JSON.stringify(event)}\n\n`;
+}
+
+/** A client with fast backoff that records what it reports. */
+function client(url, options = {}) {
+  const seen = { states: [], events: [], errors: [], resyncs: 0 };
+  const instance = createEventStreamClient({
+    buildRequest: () => ({ url }),
+    onEvent: (event) => seen.events.push(event),
+    onStateChange: (state) => seen.states.push(state),
+    onResync: () => seen.resyncs++,
+    onError: (error) => seen.errors.push(error),
+    initialDelayMs: 10,
+    maxDelayMs: 20,
+    ...options,
+  });
+  instance.start();
+  return { instance, seen };
+}
+
+test('a relay that accepts and then ends every stream before ready leads to degraded', async () => {
+  // What a relay does when it answers 200 and then cannot serve: nothing
+  // after the headers (and a replayed event), then a clean end.
+  const relay = await scripted((n, _request, response) => {
+    stream(response, `: warming up\n\n${frame(envelope(n + 1))}`);
+    response.end();
+  });
+  const { instance, seen } = client(relay.url, { degradedAfter: 3 });
+  try {
+    await until(() => instance.state === 'degraded', 'degraded');
+    assert.ok(relay.requests.length >= 3, `${relay.requests.length} attempts`);
+    assert.ok(!seen.states.includes('connected'));
+    assert.deepEqual(seen.states.slice(0, 3), ['connecting', 'reconnecting', 'degraded']);
+    // What did arrive before the end is kept and replayed from.
+    assert.ok(seen.events.length >= 1);
+    assert.equal(relay.requests[1].headers['last-event-id'], '1');
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('a stream that ends cleanly after ready is a normal reconnect, never a failure', async () => {
+  const relay = await scripted((n, _request, response) => {
+    stream(response, `${ready(n === 0)}${frame(envelope(n + 1))}`);
+    response.end();
+  });
+  // One failure would be enough to degrade.
+  const { instance, seen } = client(relay.url, { degradedAfter: 1 });
+  try {
+    await until(() => seen.events.length >= 4, 'four streams');
+    assert.ok(!seen.states.includes('degraded'), seen.states.join());
+    assert.ok(seen.states.filter((s) => s === 'connected').length >= 4);
+    assert.equal(seen.resyncs, 1);
+    // Each reconnect replays from the last durable id.
+    for (let n = 1; n < 4; n++) assert.equal(relay.requests[n].headers['last-event-id'], String(n));
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('a body that errors mid-replay is a failure, not a clean end', async () => {
+  // The relay's replay from the database failed part-way: it aborts the
+  // chunked response (no terminating chunk) after some events.
+  const relay = await scripted((n, _request, response) => {
+    stream(response, frame(envelope(n * 2 + 1)) + frame(envelope(n * 2 + 2)));
+    setImmediate(() => response.socket.destroy());
+  });
+  const { instance, seen } = client(relay.url, { degradedAfter: 2 });
+  try {
+    await until(() => instance.state === 'degraded', 'degraded');
+    assert.deepEqual(seen.states.slice(0, 3), ['connecting', 'reconnecting', 'degraded']);
+    assert.ok(seen.events.length >= 2);
+    assert.equal(relay.requests[1].headers['last-event-id'], '2');
+    assert.deepEqual(seen.errors, [], 'failed attempts are not application errors');
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('a body that errors after ready counts as a failure too', async () => {
+  const relay = await scripted((n, _request, response) => {
+    stream(response, ready(false) + frame(envelope(n + 1)));
+    setImmediate(() => response.socket.destroy());
+  });
+  const { instance, seen } = client(relay.url, { degradedAfter: 1 });
+  try {
+    await until(() => instance.state === 'degraded', 'degraded');
+    assert.deepEqual(seen.states.slice(0, 3), ['connecting', 'connected', 'degraded']);
+    // Ready again on the next connection: connected, the count reset.
+    await until(() => seen.states.filter((s) => s === 'connected').length >= 2, 'a second connection');
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('Retry-After is read as seconds or an HTTP date', () => {
+  const now = Date.parse('2026-01-01T00:00:00Z');
+  assert.equal(parseRetryAfter('0', now), 0);
+  assert.equal(parseRetryAfter(' 12 ', now), 12000);
+  assert.equal(parseRetryAfter('Thu, 01 Jan 2026 00:00:30 GMT', now), 30000);
+  assert.equal(parseRetryAfter('Wed, 31 Dec 2025 23:00:00 GMT', now), 0, 'a date in the past: at once');
+  assert.equal(parseRetryAfter('soon', now), undefined);
+  assert.equal(parseRetryAfter('-5', now), undefined);
+  assert.equal(parseRetryAfter('1.5', now), undefined);
+  assert.equal(parseRetryAfter('Thursday, 01-Jan-26 00:00:10 GMT', now), 10000, 'the obsolete RFC 850 form');
+  assert.equal(parseRetryAfter(undefined, now), undefined);
+});
+
+test('503 with Retry-After in seconds delays the next attempt at least that long', async () => {
+  const relay = await scripted((n, _request, response) => {
+    if (n === 0) {
+      response.writeHead(503, { 'retry-after': '1', 'content-type': 'application/json' });
+      response.end('{"error":{"code":"unavailable","message":"database down"}}');
+    } else {
+      stream(response, ready(true));
+    }
+  });
+  const { instance } = client(relay.url);
+  try {
+    await until(() => instance.state === 'connected', 'connected');
+    const waited = relay.requests[1].at - relay.requests[0].at;
+    // Without Retry-After, the backoff here is at most 20 ms.
+    assert.ok(waited >= 990, `waited ${waited} ms`);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('429 with Retry-After as an HTTP date delays the next attempt until then', async () => {
+  let until429;
+  const relay = await scripted((n, _request, response) => {
+    if (n === 0) {
+      // HTTP dates have whole seconds: this is 1 to 2 seconds from now.
+      const date = new Date(Date.now() + 2000).toUTCString();
+      until429 = Date.parse(date);
+      response.writeHead(429, { 'retry-after': date });
+      response.end();
+    } else {
+      stream(response, ready(true));
+    }
+  });
+  const { instance } = client(relay.url);
+  try {
+    await until(() => instance.state === 'connected', 'connected');
+    assert.ok(relay.requests[1].at >= until429 - 10, `came back ${until429 - relay.requests[1].at} ms early`);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('a Retry-After longer than maxRetryAfterMs is cut to it; other statuses ignore the header', async () => {
+  const relay = await scripted((n, _request, response) => {
+    if (n === 0) {
+      response.writeHead(503, { 'retry-after': '3600' });
+      response.end();
+    } else if (n === 1) {
+      response.writeHead(500, { 'retry-after': '3600' });
+      response.end();
+    } else {
+      stream(response, ready(true));
+    }
+  });
+  const { instance, seen } = client(relay.url, { maxRetryAfterMs: 300 });
+  try {
+    await until(() => instance.state === 'connected', 'connected', 5000);
+    const capped = relay.requests[1].at - relay.requests[0].at;
+    assert.ok(capped >= 290 && capped < 3000, `waited ${capped} ms after 503`);
+    const ignored = relay.requests[2].at - relay.requests[1].at;
+    assert.ok(ignored < 290, `waited ${ignored} ms after 500`);
+    assert.deepEqual(seen.errors, []);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('reserved event types reach neither the application nor the control path', async () => {
+  const namedReady = envelope(10, { type: 'ready' });
+  const namedError = envelope(20, { lane: 'ephemeral', type: 'error' });
+  const namedOpen = envelope(21, { lane: 'ephemeral', type: 'open' });
+  const real = envelope(11);
+  const body = [
+    // Looks like a control frame but carries an id: not the relay's.
+    'id: 9\nevent: ready\ndata: {"resync":true}\n\n',
+    frame(namedReady),
+    frame(namedError),
+    frame(namedOpen),
+    'event: eventrelay.future\ndata: {}\n\n',
+    // The real control frame: no id of its own, though the parser still
+    // holds 10 as the last id.
+    ready(false),
+    frame(real),
+  ].join('');
+  const relay = await scripted((_n, _request, response) => stream(response, body));
+  const { instance, seen } = client(relay.url);
+  try {
+    await until(() => seen.events.length === 1, 'the application event');
+    assert.equal(instance.state, 'connected');
+    assert.deepEqual(seen.events, [real]);
+    assert.equal(seen.resyncs, 0, 'only the real ready frame is the control frame');
+    assert.deepEqual(
+      seen.errors.map((e) => [e.code, e.eventType]),
+      [
+        ['reserved_event_type', 'ready'],
+        ['reserved_event_type', 'ready'],
+        ['reserved_event_type', 'error'],
+        ['reserved_event_type', 'open'],
+        ['reserved_event_type', 'eventrelay.future'],
+      ],
+    );
+    // The dropped durable event still moved the watermark past itself.
+    assert.equal(instance.lastEventId, '11');
+    assert.equal(relay.requests.length, 1);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('a ready frame that carries an id never makes the stream ready', async () => {
+  const relay = await scripted((_n, _request, response) => {
+    stream(response, 'id: 9\nevent: ready\ndata: {"resync":false}\n\n');
+    response.end();
+  });
+  const { instance, seen } = client(relay.url, { degradedAfter: 2 });
+  try {
+    await until(() => instance.state === 'degraded', 'degraded');
+    assert.ok(!seen.states.includes('connected'));
+    assert.deepEqual(seen.events, []);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('without onError, a dropped frame is reported on console.warn', async () => {
+  const relay = await scripted((_n, _request, response) => {
+    stream(response, `${ready(false)}${frame(envelope(5, { type: 'eventrelay.internal' }))}${frame(envelope(6))}`);
+  });
+  const warnings = [];
+  const warn = console.warn;
+  console.warn = (message) => warnings.push(message);
+  const events = [];
+  const instance = createEventStreamClient({ buildRequest: () => ({ url: relay.url }), onEvent: (e) => events.push(e) });
+  instance.start();
+  try {
+    await until(() => events.length === 1, 'the application event');
+    assert.equal(events[0].seq, 6);
+    assert.equal(warnings.length, 1);
+    assert.match(warnings[0], /eventrelay\.internal/);
+  } finally {
+    console.warn = warn;
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('the reserved rule matches the relay’s', () => {
+  for (const type of ['ready', 'open', 'error', 'eventrelay.', 'eventrelay.resync']) assert.ok(isReservedEventType(type), type);
+  for (const type of ['Ready', 'ready.changed', 'order.error', 'message', 'eventrelay']) assert.ok(!isReservedEventType(type), type);
+});
+
+test('an application callback that throws does not break the stream', async () => {
+  const relay = await scripted((_n, _request, response) => {
+    stream(response, `${ready(false)}${frame(envelope(1))}${frame(envelope(2))}`);
+  });
+  const events = [];
+  const uncaught = [];
+  // Browsers have reportError; here it stands in for the global error report.
+  globalThis.reportError = (error) => uncaught.push(error);
+  const instance = createEventStreamClient({
+    buildRequest: () => ({ url: relay.url }),
+    onEvent: (event) => {
+      events.push(event);
+      if (event.seq === 1) throw new Error('application bug');
+    },
+  });
+  instance.start();
+  try {
+    await until(() => events.length === 2 && uncaught.length === 1, 'both events and the reported error');
+    assert.equal(uncaught[0].message, 'application bug');
+    assert.equal(relay.requests.length, 1, 'no reconnect');
+    assert.equal(instance.state, 'connected');
+  } finally {
+    delete globalThis.reportError;
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('tabs meet under a name that depends on the stream and the subscriber, not on the token’s lifetime', async () => {
+  const jwt = (claims) => `Bearer e30.${Buffer.from(JSON.stringify(claims)).toString('base64url')}.c2ln`;
+  const url = 'https://app.example/v1/events';
+  const name = (authorization, at = url) => deriveShareName({ url: at, headers: { authorization } });
+  const alice = { sub: 'alice', scope: 'org-1', grants: { orders: ['read'] } };
+  const first = await name(jwt({ ...alice, iat: 1, exp: 100 }));
+  // Another token for the same subscriber (other times, claims in another order).
+  assert.equal(await name(jwt({ exp: 200, scope: 'org-1', grants: { orders: ['read'] }, sub: 'alice', iat: 2 })), first);
+  assert.notEqual(await name(jwt({ ...alice, sub: 'bob', exp: 100 })), first);
+  assert.notEqual(await name(jwt({ ...alice, grants: {}, exp: 100 })), first);
+  assert.notEqual(await name(jwt({ ...alice, exp: 100 }), 'https://other.example/v1/events'), first);
+  // Not a JWT: the credential as written.
+  assert.equal(await name('Bearer opaque'), await name('Bearer opaque'));
+  assert.notEqual(await name('Bearer opaque'), await name('Bearer other'));
+  assert.match(first, /^[0-9a-f]{32}$/);
+});
