@@ -1082,3 +1082,84 @@ async fn the_subscriptions_command_follows_the_api_rules() {
         "only the configured one is left"
     );
 }
+
+#[tokio::test]
+async fn a_replica_with_an_older_configuration_removes_no_subscription() {
+    let db = TestDb::new().await;
+    let configured = |id: &str| NewSubscription {
+        id: id.into(),
+        url: format!("https://example.com/{id}"),
+        secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+        types: vec!["*".into()],
+        scope_key: None,
+    };
+    // The new configuration adds `added`; an event gives it a delivery.
+    let (old, new) = (
+        vec![configured("kept")],
+        vec![configured("kept"), configured("added")],
+    );
+    let newer = TestServer::start(&db, move |c| {
+        c.webhooks.enabled = false;
+        c.webhooks.subscriptions = new;
+    });
+    newer.ready().await;
+    let client = db.connect().await;
+    let event = emit(&db, &client, "order.created", "org-1").await;
+    // A replica still on the old configuration starts afterwards.
+    let older = TestServer::start(&db, move |c| {
+        c.database.migrate = false;
+        c.webhooks.enabled = false;
+        c.webhooks.subscriptions = old;
+    });
+    older.ready().await;
+    let store = WebhookStore::new(&db.schema);
+    let ids: Vec<String> = store
+        .list_subscriptions(&client)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids, ["added", "kept"]);
+    let pending = client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {}.webhook_deliveries
+                 WHERE subscription_id = 'added' AND event_id = $1 AND status = 'pending'",
+                db.schema
+            ),
+            &[&event],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(pending, 1, "the added subscription keeps its delivery");
+
+    // Removal is an explicit step, with the configuration that no longer
+    // lists it.
+    let dir = std::env::temp_dir().join(format!("{}-config", db.schema));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("eventrelay.toml");
+    std::fs::write(
+        &file,
+        "[[webhooks.subscriptions]]\nid = \"kept\"\nurl = \"https://example.com/kept\"\n\
+         secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(
+        &db,
+        "subscriptions",
+        &["remove-unlisted", "--config", file.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(json_lines(&stdout)[0], json!({"removed": ["added"]}));
+    let ids: Vec<String> = store
+        .list_subscriptions(&client)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids, ["kept"]);
+    std::fs::remove_dir_all(dir).ok();
+}

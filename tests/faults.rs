@@ -264,6 +264,64 @@ async fn the_listener_terminated_again_and_again_under_load() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn history_never_reaches_subscribers_across_listener_reconnects() {
+    let started = Instant::now();
+    let db = TestDb::new().await;
+    let listener_tag = format!("{}_listener", db.schema);
+    let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
+    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url));
+    server.ready().await;
+    // The scope has history before anyone subscribes.
+    let history = write_events(
+        db.url.clone(),
+        db.schema.to_string(),
+        events_per_scenario() / 2,
+        Duration::ZERO,
+    )
+    .await
+    .confirmed;
+    let base = Arc::new(Mutex::new(server.base.clone()));
+    let subscribers = subscribers(&base).await;
+
+    let writing = start_writing(&db, Duration::from_millis(2));
+    let control = db.connect().await;
+    let mut terminations = 0;
+    while !writing.is_finished() {
+        let row = control
+            .query_one(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+                 FROM pg_stat_activity WHERE application_name = $1",
+                &[&listener_tag],
+            )
+            .await
+            .unwrap();
+        terminations += row.get::<_, i64>(0) as usize;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let written = writing.await.unwrap();
+    let observed = settle(&written.confirmed, || received_by(&subscribers)).await;
+    let history_received: usize = observed
+        .iter()
+        .map(|got| history.iter().filter(|id| got.contains_key(id)).count())
+        .sum();
+    println!(
+        "FAULT history-then-listener-terminated: history={} history_received={history_received}",
+        history.len()
+    );
+    report(
+        "history-then-listener-terminated",
+        &written,
+        &observed,
+        terminations,
+        started,
+    );
+    assert_eq!(
+        history_received, 0,
+        "subscribers without a Last-Event-ID got events from before they joined"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_restarted_under_load() {
     let started = Instant::now();
     let Some(cluster) = Cluster::start() else {
