@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use eventrelay_publisher::{DEFAULT_SCHEMA, Identifier};
+use eventrelay_publisher::{
+    ConnectError, DEFAULT_SCHEMA, Identifier, PgConnectOptions, TcpSettings,
+};
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -102,6 +104,15 @@ pub struct DatabaseConfig {
     pub migrate: bool,
     /// Data folder of the embedded database, used when no `url` is set.
     pub embedded_dir: String,
+    /// After this much silence the LISTEN connection must answer a query
+    /// within half of it, or it is replaced and every active scope re-read:
+    /// a flow that a NAT or load balancer dropped never reports an error.
+    pub listen_health_secs: u64,
+    /// Idle seconds before TCP keepalive probes start, on every connection.
+    pub tcp_keepalive_secs: u64,
+    /// Seconds sent data may stay unacknowledged before the kernel drops
+    /// the connection (`TCP_USER_TIMEOUT`), on every connection.
+    pub tcp_user_timeout_secs: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -114,6 +125,37 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// Serve the inspector page at `/inspector` (a development aid).
     pub inspector: bool,
+    /// Origins whose pages may read `/v1/events` from a browser (CORS):
+    /// exact origins such as `https://app.example.com`, subdomain patterns
+    /// such as `https://*.example.com`, or `*` alone. Empty: same-origin only.
+    pub allowed_origins: Vec<String>,
+    /// Let allowed origins send cookies (`Access-Control-Allow-Credentials`),
+    /// which forward auth behind a session cookie needs. Refused with `*`:
+    /// any site could then read a user's events with the user's cookies.
+    pub allow_credentials: bool,
+    /// Also answer cross-origin preflights for `POST /v1/events`, for pages
+    /// that publish with the publish token themselves.
+    pub cors_publish: bool,
+    /// Serve HTTPS (and HTTP/2) directly instead of plain HTTP/1.1.
+    pub tls: TlsConfig,
+}
+
+/// `[http.tls]`: both files or neither. The files are read at start and
+/// again whenever they change, so a renewed certificate needs no restart.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain, the server's certificate first.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) matching the certificate.
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+impl TlsConfig {
+    /// Whether TLS is configured (validation makes it both files or neither).
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some() && self.key_file.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -199,6 +241,9 @@ impl Default for DatabaseConfig {
         DatabaseConfig {
             url: None,
             listen_url: None,
+            listen_health_secs: 10,
+            tcp_keepalive_secs: 15,
+            tcp_user_timeout_secs: 30,
             schema: DEFAULT_SCHEMA.to_owned(),
             channel: "eventrelay".to_owned(),
             pool_size: 16,
@@ -215,6 +260,10 @@ impl Default for HttpConfig {
             workers: 0,
             max_body_bytes: 1024 * 1024,
             inspector: true,
+            allowed_origins: Vec::new(),
+            allow_credentials: true,
+            cors_publish: false,
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -319,10 +368,26 @@ impl Config {
             ("database.listen_url", &self.database.listen_url),
         ] {
             if let Some(url) = url {
-                url.parse::<tokio_postgres::Config>()
-                    .map_err(|e| invalid(setting, format!("not a Postgres URL: {e}")))?;
+                // Building the TLS configuration reads every certificate
+                // file named, so a missing or unreadable one fails here.
+                PgConnectOptions::parse(url)
+                    .and_then(|options| options.tls().map(drop))
+                    .map_err(|e| invalid(setting, e.to_string()))?;
             }
         }
+        if self.database.listen_health_secs == 0 {
+            return Err(invalid("database.listen_health_secs", "must be at least 1"));
+        }
+        if self.database.tcp_keepalive_secs == 0 {
+            return Err(invalid("database.tcp_keepalive_secs", "must be at least 1"));
+        }
+        if self.database.tcp_user_timeout_secs == 0 {
+            return Err(invalid(
+                "database.tcp_user_timeout_secs",
+                "must be at least 1",
+            ));
+        }
+        self.validate_http()?;
         let sse = &self.sse;
         if sse.heartbeat_secs == 0 {
             return Err(invalid("sse.heartbeat_secs", "must be at least 1"));
@@ -434,12 +499,60 @@ impl Config {
         Ok(())
     }
 
+    /// The `[http]` checks: origin patterns, `*` without credentials, TLS
+    /// files given in pairs. The files themselves are read at start.
+    fn validate_http(&self) -> Result<(), ConfigError> {
+        let http = &self.http;
+        crate::http::cors::OriginRules::parse(&http.allowed_origins, http.allow_credentials)
+            .map_err(|e| invalid("http.allowed_origins", e.to_string()))?;
+        let tls = &http.tls;
+        let blank = |path: &Option<std::path::PathBuf>| {
+            path.as_ref().is_some_and(|p| p.as_os_str().is_empty())
+        };
+        if blank(&tls.cert_file) {
+            return Err(invalid("http.tls.cert_file", "must not be empty"));
+        }
+        if blank(&tls.key_file) {
+            return Err(invalid("http.tls.key_file", "must not be empty"));
+        }
+        match (&tls.cert_file, &tls.key_file) {
+            (Some(_), None) => Err(invalid(
+                "http.tls.key_file",
+                "is required with http.tls.cert_file",
+            )),
+            (None, Some(_)) => Err(invalid(
+                "http.tls.cert_file",
+                "is required with http.tls.key_file",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub fn schema(&self) -> Identifier {
         Identifier::new(&self.database.schema).expect("validated at load")
     }
 
     pub fn channel(&self) -> Identifier {
         Identifier::new(&self.database.channel).expect("validated at load")
+    }
+
+    /// Connection settings for `url`, with the configured TCP keepalives.
+    pub fn connect_options(&self, url: &str) -> Result<PgConnectOptions, ConnectError> {
+        Ok(PgConnectOptions::parse(url)?.with_tcp(TcpSettings {
+            keepalive_idle: Duration::from_secs(self.database.tcp_keepalive_secs),
+            user_timeout: Duration::from_secs(self.database.tcp_user_timeout_secs),
+            // A path that swallows packets holds a connection attempt until
+            // this runs out; the health interval is the patience the
+            // operator chose for such paths.
+            connect_timeout: self
+                .listen_health()
+                .clamp(Duration::from_secs(1), Duration::from_secs(10)),
+        }))
+    }
+
+    /// How long the LISTEN connection may stay silent before it is probed.
+    pub fn listen_health(&self) -> Duration {
+        Duration::from_secs(self.database.listen_health_secs)
     }
 
     /// The URL for the LISTEN connection.

@@ -285,8 +285,8 @@ enum CliError {
     Usage(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("cannot connect to Postgres: {0}")]
-    Connect(tokio_postgres::Error),
+    #[error(transparent)]
+    Connect(#[from] eventrelay_publisher::ConnectError),
     #[error(transparent)]
     Name(#[from] IdentifierError),
     #[error(transparent)]
@@ -388,7 +388,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 schema,
                 channel,
             } = database.resolve()?;
-            let mut client = eventrelay::connect(&url).await.map_err(CliError::Connect)?;
+            let mut client = eventrelay::connect(&url).await?;
             let report = migrate(&mut client, &schema, &channel).await?;
             println!(
                 "schema {schema}: applied {:?}, {} already in place; notifications on channel {channel}",
@@ -399,9 +399,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let event = args.to_event()?;
             let target = args.database.resolve()?;
             let publisher = Publisher::new(target.schema.as_str())?;
-            let client = eventrelay::connect(&target.url)
-                .await
-                .map_err(CliError::Connect)?;
+            let client = eventrelay::connect(&target.url).await?;
             let envelope = publisher.emit(&client, event).await?;
             println!(
                 "{}",
@@ -420,9 +418,7 @@ async fn webhook_store(
     database: &Database,
 ) -> Result<(tokio_postgres::Client, WebhookStore), CliError> {
     let target = database.resolve()?;
-    let client = eventrelay::connect(&target.url)
-        .await
-        .map_err(CliError::Connect)?;
+    let client = eventrelay::connect(&target.url).await?;
     Ok((client, WebhookStore::new(&target.schema)))
 }
 

@@ -30,6 +30,7 @@ pub struct Metrics {
     pub events_filtered: Counter,
     pub replays: Family<SourceLabel, Counter>,
     pub listener_reconnects: Counter,
+    pub database_connections_dead: Counter,
     pub notifications_malformed: Counter,
     pub slow_subscribers_dropped: Counter,
     pub tails_bytes: Gauge,
@@ -51,6 +52,7 @@ impl Metrics {
             events_filtered: Counter::default(),
             replays: Family::default(),
             listener_reconnects: Counter::default(),
+            database_connections_dead: Counter::default(),
             notifications_malformed: Counter::default(),
             slow_subscribers_dropped: Counter::default(),
             tails_bytes: Gauge::default(),
@@ -97,6 +99,11 @@ impl Metrics {
             "listener_reconnects",
             "Times the LISTEN connection was re-established",
             metrics.listener_reconnects.clone(),
+        );
+        registry.register(
+            "database_connections_dead",
+            "Connections that stopped answering without an error (a dropped flow) and were replaced",
+            metrics.database_connections_dead.clone(),
         );
         registry.register(
             "notifications_malformed",

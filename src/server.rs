@@ -11,7 +11,7 @@ use actix::{Actor, Arbiter};
 use actix_web::{App, HttpServer, web};
 use eventrelay_publisher::{Publisher, SchemaRegistry};
 
-use crate::actors::dispatcher::Dispatcher;
+use crate::actors::dispatcher::{Dispatcher, WakeUps};
 use crate::actors::listener::NotificationSource;
 use crate::actors::relay::StopRelay;
 use crate::actors::relay::TailSettings;
@@ -35,8 +35,8 @@ pub enum ServeError {
          (the `embedded` feature): the relay needs a Postgres to serve from"
     )]
     NoDatabase,
-    #[error("cannot connect to Postgres: {0}")]
-    Connect(tokio_postgres::Error),
+    #[error(transparent)]
+    Connect(#[from] eventrelay_publisher::ConnectError),
     #[error(transparent)]
     Database(#[from] DatabaseError),
     #[error(transparent)]
@@ -50,6 +50,10 @@ pub enum ServeError {
     Schemas(String),
     #[error("HTTP server failed: {0}")]
     Http(#[from] std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] crate::http::tls::TlsError),
+    #[error("http.allowed_origins: {0}")]
+    Origins(#[from] crate::http::cors::OriginPatternError),
 }
 
 /// The database the service runs on, and where its notifications come from.
@@ -83,18 +87,25 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
         #[cfg(not(feature = "embedded"))]
         return Err(ServeError::NoDatabase);
     };
+    let options = config.connect_options(&url)?;
+    let listen_options = config.connect_options(config.listen_url().unwrap_or(&url))?;
     if config.database.migrate {
-        let mut client = crate::connect(&url).await.map_err(ServeError::Connect)?;
+        let mut client = options.connect().await?;
         let report = migrate(&mut client, &schema, &channel).await?;
         if !report.applied.is_empty() {
             tracing::info!(applied = ?report.applied, %schema, "migrations applied");
         }
     }
     Ok(Backend {
-        db: Database::pool(&url, config.database.pool_size)?,
+        db: Database::pool(
+            &options,
+            config.database.pool_size,
+            (config.listen_health() / 2).clamp(Duration::from_millis(500), Duration::from_secs(5)),
+        )?,
         notifications: NotificationSource::Dedicated {
-            url: config.listen_url().unwrap_or(&url).to_owned(),
+            options: Box::new(listen_options),
             channel,
+            health: config.listen_health(),
         },
         #[cfg(feature = "embedded")]
         embedded: None,
@@ -138,6 +149,19 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let config = Arc::new(config);
     let schema = config.schema();
+    // Before the database: a bad certificate or origin list stops the
+    // start at once, naming the setting.
+    let tls = match config.http.tls.enabled() {
+        true => Some(crate::http::tls::server_config(&config.http.tls)?),
+        false => None,
+    };
+    let cors = Arc::new(crate::http::cors::CorsPolicy::new(&config.http)?);
+    if cors.allows_any_origin() {
+        tracing::warn!(
+            "http.allowed_origins = [\"*\"]: pages of any origin may read /v1/events, \
+             without cookies (http.allow_credentials is off); bearer and query tokens still work"
+        );
+    }
     let backend = open_backend(&config).await?;
     let db = backend.db.clone();
     let mut publisher = Publisher::new(schema.as_str()).expect("validated schema name");
@@ -158,13 +182,17 @@ pub async fn run(
             .sync_config_subscriptions(&*conn, &config.webhooks.subscriptions)
             .await?;
     }
+    let listener_connected = Arc::new(AtomicBool::new(false));
     let dispatcher = if config.webhooks.enabled {
         Some(
             Dispatcher::new(
                 db.clone(),
                 webhooks.clone(),
                 config.webhooks.clone(),
-                Arc::clone(&webhook_wake),
+                WakeUps {
+                    notify: Arc::clone(&webhook_wake),
+                    listening: Arc::clone(&listener_connected),
+                },
                 Arc::clone(&metrics),
             )
             .map_err(|e| ServeError::Http(std::io::Error::other(e)))?
@@ -186,7 +214,6 @@ pub async fn run(
         Arc::clone(&webhook_wake),
     )
     .start();
-    let listener_connected = Arc::new(AtomicBool::new(false));
     let listener_actor = Listener::new(
         backend.notifications,
         relay.clone(),
@@ -214,6 +241,7 @@ pub async fn run(
         listener_connected,
         webhook_wake,
         development_secret: config.development_secret.clone(),
+        cors,
     });
     let inspector = config.http.inspector;
     let mut server = HttpServer::new(move || {
@@ -227,7 +255,11 @@ pub async fn run(
     if config.http.workers > 0 {
         server = server.workers(config.http.workers);
     }
-    let server = server.listen(listener)?.run();
+    let server = match tls {
+        Some(tls) => server.listen_rustls_0_23(listener, tls)?,
+        None => server.listen(listener)?,
+    }
+    .run();
     let handle = server.handle();
     let stopped = actix::spawn(server);
     shutdown.await;

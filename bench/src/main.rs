@@ -13,7 +13,7 @@ use eventrelay_bench::publish::{Pace, Source};
 use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 use eventrelay_bench::report::{Table, ms, size, verdict};
 use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
-use eventrelay_bench::scenarios::{emit_cost, replay, tail_memory, webhooks};
+use eventrelay_bench::scenarios::{emit_cost, replay, tail_memory, tails_budget, webhooks};
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::{BenchResult, proc_stats};
 
@@ -96,6 +96,7 @@ fn main() -> BenchResult<()> {
     // Before any runtime exists, so no other thread allocates meanwhile.
     if wanted("tail") {
         tail_rows(&mut table);
+        tails_budget_row(&mut table, if args.quick { 1_000 } else { 10_000 });
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -389,6 +390,30 @@ fn fanout_summary(f: &FanoutFigures) -> String {
         f.cpu_seconds_per_1000,
         size(f.rss_bytes as f64)
     )
+}
+
+fn tails_budget_row(table: &mut Table, scopes: usize) {
+    let budget = 64 * 1024 * 1024;
+    let f = tails_budget::measure(scopes, budget);
+    table.add(
+        format!(
+            "tail budget: {} active scopes × {} events of {} into 4 MiB tails, hub.tails_max_bytes {}",
+            f.scopes,
+            tails_budget::EVENTS_PER_SCOPE,
+            size(tails_budget::EVENT_BYTES as f64),
+            size(f.budget_bytes as f64)
+        ),
+        format!(
+            "{} without a budget · {} held at the end, {} at most after any round · {} heap · {} tails emptied · {:.1} s",
+            size(f.unbounded_bytes as f64),
+            size(f.held_bytes as f64),
+            size(f.peak_bytes as f64),
+            size(f.heap_bytes as f64),
+            f.tails_shrunk,
+            f.seconds
+        ),
+        format!("≤ budget: {}", verdict(f.peak_bytes <= f.budget_bytes)),
+    );
 }
 
 fn tail_rows(table: &mut Table) {

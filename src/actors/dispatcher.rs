@@ -30,16 +30,29 @@ pub const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Longest a worker sleeps without looking, in case a wake-up was missed.
 const IDLE_POLL: Duration = Duration::from_secs(30);
+/// The same while the relay has no live LISTEN connection: no wake-up can
+/// arrive then, and deliveries must not wait for the connection to return.
+const DEAF_POLL: Duration = Duration::from_secs(1);
 /// Wait after a database error before claiming again.
 const ERROR_PAUSE: Duration = Duration::from_secs(1);
 /// Longest error text kept with an attempt.
 const MAX_ERROR_CHARS: usize = 500;
 
+/// How workers learn that deliveries may be due.
+#[derive(Clone)]
+pub struct WakeUps {
+    /// Notified on every committed durable event.
+    pub notify: Arc<Notify>,
+    /// Whether those notifications can arrive at all (the relay's LISTEN
+    /// connection is live); while not, workers look much more often.
+    pub listening: Arc<std::sync::atomic::AtomicBool>,
+}
+
 pub struct Dispatcher {
     db: Database,
     store: WebhookStore,
     config: Arc<WebhooksConfig>,
-    wake: Arc<Notify>,
+    wake: WakeUps,
     metrics: Arc<Metrics>,
     http: reqwest::Client,
 }
@@ -49,7 +62,7 @@ impl Dispatcher {
         db: Database,
         store: WebhookStore,
         config: WebhooksConfig,
-        wake: Arc<Notify>,
+        wake: WakeUps,
         metrics: Arc<Metrics>,
     ) -> Result<Self, reqwest::Error> {
         let http = build_client(&config)?;
@@ -87,7 +100,7 @@ impl Actor for Dispatcher {
                 db: self.db.clone(),
                 store: self.store.clone(),
                 config: Arc::clone(&self.config),
-                wake: Arc::clone(&self.wake),
+                wake: self.wake.clone(),
                 metrics: Arc::clone(&self.metrics),
                 http: self.http.clone(),
             };
@@ -100,7 +113,7 @@ struct Worker {
     db: Database,
     store: WebhookStore,
     config: Arc<WebhooksConfig>,
-    wake: Arc<Notify>,
+    wake: WakeUps,
     metrics: Arc<Metrics>,
     http: reqwest::Client,
 }
@@ -110,7 +123,7 @@ impl Worker {
         let lease = Duration::from_millis(self.config.lease_ms);
         loop {
             // Register for wake-ups before looking, so none is missed.
-            let woken = self.wake.notified();
+            let woken = self.wake.notify.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
             let claimed = match self.db.get().await {
@@ -125,9 +138,24 @@ impl Worker {
                 Ok(Some(claimed)) => self.deliver(claimed).await,
                 Ok(None) => {
                     let pause = self.until_next_due().await;
-                    tokio::select! {
-                        _ = woken => {}
-                        _ = tokio::time::sleep(pause) => {}
+                    let until = tokio::time::Instant::now() + pause;
+                    // In steps, so a LISTEN connection lost meanwhile turns
+                    // a long wait into frequent looks.
+                    loop {
+                        let step = until
+                            .saturating_duration_since(tokio::time::Instant::now())
+                            .min(DEAF_POLL);
+                        tokio::select! {
+                            _ = &mut woken => break,
+                            _ = tokio::time::sleep(step) => {}
+                        }
+                        let listening = self
+                            .wake
+                            .listening
+                            .load(std::sync::atomic::Ordering::Relaxed);
+                        if tokio::time::Instant::now() >= until || !listening {
+                            break;
+                        }
                     }
                 }
                 Err(error) => {
@@ -143,12 +171,21 @@ impl Worker {
             Ok(conn) => self.store.next_due(&*conn).await.ok().flatten(),
             Err(_) => None,
         };
+        let longest = if self
+            .wake
+            .listening
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            IDLE_POLL
+        } else {
+            DEAF_POLL
+        };
         match next {
             Some(at) => (at - Utc::now())
                 .to_std()
                 .unwrap_or(Duration::ZERO)
-                .min(IDLE_POLL),
-            None => IDLE_POLL,
+                .min(longest),
+            None => longest,
         }
         .max(Duration::from_millis(5))
     }

@@ -8,6 +8,13 @@
 //! When the connection fails it reconnects with full-jitter backoff, and
 //! after every (re)connect tells the relay, which re-reads what it may have
 //! missed.
+//!
+//! A connection can also die without failing: a NAT or load balancer that
+//! drops an idle flow sends no FIN and no RST, and a LISTEN connection only
+//! ever reads, so nothing notices. After `health` of silence the listener
+//! therefore sends `SELECT 1` and gives the answer half of `health`; no
+//! answer means the connection is dead, and it is replaced like a failed
+//! one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,10 +23,11 @@ use std::time::Duration;
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, WrapFuture};
 use eventrelay_publisher::Identifier;
 use eventrelay_publisher::backoff::Backoff;
+use eventrelay_publisher::{ConnectError, PgConnectOptions};
 use eventrelay_wire::{EventNotification, decode_notification};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 use super::relay::{Ephemeral, ListenerConnected, Pointer, Relay};
 use crate::metrics::Metrics;
@@ -27,10 +35,27 @@ use crate::metrics::Metrics;
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
+/// Why one LISTEN connection ended.
+#[derive(Debug, thiserror::Error)]
+enum ListenError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("database error: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("no answer to a health check within {0:?}; the connection is dead")]
+    Dead(Duration),
+}
+
 /// Where notifications come from.
 pub enum NotificationSource {
-    /// A dedicated connection to a Postgres server that LISTENs on `channel`.
-    Dedicated { url: String, channel: Identifier },
+    /// A dedicated connection to a Postgres server that LISTENs on
+    /// `channel`, probed after `health` of silence.
+    Dedicated {
+        /// Boxed: the settings are far larger than the other variant.
+        options: Box<PgConnectOptions>,
+        channel: Identifier,
+        health: Duration,
+    },
     /// Payloads handed over by whoever owns the connection (the embedded
     /// database's single session, which already LISTENs).
     Feed(mpsc::UnboundedReceiver<String>),
@@ -67,8 +92,12 @@ impl Actor for Listener {
         let connected = Arc::clone(&self.connected);
         let metrics = Arc::clone(&self.metrics);
         match self.source.take() {
-            Some(NotificationSource::Dedicated { url, channel }) => {
-                let run = listen_forever(url, channel, relay, connected, metrics);
+            Some(NotificationSource::Dedicated {
+                options,
+                channel,
+                health,
+            }) => {
+                let run = listen_forever(*options, channel, health, relay, connected, metrics);
                 ctx.spawn(run.into_actor(self).map(|_, _, _| ()));
             }
             Some(NotificationSource::Feed(payloads)) => {
@@ -85,16 +114,28 @@ impl Actor for Listener {
 }
 
 async fn listen_forever(
-    url: String,
+    mut options: PgConnectOptions,
     channel: Identifier,
+    health: Duration,
     relay: Addr<Relay>,
     connected: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
 ) {
-    let mut backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP);
+    // Attempts through a path that swallows packets give up, and are
+    // retried, within about `health`, so a restored path is found quickly.
+    let patience = (health / 2).max(Duration::from_millis(500));
+    options.config_mut().connect_timeout(patience);
+    let mut backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP.min(patience));
     let mut first = true;
     loop {
-        match listen_once(&url, &channel, &relay, &connected, &metrics, first).await {
+        let link = Link {
+            channel: &channel,
+            health,
+            relay: &relay,
+            connected: &connected,
+            metrics: &metrics,
+        };
+        match link.listen_once(&options, first).await {
             Ok(()) => tracing::warn!(%channel, "LISTEN connection closed; reconnecting"),
             Err(error) => {
                 tracing::warn!(%channel, %error, "LISTEN connection failed; reconnecting")
@@ -108,34 +149,60 @@ async fn listen_forever(
     }
 }
 
-/// One connection's life: connect, LISTEN, forward until it ends.
-async fn listen_once(
-    url: &str,
-    channel: &Identifier,
-    relay: &Addr<Relay>,
-    connected: &AtomicBool,
-    metrics: &Metrics,
-    first: bool,
-) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) = tokio_postgres::connect(url, NoTls).await?;
-    let (sender, mut messages) = mpsc::unbounded_channel();
-    let driver = tokio::spawn(async move {
-        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = stream.next().await {
-            match message {
-                Ok(message) => {
-                    if sender.send(Ok(message)).is_err() {
+/// What one connection's life needs.
+struct Link<'a> {
+    channel: &'a Identifier,
+    health: Duration,
+    relay: &'a Addr<Relay>,
+    connected: &'a AtomicBool,
+    metrics: &'a Metrics,
+}
+
+impl Link<'_> {
+    /// One connection's life: connect, LISTEN, forward until it ends or stops
+    /// answering.
+    async fn listen_once(
+        &self,
+        options: &PgConnectOptions,
+        first: bool,
+    ) -> Result<(), ListenError> {
+        let Link {
+            channel,
+            health,
+            relay,
+            connected,
+            metrics,
+        } = *self;
+        let limit = options
+            .config()
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(health);
+        // The whole start-up is bounded: through a path that swallows
+        // packets, TCP may connect and TLS or authentication never answer.
+        let (client, mut connection) =
+            tokio::time::timeout(limit, options.config().connect(options.tls()?))
+                .await
+                .map_err(|_| ConnectError::Timeout(limit))?
+                .map_err(eventrelay_publisher::connect::explain)?;
+        let (sender, mut messages) = mpsc::unbounded_channel();
+        let driver = tokio::spawn(async move {
+            let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = stream.next().await {
+                match message {
+                    Ok(message) => {
+                        if sender.send(Ok(message)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(error) => {
+                        let _ = sender.send(Err(error));
                         return;
                     }
                 }
-                Err(error) => {
-                    let _ = sender.send(Err(error));
-                    return;
-                }
             }
-        }
-    });
-    let result = async {
+        });
+        let result = async {
         client.batch_execute(&format!("LISTEN {channel}")).await?;
         connected.store(true, Ordering::Relaxed);
         if !first {
@@ -143,16 +210,35 @@ async fn listen_once(
         }
         tracing::info!(%channel, "listening for notifications");
         relay.do_send(ListenerConnected);
-        while let Some(message) = messages.recv().await {
+        loop {
+            let message = tokio::select! {
+                message = messages.recv() => message,
+                () = tokio::time::sleep(health) => {
+                    let deadline = (health / 2).max(Duration::from_millis(100));
+                    match tokio::time::timeout(deadline, client.simple_query("SELECT 1")).await {
+                        Ok(answer) => {
+                            answer?;
+                            continue;
+                        }
+                        Err(_) => {
+                            metrics.database_connections_dead.inc();
+                            return Err(ListenError::Dead(deadline));
+                        }
+                    }
+                }
+            };
+            let Some(message) = message else {
+                return Ok(());
+            };
             if let AsyncMessage::Notification(notification) = message? {
                 forward(notification.payload(), relay, metrics);
             }
         }
-        Ok(())
     }
     .await;
-    driver.abort();
-    result
+        driver.abort();
+        result
+    }
 }
 
 /// Forwards payloads someone else receives; the feed is "connected" for as

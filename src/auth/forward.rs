@@ -40,6 +40,9 @@ pub struct ForwardConfig {
     /// the cache.
     #[serde(default = "default_cache_secs")]
     pub cache_secs: u64,
+    /// `auth.query_param`: see [`AuthConfig::query_param`](super::AuthConfig::query_param).
+    #[serde(default)]
+    pub query_param: Option<String>,
 }
 
 fn default_timeout_ms() -> u64 {
@@ -414,6 +417,7 @@ mod tests {
                 url: format!("{}{path}", self.base),
                 timeout_ms,
                 cache_secs,
+                query_param: None,
             })
             .unwrap()
         }
@@ -601,6 +605,7 @@ mod tests {
             url: format!("http://127.0.0.1:{port}/auth"),
             timeout_ms: 2000,
             cache_secs: 5,
+            query_param: None,
         })
         .unwrap();
         let error = resolver.resolve(&bearer("abc")).await.unwrap_err();
@@ -768,6 +773,7 @@ mod tests {
                 url: url.into(),
                 timeout_ms,
                 cache_secs: 5,
+                query_param: None,
             })
             .err()
             .unwrap()

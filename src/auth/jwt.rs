@@ -55,6 +55,8 @@ pub struct JwtConfig {
     pub grants_claim: String,
     /// Clock skew tolerated on `exp` and `nbf`, in seconds.
     pub leeway_secs: u64,
+    /// `auth.query_param`: see [`AuthConfig::query_param`](super::AuthConfig::query_param).
+    pub query_param: Option<String>,
 }
 
 impl Default for JwtConfig {
@@ -70,6 +72,7 @@ impl Default for JwtConfig {
             scope_claim: "scope".into(),
             grants_claim: "grants".into(),
             leeway_secs: 30,
+            query_param: None,
         }
     }
 }
@@ -88,6 +91,7 @@ impl fmt::Debug for JwtConfig {
             .field("scope_claim", &self.scope_claim)
             .field("grants_claim", &self.grants_claim)
             .field("leeway_secs", &self.leeway_secs)
+            .field("query_param", &self.query_param)
             .finish()
     }
 }

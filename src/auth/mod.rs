@@ -80,6 +80,37 @@ impl Credentials {
         Ok(token)
     }
 
+    /// Takes a bearer token from the query parameter `name` (the
+    /// `auth.query_param` setting) when no `Authorization` header was sent,
+    /// for clients that cannot set headers, such as the browser's native
+    /// `EventSource`. The header wins when both are present. The token is
+    /// then resolved exactly like `Authorization: Bearer <token>` (forward
+    /// auth receives it as that header, never in a URL).
+    pub fn or_query_token(mut self, query_string: &str, name: &str) -> Self {
+        let header_sent = self
+            .authorization
+            .as_deref()
+            .is_some_and(|value| !value.trim().is_empty());
+        if header_sent {
+            return self;
+        }
+        // A malformed query string is the handler's to refuse; here it just
+        // carries no token.
+        let token = actix_web::web::Query::<Vec<(String, String)>>::from_query(query_string)
+            .ok()
+            .and_then(|pairs| {
+                pairs
+                    .into_inner()
+                    .into_iter()
+                    .find(|(key, value)| key == name && !value.trim().is_empty())
+            })
+            .map(|(_, value)| value);
+        if let Some(token) = token {
+            self.authorization = Some(format!("Bearer {}", token.trim()));
+        }
+        self
+    }
+
     /// True when neither header carries anything.
     pub fn is_empty(&self) -> bool {
         let blank = |value: &Option<String>| value.as_deref().is_none_or(|v| v.trim().is_empty());
@@ -159,6 +190,49 @@ pub enum AuthConfig {
     Forward(ForwardConfig),
 }
 
+impl AuthConfig {
+    /// `auth.query_param`: the query parameter that may carry a bearer token
+    /// on `GET /v1/events`, or `None` (the default) when only headers count.
+    /// Off by default because URLs end up in logs (proxies, browser
+    /// history): the relay never logs it, and such tokens should be short
+    /// lived.
+    pub fn query_param(&self) -> Option<&str> {
+        match self {
+            AuthConfig::Jwt(config) => config.query_param.as_deref(),
+            AuthConfig::Forward(config) => config.query_param.as_deref(),
+        }
+    }
+}
+
+/// The stream's own query parameters, which a token parameter must not
+/// shadow.
+const STREAM_QUERY_PARAMS: [&str; 2] = ["lastEventId", "until"];
+
+/// Checks `auth.query_param`: a plain parameter name that the stream does
+/// not use itself.
+fn check_query_param(name: Option<&str>) -> Result<(), AuthConfigError> {
+    const SETTING: &str = "auth.query_param";
+    let Some(name) = name else {
+        return Ok(());
+    };
+    let plain = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if name.is_empty() || name.len() > 64 || !plain {
+        return Err(AuthConfigError::invalid(
+            SETTING,
+            "must be 1 to 64 letters, digits, `_`, `-` or `.`, such as \"access_token\"",
+        ));
+    }
+    if STREAM_QUERY_PARAMS.contains(&name) {
+        return Err(AuthConfigError::invalid(
+            SETTING,
+            format!("must not be {name:?}, which GET /v1/events reads itself"),
+        ));
+    }
+    Ok(())
+}
+
 /// A configuration mistake found when building a resolver; each names the
 /// setting at fault (e.g. `auth.jwt.secret`).
 #[derive(Debug, thiserror::Error)]
@@ -202,6 +276,7 @@ impl AuthConfigError {
 
 /// Validates `config`, loads its keys and returns the resolver it describes.
 pub fn build_resolver(config: &AuthConfig) -> Result<Arc<dyn SubscriberResolver>, AuthConfigError> {
+    check_query_param(config.query_param())?;
     Ok(match config {
         AuthConfig::Jwt(config) => Arc::new(JwtResolver::new(config)?),
         AuthConfig::Forward(config) => Arc::new(ForwardResolver::new(config)?),
@@ -354,6 +429,7 @@ mod tests {
                 url: "http://app/auth".into(),
                 timeout_ms: 2000,
                 cache_secs: 5,
+                query_param: None,
             })
         );
     }
@@ -394,9 +470,67 @@ mod tests {
             url: "ftp://app".into(),
             timeout_ms: 2000,
             cache_secs: 5,
+            query_param: None,
         }))
         .err()
         .unwrap();
         assert_eq!(error.setting(), "auth.forward.url");
+    }
+
+    #[test]
+    fn a_query_token_counts_only_without_an_authorization_header() {
+        let none = Credentials::default();
+        let taken = none
+            .clone()
+            .or_query_token("until=x&access_token=t0k", "access_token");
+        assert_eq!(taken.authorization.as_deref(), Some("Bearer t0k"));
+        assert_eq!(taken.bearer_token(), Ok("t0k"));
+        // Percent-encoding is decoded; an empty value is no token.
+        let encoded = none
+            .clone()
+            .or_query_token("access_token=a%2Bb%3D", "access_token");
+        assert_eq!(encoded.authorization.as_deref(), Some("Bearer a+b="));
+        assert!(
+            none.clone()
+                .or_query_token("access_token=", "access_token")
+                .is_empty()
+        );
+        assert!(
+            none.clone()
+                .or_query_token("token=t0k", "access_token")
+                .is_empty()
+        );
+        let header = Credentials {
+            authorization: Some("Bearer from-header".into()),
+            cookie: None,
+        };
+        assert_eq!(
+            header
+                .clone()
+                .or_query_token("access_token=t0k", "access_token"),
+            header
+        );
+        assert!(!format!("{taken:?}").contains("t0k"));
+    }
+
+    #[test]
+    fn the_query_param_setting_is_checked() {
+        let with = |name: &str| {
+            build_resolver(&AuthConfig::Jwt(JwtConfig {
+                secret: Some("0123456789abcdef0123456789abcdef".into()),
+                query_param: Some(name.into()),
+                ..JwtConfig::default()
+            }))
+        };
+        assert!(with("access_token").is_ok());
+        for bad in ["", "a b", "lastEventId", "until", "x&y", &"a".repeat(65)] {
+            let error = with(bad).err().unwrap();
+            assert_eq!(error.setting(), "auth.query_param", "{bad}");
+        }
+        let forward = auth_from_toml(
+            "[auth]\nmode = \"forward\"\nurl = \"http://app/auth\"\nquery_param = \"access_token\"\n",
+        )
+        .unwrap();
+        assert_eq!(forward.query_param(), Some("access_token"));
     }
 }

@@ -3,11 +3,13 @@
 
 pub mod admin;
 pub mod body;
+pub mod cors;
 pub mod error;
 pub mod inspector;
 pub mod ops;
 pub mod publish;
 pub mod sse;
+pub mod tls;
 pub mod token;
 
 use std::sync::Arc;
@@ -40,6 +42,8 @@ pub struct AppState {
     pub webhook_wake: Arc<tokio::sync::Notify>,
     /// Set in development mode only, for the inspector's token minting.
     pub development_secret: Option<String>,
+    /// Which other origins' pages may read `/v1/events`.
+    pub cors: Arc<cors::CorsPolicy>,
 }
 
 /// Registers every route.
@@ -63,18 +67,26 @@ pub fn routes(config: &mut web::ServiceConfig) {
             }
             .into()
         }))
-        .route("/v1/events", web::get().to(sse::stream_events))
-        .route("/v1/events", web::post().to(publish::publish_events))
+        .service(
+            web::resource("/v1/events")
+                .wrap(actix_web::middleware::from_fn(cors::middleware))
+                .route(web::get().to(sse::stream_events))
+                .route(web::post().to(publish::publish_events))
+                .default_service(web::to(not_found)),
+        )
         .route("/healthz", web::get().to(ops::healthz))
         .route("/readyz", web::get().to(ops::readyz))
         .route("/metrics", web::get().to(ops::metrics))
         .route("/openapi.json", web::get().to(ops::openapi))
         .configure(admin::routes)
-        .default_service(web::to(|| async {
-            Err::<actix_web::HttpResponse, _>(ApiError::new(
-                actix_web::http::StatusCode::NOT_FOUND,
-                "not_found",
-                "no such endpoint",
-            ))
-        }));
+        .default_service(web::to(not_found));
+}
+
+/// Any path (or method of `/v1/events`) the API does not have.
+async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
+    Err(ApiError::new(
+        actix_web::http::StatusCode::NOT_FOUND,
+        "not_found",
+        "no such endpoint",
+    ))
 }

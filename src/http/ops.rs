@@ -15,18 +15,34 @@ pub async fn healthz() -> HttpResponse {
 
 /// The database answers and the listener is connected.
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let database = match state.db.get().await {
-        Ok(client) => client.simple_query("SELECT 1").await.is_ok(),
-        Err(_) => false,
+    // Bounded: a database behind a path that swallows packets must make
+    // this answer 503, not hang the probe.
+    let check = async {
+        let client = state.db.get().await.ok()?;
+        client.simple_query("SELECT 1").await.ok()
     };
+    let database = tokio::time::timeout(READY_CHECK_TIMEOUT, check)
+        .await
+        .ok()
+        .flatten()
+        .is_some();
     let listener = state.listener_connected.load(Ordering::Relaxed);
-    let body = json!({"database": database, "listener": listener});
-    if database && listener {
-        HttpResponse::Ok().json(body)
-    } else {
-        HttpResponse::ServiceUnavailable().json(body)
+    let reason = match (database, listener) {
+        (true, true) => None,
+        (false, _) => Some("the database does not answer"),
+        (true, false) => Some(
+            "no live LISTEN connection: notifications cannot arrive until it is re-established",
+        ),
+    };
+    match reason {
+        None => HttpResponse::Ok().json(json!({"database": database, "listener": listener})),
+        Some(reason) => HttpResponse::ServiceUnavailable()
+            .json(json!({"database": database, "listener": listener, "reason": reason})),
     }
 }
+
+/// How long `/readyz` waits for the database.
+const READY_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Prometheus text exposition.
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {

@@ -65,10 +65,18 @@ pub async fn stream_events(
     query: web::Query<StreamQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let credentials = Credentials {
+    let mut credentials = Credentials {
         authorization: header_text(&request, header::AUTHORIZATION)?,
         cookie: header_text(&request, header::COOKIE)?,
     };
+    if let Some(name) = state
+        .config
+        .auth
+        .as_ref()
+        .and_then(|auth| auth.query_param())
+    {
+        credentials = credentials.or_query_token(request.query_string(), name);
+    }
     let last_event_id =
         match header_text(&request, header::HeaderName::from_static("last-event-id"))? {
             Some(value) => Some(parse_last_event_id(&value)?),

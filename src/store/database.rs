@@ -6,15 +6,18 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Timeouts};
+use eventrelay_publisher::{ConnectError, PgConnectOptions};
 use tokio::sync::{Mutex, OwnedMutexGuard};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// Why no connection could be had.
 #[derive(Debug, thiserror::Error)]
 pub enum DatabaseError {
-    #[error("invalid database URL: {0}")]
-    Url(tokio_postgres::Error),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error("cannot build the connection pool: {0}")]
     Build(String),
     #[error("no database connection available: {0}")]
@@ -37,18 +40,30 @@ pub enum Connection {
 }
 
 impl Database {
-    /// A pool of `size` connections to `url`.
-    pub fn pool(url: &str, size: usize) -> Result<Self, DatabaseError> {
-        let config: tokio_postgres::Config = url.parse().map_err(DatabaseError::Url)?;
+    /// A pool of `size` connections. Each is checked with a query before
+    /// it is handed out again, and one that cannot answer within
+    /// `check_within` is dead (a flow a NAT dropped answers never): it is
+    /// replaced instead of failing its next user.
+    pub fn pool(
+        options: &PgConnectOptions,
+        size: usize,
+        check_within: Duration,
+    ) -> Result<Self, DatabaseError> {
         let manager = Manager::from_config(
-            config,
-            NoTls,
+            options.config().clone(),
+            options.tls()?,
             ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
+                recycling_method: RecyclingMethod::Verified,
             },
         );
         Pool::builder(manager)
             .max_size(size)
+            .runtime(Runtime::Tokio1)
+            .timeouts(Timeouts {
+                wait: None,
+                create: options.config().get_connect_timeout().copied(),
+                recycle: Some(check_within),
+            })
             .build()
             .map(Database::Pool)
             .map_err(|e| DatabaseError::Build(e.to_string()))

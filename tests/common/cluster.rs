@@ -11,12 +11,50 @@ pub struct Cluster {
     bin: PathBuf,
     data: PathBuf,
     pub port: u16,
+    /// Further `-c` settings for the server.
+    settings: String,
 }
 
 impl Cluster {
     /// Creates and starts a cluster on a free loopback port; `None` when no
     /// server binaries are installed.
     pub fn start() -> Option<Cluster> {
+        let cluster = Self::init()?;
+        cluster.pg_ctl_start();
+        Some(cluster)
+    }
+
+    /// A cluster that speaks only TLS, with this certificate and key: a
+    /// connection without TLS is refused by `pg_hba.conf`.
+    pub fn start_tls_only(cert: &Path, key: &Path) -> Option<Cluster> {
+        let mut cluster = Self::init()?;
+        let root = cluster.data.parent().unwrap().to_owned();
+        let (server_cert, server_key) = (root.join("server.crt"), root.join("server.key"));
+        std::fs::copy(cert, &server_cert).unwrap();
+        std::fs::copy(key, &server_key).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&server_key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if is_root() {
+            run(Command::new("chown")
+                .arg("postgres:")
+                .arg(&server_cert)
+                .arg(&server_key));
+        }
+        std::fs::write(
+            cluster.data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n",
+        )
+        .unwrap();
+        cluster.settings = format!(
+            "-c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+            server_cert.display(),
+            server_key.display()
+        );
+        cluster.pg_ctl_start();
+        Some(cluster)
+    }
+
+    fn init() -> Option<Cluster> {
         let bin = server_binaries()?;
         let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("pg-{}", uuid::Uuid::new_v4().simple()));
@@ -25,6 +63,7 @@ impl Cluster {
             bin,
             data: root.join("data"),
             port: super::process::free_port(),
+            settings: String::new(),
         };
         if is_root() {
             run(Command::new("chown").arg("postgres:").arg(&root));
@@ -33,7 +72,6 @@ impl Cluster {
             .command("initdb")
             .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
             .arg(&cluster.data));
-        cluster.pg_ctl_start();
         Some(cluster)
     }
 
@@ -56,9 +94,10 @@ impl Cluster {
     fn pg_ctl_start(&self) {
         let root = self.data.parent().unwrap();
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {}",
             self.port,
-            root.display()
+            root.display(),
+            self.settings
         );
         run(self
             .command("pg_ctl")

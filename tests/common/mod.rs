@@ -4,8 +4,10 @@
 //! when the `TestDb` goes out of scope.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod cluster;
 pub mod flaky_receiver;
+pub mod freezer;
 pub mod process;
 pub mod receiver;
 pub mod server;

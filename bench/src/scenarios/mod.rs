@@ -5,4 +5,5 @@ pub mod emit_cost;
 pub mod fanout;
 pub mod replay;
 pub mod tail_memory;
+pub mod tails_budget;
 pub mod webhooks;

@@ -20,6 +20,7 @@
 
 pub mod backoff;
 pub mod broadcast;
+pub mod connect;
 mod executor;
 mod identifier;
 mod publisher;
@@ -29,6 +30,7 @@ mod sqlx_support;
 
 pub use backoff::Backoff;
 pub use broadcast::BroadcastChannel;
+pub use connect::{ConnectError, PgConnectOptions, PgTls, RootCert, SslMode, TcpSettings};
 pub use eventrelay_wire::webhook::{VerifyError, WebhookHeaders, WebhookSecret, verify, verify_at};
 pub use eventrelay_wire::{Audience, EventEnvelope, Lane, NewEvent};
 pub use executor::PgExecutor;

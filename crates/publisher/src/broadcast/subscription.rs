@@ -19,7 +19,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::Config;
+
+use crate::connect::{PgConnectOptions, TcpSettings};
 
 use super::BroadcastChannel;
 use super::listener::{ListenTls, PgListener};
@@ -30,8 +32,8 @@ use crate::identifier::Identifier;
 /// errors: once running, a subscription reconnects on its own.
 #[derive(Debug, thiserror::Error)]
 pub enum SubscribeError {
-    #[error("invalid database URL: {0}")]
-    InvalidUrl(#[source] tokio_postgres::Error),
+    #[error(transparent)]
+    InvalidUrl(crate::connect::ConnectError),
     #[error("cannot connect and LISTEN: {0}")]
     Connect(#[source] tokio_postgres::Error),
     #[error("the server closed the connection before LISTEN completed")]
@@ -298,16 +300,21 @@ where
         self
     }
 
-    /// Connects to `database_url` without TLS, `LISTEN`s, and runs the
-    /// subscription on a spawned task.
+    /// Connects to `database_url`, `LISTEN`s, and runs the subscription on
+    /// a spawned task. The URL's `sslmode`, `sslrootcert`, `sslcert` and
+    /// `sslkey` have libpq's meanings (see [`PgConnectOptions`]), and TCP
+    /// keepalives are on.
     ///
     /// The URL must reach Postgres directly (or through a session-mode
     /// pooler): a transaction-mode pooler loses the `LISTEN`. A failure of
     /// this first connection is returned, so a misconfiguration fails at
     /// start; later losses are retried with backoff.
     pub async fn connect(self, database_url: &str) -> Result<Subscription, SubscribeError> {
-        let config: Config = database_url.parse().map_err(SubscribeError::InvalidUrl)?;
-        self.connect_with(config, NoTls).await
+        let options = PgConnectOptions::parse(database_url)
+            .map_err(SubscribeError::InvalidUrl)?
+            .with_tcp(TcpSettings::default());
+        let tls = options.tls().map_err(SubscribeError::InvalidUrl)?;
+        self.connect_with(options.config().clone(), tls).await
     }
 
     /// [`connect`](Self::connect) with a parsed configuration and a TLS
