@@ -17,6 +17,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::AuthConfig;
+use crate::secret::{DatabaseUrl, Secret};
 
 /// Everything the service reads at start.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -37,7 +38,7 @@ pub struct Config {
     /// The throwaway HMAC secret of development mode (no `[auth]`), which
     /// lets the inspector mint tokens. Never read from configuration.
     #[serde(skip)]
-    pub development_secret: Option<String>,
+    pub development_secret: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -86,17 +87,17 @@ impl Default for WebhooksConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Bearer token for `/v1/admin/*`; the admin API is off without one.
-    pub token: Option<String>,
+    pub token: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
     /// Postgres URL for the pool (reads, publish API, migrations).
-    pub url: Option<String>,
+    pub url: Option<DatabaseUrl>,
     /// URL for the dedicated LISTEN connection; defaults to `url`. Point it
     /// past any transaction-mode pooler: such poolers drop LISTEN.
-    pub listen_url: Option<String>,
+    pub listen_url: Option<DatabaseUrl>,
     pub schema: String,
     pub channel: String,
     pub pool_size: usize,
@@ -191,7 +192,7 @@ pub struct HubConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct PublishConfig {
     /// Bearer token for `POST /v1/events`; the endpoint is off without one.
-    pub token: Option<String>,
+    pub token: Option<Secret>,
     /// Directory of `<event type>.json` JSON Schemas; when set, only those
     /// types may be published, and their data must match.
     pub schemas_dir: Option<String>,
@@ -348,7 +349,7 @@ impl Config {
             .extract()
             .map_err(|e| ConfigError::Load(e.to_string()))?;
         if config.database.url.is_none() {
-            config.database.url = std::env::var("DATABASE_URL").ok();
+            config.database.url = std::env::var("DATABASE_URL").ok().map(DatabaseUrl::from);
         }
         config.validate()?;
         Ok(config)

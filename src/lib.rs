@@ -9,6 +9,7 @@ pub mod config;
 pub mod http;
 pub mod limiter;
 pub mod metrics;
+pub mod secret;
 pub mod server;
 pub mod session;
 pub mod store;

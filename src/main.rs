@@ -17,6 +17,7 @@ use eventrelay::http::admin::{config_source_refusal, generate_secret, prepare_su
 use eventrelay::publisher::{
     Audience, Identifier, IdentifierError, NewEvent, PublishError, Publisher,
 };
+use eventrelay::secret::Secret;
 use eventrelay::server::ServeError;
 use eventrelay::store::webhooks::{DeliveryFilter, MAX_PAGE, Subscription};
 use eventrelay::store::{MigrateError, StoreError, WebhookStore, migrate};
@@ -192,7 +193,7 @@ impl Database {
     fn resolve(&self) -> Result<Target, CliError> {
         let mut config = Config::load(self.config.config.as_deref())?;
         if let Some(url) = &self.database_url {
-            config.database.url = Some(url.clone());
+            config.database.url = Some(url.as_str().into());
         }
         if let Some(schema) = &self.schema {
             config.database.schema = schema.clone();
@@ -201,9 +202,14 @@ impl Database {
             config.database.channel = channel.clone();
         }
         config.validate()?;
-        let url = config.database.url.clone().ok_or_else(|| {
-            CliError::Usage("no database: pass --database-url or set DATABASE_URL".into())
-        })?;
+        let url = config
+            .database
+            .url
+            .as_ref()
+            .map(|url| url.expose().to_owned())
+            .ok_or_else(|| {
+                CliError::Usage("no database: pass --database-url or set DATABASE_URL".into())
+            })?;
         Ok(Target {
             url,
             schema: config.schema(),
@@ -625,10 +631,12 @@ fn parse_json(flag: &'static str, text: &str) -> Result<Value, CliError> {
 }
 
 /// Reads (or creates) a random development secret under `dir`.
-fn dev_secret(dir: &Path, name: &str) -> Result<String, CliError> {
+/// A development secret kept in `dir/name`, created on first use readable
+/// by its owner only.
+fn dev_secret(dir: &Path, name: &str) -> Result<Secret, CliError> {
     let path = dir.join(name);
     if let Ok(secret) = std::fs::read_to_string(&path) {
-        return Ok(secret.trim().to_owned());
+        return Ok(secret.trim().into());
     }
     std::fs::create_dir_all(dir)?;
     let secret = format!(
@@ -636,8 +644,21 @@ fn dev_secret(dir: &Path, name: &str) -> Result<String, CliError> {
         uuid::Uuid::new_v4().simple(),
         uuid::Uuid::new_v4().simple()
     );
-    std::fs::write(&path, &secret)?;
-    Ok(secret)
+    let mut file = owner_only(&path)?;
+    file.write_all(secret.as_bytes())?;
+    Ok(secret.into())
+}
+
+/// Creates `path` (or truncates it) with mode 0600 on Unix.
+fn owner_only(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)
 }
 
 /// Logs to stderr with `log.level` as the filter (`RUST_LOG`, when set,
@@ -682,7 +703,7 @@ async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     let address = listener.local_addr()?;
     let _ = writeln!(out, "eventrelay listening on http://{address}");
     let database = match &config.database.url {
-        Some(url) => redact_password(url),
+        Some(url) => url.redacted(),
         None => format!(
             "embedded, in {} (single session; set DATABASE_URL for a real Postgres)",
             config.database.embedded_dir
@@ -730,20 +751,6 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(not(unix))]
     async {
         let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-/// A database URL fit for a log line: the password is left out.
-fn redact_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "(configured)".to_owned();
-    };
-    match rest.split_once('@') {
-        Some((credentials, host)) => {
-            let user = credentials.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}@{host}")
-        }
-        None => url.to_owned(),
     }
 }
 

@@ -229,7 +229,7 @@ async fn the_listener_terminated_again_and_again_under_load() {
     let db = TestDb::new().await;
     let listener_tag = format!("{}_listener", db.schema);
     let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
-    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url));
+    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url.into()));
     server.ready().await;
     let base = Arc::new(Mutex::new(server.base.clone()));
     let subscribers = subscribers(&base).await;
@@ -269,7 +269,7 @@ async fn history_never_reaches_subscribers_across_listener_reconnects() {
     let db = TestDb::new().await;
     let listener_tag = format!("{}_listener", db.schema);
     let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
-    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url));
+    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url.into()));
     server.ready().await;
     // The scope has history before anyone subscribes.
     let history = write_events(

@@ -79,7 +79,7 @@ async fn a_silently_dropped_listen_connection_is_found_and_nothing_is_lost() {
     let listen_url = through(&proxy, &db);
     let hook = receiver.url.clone();
     let server = TestServer::start(&db, move |c| {
-        c.database.listen_url = Some(listen_url);
+        c.database.listen_url = Some(listen_url.into());
         c.database.listen_health_secs = HEALTH_SECS;
         c.webhooks.allow_private_networks = true;
         c.webhooks.subscriptions = vec![NewSubscription {
@@ -145,7 +145,7 @@ async fn a_pool_behind_a_dropped_path_recovers_without_losing_anything() {
     let proxy = Freezer::start(postgres_addr()).await;
     let url = through(&proxy, &db);
     let server = TestServer::start(&db, move |c| {
-        c.database.url = Some(url);
+        c.database.url = Some(url.into());
         c.database.migrate = false;
         c.database.pool_size = 2;
         c.database.listen_health_secs = HEALTH_SECS;

@@ -219,7 +219,7 @@ fn bad_tls_settings_are_refused_at_start_naming_the_setting() {
     ];
     for (url, setting, why) in cases {
         let mut config = eventrelay::config::Config::default();
-        config.database.url = Some(url.to_owned());
+        config.database.url = Some(url.to_owned().into());
         let error = config.validate().unwrap_err().to_string();
         assert!(
             error.contains(setting) && error.contains(why),

@@ -410,7 +410,7 @@ async fn the_listener_losing_its_connection_loses_no_event() {
     let db = TestDb::new().await;
     let listener_tag = format!("{}_listener", db.schema);
     let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
-    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url));
+    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url.into()));
     server.ready().await;
     let (mut stream, _) = server
         .subscribe(&token("alice", "org-1", json!({})), None, "")
@@ -701,7 +701,7 @@ async fn no_history_after_a_listener_reconnect_yet_late_commits_arrive() {
     let db = TestDb::new().await;
     let listener_tag = format!("{}_listener", db.schema);
     let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
-    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url));
+    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url.into()));
     server.ready().await;
     // History, with a transaction still open whose seq sits among it.
     for n in 0..5 {

@@ -38,7 +38,7 @@ pub struct JwtConfig {
     /// refused, which closes the algorithm-confusion attacks.
     pub algorithm: Algorithm,
     /// The shared secret, for HS256/HS384/HS512 (UTF-8 bytes, at least 32).
-    pub secret: Option<String>,
+    pub secret: Option<crate::secret::Secret>,
     /// A PEM public key (RSA, EC or Ed25519, matching `algorithm`).
     pub public_key_file: Option<PathBuf>,
     /// A JWKS file; the token's `kid` picks the key.

@@ -136,7 +136,7 @@ pub fn prepare_subscription(
     Ok(NewSubscription {
         id,
         url,
-        secret,
+        secret: secret.into(),
         types,
         scope_key,
     })

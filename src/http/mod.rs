@@ -41,7 +41,7 @@ pub struct AppState {
     /// Wakes the webhook dispatcher (after a redelivery, say).
     pub webhook_wake: Arc<tokio::sync::Notify>,
     /// Set in development mode only, for the inspector's token minting.
-    pub development_secret: Option<String>,
+    pub development_secret: Option<crate::secret::Secret>,
     /// Which other origins' pages may read `/v1/events`.
     pub cors: Arc<cors::CorsPolicy>,
 }

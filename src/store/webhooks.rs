@@ -18,6 +18,7 @@ use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
 use super::outbox::StoreError;
+use crate::secret::Secret;
 
 /// A webhook subscription as stored. The secrets are only for signing and
 /// are never shown by listings.
@@ -60,7 +61,7 @@ impl Subscription {
 pub struct NewSubscription {
     pub id: String,
     pub url: String,
-    pub secret: String,
+    pub secret: Secret,
     #[serde(default = "all_types")]
     pub types: Vec<String>,
     #[serde(default, alias = "scope_key")]
@@ -297,7 +298,7 @@ impl WebhookStore {
                 &[
                     (&s.id, Type::TEXT),
                     (&s.url, Type::TEXT),
-                    (&s.secret, Type::TEXT),
+                    (&s.secret.expose(), Type::TEXT),
                     (&s.types, Type::TEXT_ARRAY),
                     (&s.scope_key, Type::TEXT),
                 ],
@@ -347,7 +348,7 @@ impl WebhookStore {
                 &[
                     (&s.id, Type::TEXT),
                     (&s.url, Type::TEXT),
-                    (&s.secret, Type::TEXT),
+                    (&s.secret.expose(), Type::TEXT),
                     (&s.types, Type::TEXT_ARRAY),
                     (&s.scope_key, Type::TEXT),
                 ],

@@ -8,6 +8,7 @@ pub mod certs;
 pub mod cluster;
 pub mod flaky_receiver;
 pub mod freezer;
+pub mod pgbouncer;
 pub mod process;
 pub mod receiver;
 pub mod server;

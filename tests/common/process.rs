@@ -103,11 +103,19 @@ impl RelayProcess {
         });
         let stdout = child.stdout.take().unwrap();
         let (first_line, announced) = mpsc::channel();
+        let printed = Arc::clone(&log);
         std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = first_line.send(lines.next());
-            // Keep draining so the relay never blocks on a full pipe.
-            for _ in lines {}
+            let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+            let first = lines.next();
+            if let Some(line) = &first {
+                printed.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+            let _ = first_line.send(first.map(Ok::<_, std::io::Error>));
+            // Keep draining (and keeping) so the relay never blocks on a
+            // full pipe.
+            for line in lines {
+                printed.lock().unwrap().push_str(&format!("{line}\n"));
+            }
         });
         let line = announced
             .recv_timeout(DEADLINE)
@@ -127,7 +135,8 @@ impl RelayProcess {
         }
     }
 
-    /// The relay's log so far.
+    /// What the relay wrote so far: its log (stderr) and its banner
+    /// (stdout).
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }

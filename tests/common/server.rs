@@ -38,7 +38,7 @@ impl TestServer {
         resolver: Option<Arc<dyn SubscriberResolver>>,
     ) -> TestServer {
         let mut config = Config::default();
-        config.database.url = Some(db.url.clone());
+        config.database.url = Some(db.url.clone().into());
         config.database.schema = db.schema.to_string();
         config.database.channel = db.channel.to_string();
         config.database.pool_size = 4;
@@ -188,8 +188,23 @@ pub fn token(subscriber: &str, scope: &str, grants: Value) -> String {
 }
 
 pub fn token_for(subscriber: &str, scope: &str, grants: Value, ttl: Duration) -> String {
+    mint_with(TEST_SECRET, subscriber, scope, grants, ttl)
+}
+
+/// A token signed with `secret` instead of the test secret.
+pub fn token_with_secret(secret: &str, subscriber: &str, scope: &str) -> String {
+    mint_with(
+        secret,
+        subscriber,
+        scope,
+        Value::Object(Default::default()),
+        Duration::from_secs(600),
+    )
+}
+
+fn mint_with(secret: &str, subscriber: &str, scope: &str, grants: Value, ttl: Duration) -> String {
     mint_token(
-        TEST_SECRET,
+        secret,
         Algorithm::HS256,
         &TokenSpec {
             subscriber_id: subscriber.into(),
