@@ -229,6 +229,7 @@ pub async fn run(
         Arc::clone(&metrics),
     ));
 
+    let closing_streams = tokio::sync::watch::Sender::new(false);
     let state = web::Data::new(AppState {
         config: Arc::clone(&config),
         relay: relay.clone(),
@@ -242,6 +243,7 @@ pub async fn run(
         webhook_wake,
         development_secret: config.development_secret.clone(),
         cors,
+        closing: closing_streams.subscribe(),
     });
     let inspector = config.http.inspector;
     let mut server = HttpServer::new(move || {
@@ -264,6 +266,9 @@ pub async fn run(
     let stopped = actix::spawn(server);
     shutdown.await;
     tracing::info!("shutting down");
+    // Streams end first, each with its closing chunk, so the graceful stop
+    // below has no open response left to wait for.
+    closing_streams.send_replace(true);
     // Bounded: the rest of the shutdown (actors, arbiters, the embedded
     // database) must run even if the HTTP server never reports back.
     let http_stopped = async {

@@ -55,6 +55,8 @@ pub struct SessionParams {
     pub until: Option<String>,
     pub resync: bool,
     pub replay: Replay,
+    /// True once the service is stopping: the stream then ends cleanly.
+    pub closing: tokio::sync::watch::Receiver<bool>,
 }
 
 enum Phase {
@@ -196,10 +198,15 @@ impl Session {
 
     async fn next_live(&mut self) -> Option<Bytes> {
         let ends_at = self.params.ends_at;
+        let mut closing = self.params.closing.clone();
         loop {
             tokio::select! {
                 biased;
                 _ = tokio::time::sleep_until(ends_at) => {
+                    self.phase = Phase::Finished;
+                    return None;
+                }
+                _ = closing.wait_for(|closing| *closing) => {
                     self.phase = Phase::Finished;
                     return None;
                 }

@@ -145,7 +145,7 @@ async fn no_command_and_no_log_line_shows_a_secret() {
         .unwrap();
     assert_eq!(stream.status(), 200);
     drop(stream);
-    let log = relay.log();
+    let log = format!("{}{}", relay.banner(), relay.log());
     assert!(log.contains("listening"), "the banner was captured:\n{log}");
     assert_clean("the relay's banner and log", &log);
     drop(relay);

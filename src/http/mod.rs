@@ -44,6 +44,9 @@ pub struct AppState {
     pub development_secret: Option<crate::secret::Secret>,
     /// Which other origins' pages may read `/v1/events`.
     pub cors: Arc<cors::CorsPolicy>,
+    /// Turns true when the service starts stopping: every stream then ends
+    /// cleanly, so clients reconnect (to another replica) at once.
+    pub closing: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Registers every route.

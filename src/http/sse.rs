@@ -191,6 +191,7 @@ pub async fn stream_events(
             until: query.until.clone(),
             resync,
             replay,
+            closing: state.closing.clone(),
         },
         subscriber,
         receiver,

@@ -63,6 +63,8 @@ pub struct RelayProcess {
     pub base: String,
     /// Everything the relay wrote to stderr (its log), also echoed.
     log: Arc<Mutex<String>>,
+    /// Everything it wrote to stdout (the start-up banner).
+    banner: Arc<Mutex<String>>,
     _config: ConfigFile,
 }
 
@@ -103,7 +105,8 @@ impl RelayProcess {
         });
         let stdout = child.stdout.take().unwrap();
         let (first_line, announced) = mpsc::channel();
-        let printed = Arc::clone(&log);
+        let banner = Arc::new(Mutex::new(String::new()));
+        let printed = Arc::clone(&banner);
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
             let first = lines.next();
@@ -131,14 +134,19 @@ impl RelayProcess {
             child,
             base,
             log,
+            banner,
             _config: config,
         }
     }
 
-    /// What the relay wrote so far: its log (stderr) and its banner
-    /// (stdout).
+    /// The relay's log (stderr) so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+
+    /// What the relay printed on stdout so far.
+    pub fn banner(&self) -> String {
+        self.banner.lock().unwrap().clone()
     }
 
     /// True while the process has not exited.
