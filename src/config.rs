@@ -198,6 +198,13 @@ pub struct PublishConfig {
     pub schemas_dir: Option<String>,
     /// Most events in one publish request.
     pub max_batch: usize,
+    /// Concurrent publish requests share one transaction: while requests
+    /// arrive concurrently, the committer waits this long for more before
+    /// writing a group. 0 turns group commit off (one transaction per
+    /// request).
+    pub group_commit_ms: u64,
+    /// Most events written in one group.
+    pub group_max_events: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -226,6 +233,8 @@ impl Default for Config {
             auth: None,
             publish: PublishConfig {
                 max_batch: 100,
+                group_commit_ms: 2,
+                group_max_events: 2000,
                 ..PublishConfig::default()
             },
             outbox: OutboxConfig::default(),
@@ -419,6 +428,18 @@ impl Config {
         }
         if self.publish.max_batch == 0 {
             return Err(invalid("publish.max_batch", "must be at least 1"));
+        }
+        if self.publish.group_max_events < self.publish.max_batch {
+            return Err(invalid(
+                "publish.group_max_events",
+                "must be at least publish.max_batch, so a whole request fits a group",
+            ));
+        }
+        if self.publish.group_commit_ms > 1000 {
+            return Err(invalid(
+                "publish.group_commit_ms",
+                "must be at most 1000: every publish in a group waits for it",
+            ));
         }
         if self.publish.token.as_deref().is_some_and(|t| t.len() < 16) {
             return Err(invalid(

@@ -6,6 +6,7 @@
 pub mod actors;
 pub mod auth;
 pub mod config;
+pub mod group_commit;
 pub mod http;
 pub mod limiter;
 pub mod metrics;

@@ -37,6 +37,7 @@ pub struct Metrics {
     pub tails_shrunk: Counter,
     pub commit_to_send_seconds: Histogram,
     pub events_published: Counter,
+    pub publish_group_requests: Histogram,
     pub outbox_rows_pruned: Counter,
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
 }
@@ -61,6 +62,9 @@ impl Metrics {
                 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
             ]),
             events_published: Counter::default(),
+            publish_group_requests: Histogram::new([
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0,
+            ]),
             outbox_rows_pruned: Counter::default(),
             webhook_deliveries: Family::default(),
             registry: Registry::default(),
@@ -134,6 +138,11 @@ impl Metrics {
             "events_published",
             "Events accepted by the HTTP publish API",
             metrics.events_published.clone(),
+        );
+        registry.register(
+            "publish_group_requests",
+            "Publish requests written together in one transaction",
+            metrics.publish_group_requests.clone(),
         );
         registry.register(
             "outbox_rows_pruned",

@@ -19,6 +19,7 @@ use crate::actors::tail_budget::TailBudget;
 use crate::actors::{Listener, Relay};
 use crate::auth::SubscriberResolver;
 use crate::config::Config;
+use crate::group_commit::{GroupSettings, Publishing};
 use crate::http::{AppState, routes};
 use crate::limiter::ConnectionLimiter;
 use crate::metrics::Metrics;
@@ -230,6 +231,15 @@ pub async fn run(
     ));
 
     let closing_streams = tokio::sync::watch::Sender::new(false);
+    let publishing = Publishing::start(
+        db.clone(),
+        publisher,
+        GroupSettings {
+            window: Duration::from_millis(config.publish.group_commit_ms),
+            max_events: config.publish.group_max_events,
+        },
+        Arc::clone(&metrics),
+    );
     let state = web::Data::new(AppState {
         config: Arc::clone(&config),
         relay: relay.clone(),
@@ -237,7 +247,7 @@ pub async fn run(
         limiter: ConnectionLimiter::new(config.sse.max_connections_per_subscriber),
         db,
         outbox,
-        publisher,
+        publishing,
         metrics,
         listener_connected,
         webhook_wake,

@@ -17,7 +17,6 @@ use std::sync::atomic::AtomicBool;
 
 use actix::Addr;
 use actix_web::web;
-use eventrelay_publisher::Publisher;
 
 use crate::actors::Relay;
 use crate::auth::SubscriberResolver;
@@ -35,7 +34,8 @@ pub struct AppState {
     pub limiter: Arc<ConnectionLimiter>,
     pub db: Database,
     pub outbox: Outbox,
-    pub publisher: Publisher,
+    /// Writes publish requests, in groups when group commit is on.
+    pub publishing: crate::group_commit::Publishing,
     pub metrics: Arc<Metrics>,
     pub listener_connected: Arc<AtomicBool>,
     /// Wakes the webhook dispatcher (after a redelivery, say).

@@ -17,6 +17,7 @@ use super::AppState;
 use super::body::read_body;
 use super::error::ApiError;
 use super::token::Guard;
+use crate::group_commit::GroupError;
 
 const PUBLISH: Guard = Guard {
     setting: "publish.token",
@@ -105,27 +106,14 @@ pub async fn publish_events(
     PUBLISH.check(&request, state.config.publish.token.as_deref())?;
     let body = read_body(payload, state.config.http.max_body_bytes).await?;
     let events = parse_events(&body, state.config.publish.max_batch)?;
-    let mut client = state
-        .db
-        .get()
+    let envelopes = state
+        .publishing
+        .publish(events)
         .await
-        .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))?;
-    let tx = client
-        .transaction()
-        .await
-        .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))?;
-    let mut envelopes = Vec::with_capacity(events.len());
-    for (index, event) in events.into_iter().enumerate() {
-        let envelope = state
-            .publisher
-            .emit(&tx, event)
-            .await
-            .map_err(|e| publish_error(index, e))?;
-        envelopes.push(envelope);
-    }
-    tx.commit()
-        .await
-        .map_err(|e| ApiError::unavailable(format!("commit failed: {e}")))?;
+        .map_err(|error| match error {
+            GroupError::Refused { index, error } => publish_error(index, error),
+            GroupError::Unavailable(message) => ApiError::unavailable(message),
+        })?;
     state
         .metrics
         .events_published

@@ -35,5 +35,5 @@ pub use eventrelay_wire::webhook::{VerifyError, WebhookHeaders, WebhookSecret, v
 pub use eventrelay_wire::{Audience, EventEnvelope, Lane, NewEvent};
 pub use executor::PgExecutor;
 pub use identifier::{Identifier, IdentifierError};
-pub use publisher::{DEFAULT_SCHEMA, PublishError, Publisher};
+pub use publisher::{BatchError, DEFAULT_SCHEMA, PublishError, Publisher};
 pub use registry::{SchemaError, SchemaRegistry};

@@ -37,6 +37,17 @@ pub enum PublishError {
     SchemaName(#[from] IdentifierError),
 }
 
+/// Why [`Publisher::emit_batch`] wrote nothing: the event at `index` was
+/// refused (for a database error on the shared statement, `index` is 0 and
+/// the error says which row, when the database does).
+#[derive(Debug, thiserror::Error)]
+#[error("event {index}: {error}")]
+pub struct BatchError {
+    pub index: usize,
+    #[source]
+    pub error: PublishError,
+}
+
 /// Emits events into one eventrelay schema.
 ///
 /// Cheap to clone; build one at start and share it.
@@ -45,6 +56,7 @@ pub struct Publisher {
     schema: Identifier,
     registry: Option<Arc<SchemaRegistry>>,
     emit_sql: Arc<str>,
+    emit_batch_sql: Arc<str>,
     notify_sql: Arc<str>,
     /// sqlx binds everything as text, so its statement casts explicitly.
     #[cfg(feature = "sqlx")]
@@ -57,6 +69,19 @@ impl Publisher {
         let schema = Identifier::new(schema)?;
         Ok(Publisher {
             emit_sql: format!("SELECT {schema}.emit($1, $2, $3, $4, $5, $6, $7)").into(),
+            // One statement for a whole batch. Resources travel as JSON
+            // arrays because SQL arrays of arrays must not be ragged.
+            emit_batch_sql: format!(
+                "INSERT INTO {schema}.outbox (id, type, scope_key, data, audience, resources, occurred_at)
+                 SELECT e.id, e.type, e.scope_key, e.data, e.audience,
+                        ARRAY(SELECT jsonb_array_elements_text(e.resources)), e.occurred_at
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[],
+                             $6::jsonb[], $7::timestamptz[])
+                      WITH ORDINALITY AS e(id, type, scope_key, data, audience, resources, occurred_at, n)
+                 ORDER BY e.n
+                 RETURNING id, seq"
+            )
+            .into(),
             notify_sql: format!("SELECT {schema}.notify_inline($1)").into(),
             #[cfg(feature = "sqlx")]
             sqlx_emit_sql: format!(
@@ -108,6 +133,81 @@ impl Publisher {
             }
         }
         Ok(envelope)
+    }
+
+    /// Emits many events on `client` with one statement for all durable
+    /// ones, in order: far fewer round trips than one [`emit`](Self::emit)
+    /// per event, for bulk producers and batched publishing. Every event is
+    /// validated before anything is written; the first invalid one fails
+    /// the whole call with its index. Ephemeral events are sent inline, as
+    /// by `emit`.
+    pub async fn emit_batch<C: PgExecutor>(
+        &self,
+        client: &C,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<EventEnvelope>, BatchError> {
+        let mut envelopes = Vec::with_capacity(events.len());
+        for (index, event) in events.into_iter().enumerate() {
+            envelopes.push(
+                self.prepare(event)
+                    .map_err(|error| BatchError { index, error })?,
+            );
+        }
+        let durable: Vec<&EventEnvelope> = envelopes.iter().filter(|e| e.is_durable()).collect();
+        if !durable.is_empty() {
+            let ids: Vec<uuid::Uuid> = durable.iter().map(|e| e.id).collect();
+            let types: Vec<&str> = durable.iter().map(|e| e.event_type.as_str()).collect();
+            let scopes: Vec<&str> = durable.iter().map(|e| e.scope_key.as_str()).collect();
+            let data: Vec<&serde_json::Value> = durable.iter().map(|e| &e.data).collect();
+            let audiences: Vec<Option<serde_json::Value>> =
+                durable.iter().map(|e| DurableRow::of(e).audience).collect();
+            let resources: Vec<serde_json::Value> = durable
+                .iter()
+                .map(|e| serde_json::Value::from(e.resources.clone()))
+                .collect();
+            let times: Vec<chrono::DateTime<Utc>> = durable.iter().map(|e| e.occurred_at).collect();
+            let rows = client
+                .query_typed(
+                    &self.emit_batch_sql,
+                    &[
+                        (&ids, Type::UUID_ARRAY),
+                        (&types, Type::TEXT_ARRAY),
+                        (&scopes, Type::TEXT_ARRAY),
+                        (&data, Type::JSONB_ARRAY),
+                        (&audiences, Type::JSONB_ARRAY),
+                        (&resources, Type::JSONB_ARRAY),
+                        (&times, Type::TIMESTAMPTZ_ARRAY),
+                    ],
+                )
+                .await
+                .map_err(|error| BatchError {
+                    index: 0,
+                    error: error.into(),
+                })?;
+            let seqs: std::collections::HashMap<uuid::Uuid, i64> = rows
+                .iter()
+                .map(|row| (row.get::<_, uuid::Uuid>(0), row.get::<_, i64>(1)))
+                .collect();
+            for envelope in envelopes.iter_mut().filter(|e| e.is_durable()) {
+                envelope.seq = seqs.get(&envelope.id).copied();
+            }
+        }
+        for (index, envelope) in envelopes.iter().enumerate() {
+            if envelope.lane == Lane::Ephemeral {
+                let payload = encode_inline(envelope).map_err(|e| BatchError {
+                    index,
+                    error: e.into(),
+                })?;
+                client
+                    .query_typed(&self.notify_sql, &[(&payload, Type::TEXT)])
+                    .await
+                    .map_err(|e| BatchError {
+                        index,
+                        error: e.into(),
+                    })?;
+            }
+        }
+        Ok(envelopes)
     }
 
     /// Validates `event` (and checks it against the registry when there is

@@ -1,0 +1,268 @@
+//! Group commit for the publish API: concurrent publish requests share one
+//! transaction, so they share one commit flush (and, in notify mode, one
+//! turn at the cluster-wide notification lock) instead of paying for one
+//! each.
+//!
+//! One committer task takes requests in arrival order. While a group is
+//! being written and committed, new requests queue; the next group is
+//! everything queued then (up to a bound on events), so the group size
+//! follows the load with no timer: a lone publisher's request is written at
+//! once, as before. When requests are arriving concurrently, the committer
+//! also waits up to `publish.group_commit_ms` for more before writing.
+//!
+//! A group is one `INSERT` for all its durable events, in request order, so
+//! each request's events keep their order and are not interleaved with
+//! another request's. Every request is answered only after the transaction
+//! holding its events committed. A request's own fault (an invalid event,
+//! an id already used) must not fail the others: the group is then rolled
+//! back and each of its requests written alone, as without grouping, so
+//! exactly the faulty one fails. A database failure (a lost connection, a
+//! failed commit) answers every request of the group with it, and none of
+//! them was written.
+
+use std::time::Duration;
+
+use eventrelay_publisher::{BatchError, EventEnvelope, NewEvent, PublishError, Publisher};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics::Metrics;
+use crate::store::Database;
+
+/// Why a publish request was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    /// The event at `index` of the request was refused; nothing of the
+    /// request was written.
+    #[error("event {index}: {error}")]
+    Refused {
+        index: usize,
+        #[source]
+        error: PublishError,
+    },
+    /// The database failed; nothing of the request was written.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Where the publish API hands its requests.
+#[derive(Clone)]
+pub struct Publishing {
+    db: Database,
+    publisher: Publisher,
+    /// `None` when group commit is off: each request is its own transaction.
+    committer: Option<mpsc::Sender<Job>>,
+}
+
+struct Job {
+    events: Vec<NewEvent>,
+    reply: oneshot::Sender<Result<Vec<EventEnvelope>, GroupError>>,
+}
+
+/// How groups are formed.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupSettings {
+    /// Extra wait for more requests while they arrive concurrently; zero
+    /// turns group commit off.
+    pub window: Duration,
+    /// Most events in one group.
+    pub max_events: usize,
+}
+
+impl Publishing {
+    /// Starts the committer task (when `settings.window` is not zero) on
+    /// the current runtime.
+    pub fn start(
+        db: Database,
+        publisher: Publisher,
+        settings: GroupSettings,
+        metrics: std::sync::Arc<Metrics>,
+    ) -> Publishing {
+        let committer = (!settings.window.is_zero()).then(|| {
+            let (jobs, queue) = mpsc::channel(4096);
+            let committer = Committer {
+                db: db.clone(),
+                publisher: publisher.clone(),
+                settings,
+                metrics,
+            };
+            actix::spawn(committer.run(queue));
+            jobs
+        });
+        Publishing {
+            db,
+            publisher,
+            committer,
+        }
+    }
+
+    /// Writes `events` atomically and answers once they are committed.
+    pub async fn publish(&self, events: Vec<NewEvent>) -> Result<Vec<EventEnvelope>, GroupError> {
+        let Some(committer) = &self.committer else {
+            return publish_alone(&self.db, &self.publisher, events).await;
+        };
+        let (reply, answer) = oneshot::channel();
+        committer
+            .send(Job { events, reply })
+            .await
+            .map_err(|_| GroupError::Unavailable("the service is stopping".into()))?;
+        answer
+            .await
+            .map_err(|_| GroupError::Unavailable("the service is stopping".into()))?
+    }
+}
+
+/// One request in its own transaction, one statement per event, as without
+/// grouping; errors name the exact event.
+async fn publish_alone(
+    db: &Database,
+    publisher: &Publisher,
+    events: Vec<NewEvent>,
+) -> Result<Vec<EventEnvelope>, GroupError> {
+    let mut client = db
+        .get()
+        .await
+        .map_err(|e| GroupError::Unavailable(format!("database unavailable: {e}")))?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| GroupError::Unavailable(format!("database unavailable: {e}")))?;
+    let mut envelopes = Vec::with_capacity(events.len());
+    for (index, event) in events.into_iter().enumerate() {
+        let envelope = publisher
+            .emit(&tx, event)
+            .await
+            .map_err(|error| GroupError::Refused { index, error })?;
+        envelopes.push(envelope);
+    }
+    tx.commit()
+        .await
+        .map_err(|e| GroupError::Unavailable(format!("commit failed: {e}")))?;
+    Ok(envelopes)
+}
+
+struct Committer {
+    db: Database,
+    publisher: Publisher,
+    settings: GroupSettings,
+    metrics: std::sync::Arc<Metrics>,
+}
+
+impl Committer {
+    async fn run(self, mut queue: mpsc::Receiver<Job>) {
+        while let Some(first) = queue.recv().await {
+            let mut events = first.events.len();
+            let mut group = vec![first];
+            while events < self.settings.max_events {
+                match queue.try_recv() {
+                    Ok(job) => {
+                        events += job.events.len();
+                        group.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            // More than one request waiting means publishers are
+            // concurrent: a short wait gathers the ones just behind.
+            if group.len() > 1 {
+                let until = tokio::time::Instant::now() + self.settings.window;
+                while events < self.settings.max_events {
+                    match tokio::time::timeout_at(until, queue.recv()).await {
+                        Ok(Some(job)) => {
+                            events += job.events.len();
+                            group.push(job);
+                        }
+                        _ => break,
+                    }
+                }
+            }
+            self.metrics
+                .publish_group_requests
+                .observe(group.len() as f64);
+            self.commit(group).await;
+        }
+    }
+
+    /// Writes one group and answers each of its requests.
+    async fn commit(&self, group: Vec<Job>) {
+        if group.len() == 1 {
+            let mut group = group;
+            let job = group.remove(0);
+            let result = publish_alone(&self.db, &self.publisher, job.events).await;
+            let _ = job.reply.send(result);
+            return;
+        }
+        let all: Vec<NewEvent> = group
+            .iter()
+            .flat_map(|job| job.events.iter().cloned())
+            .collect();
+        match self.write_together(all).await {
+            Ok(mut envelopes) => {
+                for job in group {
+                    let rest = envelopes.split_off(job.events.len());
+                    let _ = job.reply.send(Ok(std::mem::replace(&mut envelopes, rest)));
+                }
+            }
+            Err(Together::Unavailable(message)) => {
+                for job in group {
+                    let _ = job
+                        .reply
+                        .send(Err(GroupError::Unavailable(message.clone())));
+                }
+            }
+            Err(Together::SomeRequestRefused) => {
+                // Written again one by one, so only the faulty request fails.
+                for job in group {
+                    let result = publish_alone(&self.db, &self.publisher, job.events).await;
+                    let _ = job.reply.send(result);
+                }
+            }
+        }
+    }
+
+    async fn write_together(&self, events: Vec<NewEvent>) -> Result<Vec<EventEnvelope>, Together> {
+        let mut client = self
+            .db
+            .get()
+            .await
+            .map_err(|e| Together::Unavailable(format!("database unavailable: {e}")))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| Together::Unavailable(format!("database unavailable: {e}")))?;
+        let envelopes = self
+            .publisher
+            .emit_batch(&tx, events)
+            .await
+            .map_err(Together::from_batch)?;
+        tx.commit()
+            .await
+            .map_err(|e| Together::Unavailable(format!("commit failed: {e}")))?;
+        Ok(envelopes)
+    }
+}
+
+/// How writing a whole group failed.
+enum Together {
+    /// Not the requests' fault: every request gets it.
+    Unavailable(String),
+    /// Some event was refused: find which request, by writing them alone.
+    SomeRequestRefused,
+}
+
+impl Together {
+    fn from_batch(batch: BatchError) -> Together {
+        match &batch.error {
+            PublishError::Database(error) => {
+                // Data and constraint errors (classes 22 and 23) are an
+                // event's fault; anything else is the database's.
+                let class = error.code().map(|c| &c.code()[..2]);
+                if matches!(class, Some("22" | "23")) {
+                    Together::SomeRequestRefused
+                } else {
+                    Together::Unavailable(format!("database error while publishing: {batch}"))
+                }
+            }
+            _ => Together::SomeRequestRefused,
+        }
+    }
+}
