@@ -111,9 +111,50 @@ impl Publishing {
     }
 }
 
-/// One request in its own transaction, one statement per event, as without
-/// grouping; errors name the exact event.
+/// One request in its own transaction, its durable events in one
+/// statement. When the database refuses one of them, the statement cannot
+/// say which, so the request is written again one event at a time to name
+/// it.
 async fn publish_alone(
+    db: &Database,
+    publisher: &Publisher,
+    events: Vec<NewEvent>,
+) -> Result<Vec<EventEnvelope>, GroupError> {
+    let together = async {
+        let mut client = db
+            .get()
+            .await
+            .map_err(|e| Together::Unavailable(format!("database unavailable: {e}")))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| Together::Unavailable(format!("database unavailable: {e}")))?;
+        let envelopes = match publisher.emit_batch(&tx, events.clone()).await {
+            Ok(envelopes) => envelopes,
+            Err(BatchError {
+                index,
+                error:
+                    error @ (PublishError::InvalidEvent(_)
+                    | PublishError::Schema(_)
+                    | PublishError::Encode(_)),
+            }) => return Ok(Err(GroupError::Refused { index, error })),
+            Err(batch) => return Err(Together::from_batch(batch)),
+        };
+        tx.commit()
+            .await
+            .map_err(|e| Together::Unavailable(format!("commit failed: {e}")))?;
+        Ok(Ok(envelopes))
+    };
+    match together.await {
+        Ok(answer) => answer,
+        Err(Together::Unavailable(message)) => Err(GroupError::Unavailable(message)),
+        Err(Together::SomeRequestRefused) => publish_one_by_one(db, publisher, events).await,
+    }
+}
+
+/// One request in its own transaction, one statement per event; errors
+/// name the exact event.
+async fn publish_one_by_one(
     db: &Database,
     publisher: &Publisher,
     events: Vec<NewEvent>,

@@ -1265,6 +1265,15 @@ async fn garbage_notifications_are_dropped_counted_and_harmless() {
             r#"{{"k":"evt","e":{{"id":"{}","type":"ready","scopeKey":"org-1","lane":"ephemeral","data":{{"resync":false}},"resources":[],"occurredAt":"2024-01-01T00:00:00Z"}}}}"#,
             uuid::Uuid::new_v4()
         ),
+        // The batched inline form: a version this relay does not read, no
+        // events, events that are not a list, a durable event inside.
+        r#"{"k":"evts","v":9,"e":[]}"#.into(),
+        r#"{"k":"evts","v":1,"e":[]}"#.into(),
+        r#"{"k":"evts","v":1,"e":{"k":"evt"}}"#.into(),
+        format!(
+            r#"{{"k":"evts","v":1,"e":[{{"id":"{}","type":"x","scopeKey":"org-1","lane":"durable","seq":1,"data":{{}},"resources":[],"occurredAt":"2024-01-01T00:00:00Z"}}]}}"#,
+            uuid::Uuid::new_v4()
+        ),
         "\u{1}\u{2}\u{3}\u{7f}\u{fffd}\u{feff}ÿþ".into(),
         "\\x00\\xff\\xfe binary-looking".into(),
         format!("{}{}", "[".repeat(1000), "]".repeat(1000)),

@@ -853,3 +853,44 @@ async fn a_replay_that_fails_midway_ends_as_an_error_not_a_clean_end() {
         "no ready after a failed replay"
     );
 }
+
+#[tokio::test]
+async fn a_batch_emit_writes_one_statement_and_shares_ephemeral_notifications() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let mut listener = db.listen().await;
+    let client = db.connect().await;
+    let mut events = Vec::new();
+    for n in 0..6 {
+        events.push(NewEvent::durable("order.created", "org-1", json!({"n": n})));
+        events.push(NewEvent::ephemeral(
+            "order.typing",
+            "org-1",
+            json!({"n": n}),
+        ));
+    }
+    let emitted = publisher(&db).emit_batch(&client, events).await.unwrap();
+    let seqs: Vec<i64> = emitted.iter().filter_map(|e| e.seq).collect();
+    assert_eq!(seqs.len(), 6);
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    // Six ephemeral events, one notification; one pointer for the scope.
+    let payloads = listener.drain(&db).await;
+    let batches: Vec<&String> = payloads
+        .iter()
+        .filter(|p| p.contains(r#""k":"evts""#))
+        .collect();
+    assert_eq!(batches.len(), 1, "{payloads:?}");
+    // Every event reaches the subscriber.
+    let mut expected: HashSet<String> = emitted.iter().map(|e| e.id.to_string()).collect();
+    while !expected.is_empty() {
+        let frame = stream.next_event().await;
+        assert!(
+            expected.remove(frame.json()["id"].as_str().unwrap()),
+            "{frame:?}"
+        );
+    }
+}

@@ -264,6 +264,11 @@ fn forward(payload: &str, relay: &Addr<Relay>, metrics: &Metrics) {
             relay.do_send(Pointer { scope_key, seq });
         }
         Ok(EventNotification::Inline { envelope }) => relay.do_send(Ephemeral(envelope)),
+        Ok(EventNotification::InlineBatch { envelopes, .. }) => {
+            for envelope in envelopes {
+                relay.do_send(Ephemeral(envelope));
+            }
+        }
         Err(error) => {
             metrics.notifications_malformed.inc();
             let shown: String = payload.chars().take(120).collect();

@@ -9,7 +9,9 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use eventrelay_wire::{EncodeError, EnvelopeError, EventEnvelope, Lane, NewEvent, encode_inline};
+use eventrelay_wire::{
+    EncodeError, EnvelopeError, EventEnvelope, Lane, NewEvent, encode_inline, encode_inline_batch,
+};
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::executor::PgExecutor;
@@ -192,20 +194,25 @@ impl Publisher {
                 envelope.seq = seqs.get(&envelope.id).copied();
             }
         }
-        for (index, envelope) in envelopes.iter().enumerate() {
-            if envelope.lane == Lane::Ephemeral {
-                let payload = encode_inline(envelope).map_err(|e| BatchError {
-                    index,
-                    error: e.into(),
-                })?;
-                client
-                    .query_typed(&self.notify_sql, &[(&payload, Type::TEXT)])
-                    .await
-                    .map_err(|e| BatchError {
-                        index,
-                        error: e.into(),
-                    })?;
-            }
+        // Ephemeral events share notifications, as many to a payload as fit.
+        let ephemeral: Vec<EventEnvelope> = envelopes
+            .iter()
+            .filter(|e| e.lane == Lane::Ephemeral)
+            .cloned()
+            .collect();
+        let first_ephemeral = envelopes
+            .iter()
+            .position(|e| e.lane == Lane::Ephemeral)
+            .unwrap_or(0);
+        let fail = |error: PublishError| BatchError {
+            index: first_ephemeral,
+            error,
+        };
+        for payload in encode_inline_batch(&ephemeral).map_err(|e| fail(e.into()))? {
+            client
+                .query_typed(&self.notify_sql, &[(&payload, Type::TEXT)])
+                .await
+                .map_err(|e| fail(e.into()))?;
         }
         Ok(envelopes)
     }

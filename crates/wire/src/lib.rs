@@ -19,6 +19,6 @@ pub use envelope::{
     validate_event_type, validate_scope_key,
 };
 pub use notification::{
-    DecodeError, EncodeError, EventNotification, MAX_NOTIFY_PAYLOAD_BYTES, decode_notification,
-    encode_inline, encode_pointer,
+    DecodeError, EncodeError, EventNotification, INLINE_BATCH_VERSION, MAX_NOTIFY_PAYLOAD_BYTES,
+    decode_notification, encode_inline, encode_inline_batch, encode_pointer,
 };

@@ -2,8 +2,12 @@
 //!
 //! A durable event travels as a pointer `{"k":"ptr","s":scopeKey,"q":seq}`
 //! (the row itself stays in the outbox); an ephemeral event travels whole,
-//! `{"k":"evt","e":envelope}`. Decoding never panics: every malformed payload
-//! maps to a [`DecodeError`] the listener can log, count and drop.
+//! `{"k":"evt","e":envelope}`. Several ephemeral events sent at one commit
+//! may share a payload, `{"k":"evts","v":1,"e":[envelope, ...]}`, as long as
+//! it stays under the size limit; `v` is that form's version, and a relay
+//! that predates the form refuses it as an unknown kind (logged and
+//! counted), never misreading it. Decoding never panics: every malformed
+//! payload maps to a [`DecodeError`] the listener can log, count and drop.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -44,7 +48,22 @@ pub enum EventNotification {
         #[serde(rename = "e")]
         envelope: EventEnvelope,
     },
+    /// Several ephemeral events sent at the same commit, carried whole, in
+    /// the order they were emitted.
+    #[serde(rename = "evts")]
+    InlineBatch {
+        /// The version of this form; [`INLINE_BATCH_VERSION`].
+        #[serde(rename = "v")]
+        version: u8,
+        /// The ephemeral envelopes, at least one.
+        #[serde(rename = "e")]
+        #[cfg_attr(feature = "json-schema", schemars(length(min = 1)))]
+        envelopes: Vec<EventEnvelope>,
+    },
 }
+
+/// The version of the `evts` form this build writes and reads.
+pub const INLINE_BATCH_VERSION: u8 = 1;
 
 /// Why a notification could not be encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,6 +103,8 @@ pub enum DecodeError {
     InvalidEnvelope(String),
     #[error("inline event must be ephemeral")]
     InlineNotEphemeral,
+    #[error("batch of inline events has version {0}; this relay reads version 1")]
+    UnsupportedBatchVersion(u64),
 }
 
 /// Encodes the pointer for a committed durable row.
@@ -122,6 +143,49 @@ fn finish(notification: &EventNotification) -> Result<String, EncodeError> {
     Ok(payload)
 }
 
+/// Encodes ephemeral events sent at the same commit in as few payloads as
+/// fit under the size limit, keeping their order. A payload holding a
+/// single event uses the one-event form, which every relay reads.
+pub fn encode_inline_batch(envelopes: &[EventEnvelope]) -> Result<Vec<String>, EncodeError> {
+    const OPEN: &str = r#"{"k":"evts","v":1,"e":["#;
+    const CLOSE: &str = "]}";
+    let mut payloads = Vec::new();
+    let mut pending: Vec<(&EventEnvelope, String)> = Vec::new();
+    let mut pending_len = OPEN.len() + CLOSE.len();
+    let flush = |pending: &mut Vec<(&EventEnvelope, String)>,
+                 payloads: &mut Vec<String>|
+     -> Result<(), EncodeError> {
+        match pending.len() {
+            0 => {}
+            1 => payloads.push(encode_inline(pending[0].0)?),
+            _ => {
+                let parts: Vec<&str> = pending.iter().map(|(_, json)| json.as_str()).collect();
+                payloads.push(format!("{OPEN}{}{CLOSE}", parts.join(",")));
+            }
+        }
+        pending.clear();
+        Ok(())
+    };
+    for envelope in envelopes {
+        if envelope.lane != Lane::Ephemeral {
+            return Err(EncodeError::NotEphemeral);
+        }
+        envelope.validate()?;
+        let json = serde_json::to_string(envelope).map_err(|e| EncodeError::Json(e.to_string()))?;
+        // Each one must fit alone; the one-event form is a little longer.
+        encode_inline(envelope)?;
+        let separator = usize::from(!pending.is_empty());
+        if pending_len + separator + json.len() > MAX_NOTIFY_PAYLOAD_BYTES {
+            flush(&mut pending, &mut payloads)?;
+            pending_len = OPEN.len() + CLOSE.len();
+        }
+        pending_len += usize::from(!pending.is_empty()) + json.len();
+        pending.push((envelope, json));
+    }
+    flush(&mut pending, &mut payloads)?;
+    Ok(payloads)
+}
+
 /// Decodes one payload from the channel.
 pub fn decode_notification(payload: &[u8]) -> Result<EventNotification, DecodeError> {
     if payload.len() > MAX_NOTIFY_PAYLOAD_BYTES {
@@ -142,7 +206,10 @@ pub fn decode_notification(payload: &[u8]) -> Result<EventNotification, DecodeEr
     };
     match kind.as_str() {
         "ptr" => decode_pointer(&object),
-        "evt" => decode_inline(object.remove("e")),
+        "evt" => Ok(EventNotification::Inline {
+            envelope: decode_envelope(object.remove("e"))?,
+        }),
+        "evts" => decode_inline_batch(&mut object),
         _ => Err(DecodeError::UnknownKind(kind)),
     }
 }
@@ -168,7 +235,35 @@ fn decode_pointer(object: &Map<String, Value>) -> Result<EventNotification, Deco
     Ok(EventNotification::Pointer { scope_key, seq })
 }
 
-fn decode_inline(envelope: Option<Value>) -> Result<EventNotification, DecodeError> {
+fn decode_inline_batch(object: &mut Map<String, Value>) -> Result<EventNotification, DecodeError> {
+    match object.get("v").and_then(Value::as_u64) {
+        Some(1) => {}
+        Some(other) => return Err(DecodeError::UnsupportedBatchVersion(other)),
+        None => {
+            return Err(DecodeError::InvalidEnvelope(
+                "a batch needs its version `v`".into(),
+            ));
+        }
+    }
+    let Some(Value::Array(items)) = object.remove("e") else {
+        return Err(DecodeError::InvalidEnvelope(
+            "`e` must be an array of envelopes".into(),
+        ));
+    };
+    if items.is_empty() {
+        return Err(DecodeError::InvalidEnvelope("the batch is empty".into()));
+    }
+    let mut envelopes = Vec::with_capacity(items.len());
+    for item in items {
+        envelopes.push(decode_envelope(Some(item))?);
+    }
+    Ok(EventNotification::InlineBatch {
+        version: INLINE_BATCH_VERSION,
+        envelopes,
+    })
+}
+
+fn decode_envelope(envelope: Option<Value>) -> Result<EventEnvelope, DecodeError> {
     let Some(envelope) = envelope else {
         return Err(DecodeError::InvalidEnvelope("missing field `e`".into()));
     };
@@ -180,7 +275,7 @@ fn decode_inline(envelope: Option<Value>) -> Result<EventNotification, DecodeErr
     envelope
         .validate()
         .map_err(|e| DecodeError::InvalidEnvelope(e.to_string()))?;
-    Ok(EventNotification::Inline { envelope })
+    Ok(envelope)
 }
 
 #[cfg(test)]
@@ -323,5 +418,56 @@ mod tests {
             decode_notification(payload.as_bytes()),
             Err(DecodeError::InvalidEnvelope(_))
         ));
+    }
+
+    fn ephemeral(n: usize, pad: usize) -> EventEnvelope {
+        NewEvent::ephemeral("tick", "org-1", json!({"n": n, "pad": "x".repeat(pad)}))
+            .into_envelope(Utc::now())
+    }
+
+    #[test]
+    fn inline_batches_pack_under_the_limit_in_order_and_round_trip() {
+        let events: Vec<EventEnvelope> = (0..40).map(|n| ephemeral(n, 400)).collect();
+        let payloads = encode_inline_batch(&events).unwrap();
+        assert!(
+            payloads.len() > 1 && payloads.len() < 10,
+            "{}",
+            payloads.len()
+        );
+        let mut decoded = Vec::new();
+        for payload in &payloads {
+            assert!(payload.len() <= MAX_NOTIFY_PAYLOAD_BYTES);
+            match decode_notification(payload.as_bytes()).unwrap() {
+                EventNotification::InlineBatch { version, envelopes } => {
+                    assert_eq!(version, INLINE_BATCH_VERSION);
+                    decoded.extend(envelopes);
+                }
+                EventNotification::Inline { envelope } => decoded.push(envelope),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(decoded, events);
+        // One event alone uses the form every relay reads.
+        let single = encode_inline_batch(&events[..1]).unwrap();
+        assert_eq!(single, vec![encode_inline(&events[0]).unwrap()]);
+        assert!(encode_inline_batch(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn malformed_batches_are_refused_by_name() {
+        let good = serde_json::to_string(&ephemeral(1, 0)).unwrap();
+        for (payload, expected) in [
+            (format!(r#"{{"k":"evts","v":2,"e":[{good}]}}"#), "version 2"),
+            (format!(r#"{{"k":"evts","e":[{good}]}}"#), "version"),
+            (r#"{"k":"evts","v":1,"e":[]}"#.to_owned(), "empty"),
+            (r#"{"k":"evts","v":1,"e":{}}"#.to_owned(), "array"),
+            (
+                format!(r#"{{"k":"evts","v":1,"e":[{good},{{"id":1}}]}}"#),
+                "malformed",
+            ),
+        ] {
+            let error = decode_notification(payload.as_bytes()).unwrap_err();
+            assert!(error.to_string().contains(expected), "{payload}: {error}");
+        }
     }
 }
