@@ -355,6 +355,11 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             if let Some(auth) = &config.auth {
                 build_resolver(auth)?;
             }
+            if config.http.tls.enabled() {
+                // Reads and pairs the files, as the server does at start.
+                eventrelay::http::tls::server_config(&config.http.tls)
+                    .map_err(|e| CliError::Usage(e.to_string()))?;
+            }
             println!("configuration is valid:");
             println!("{config:#?}");
         }
@@ -701,7 +706,12 @@ async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     // The banner is best effort: a closed stdout must not stop the service.
     let mut out = std::io::stdout();
     let address = listener.local_addr()?;
-    let _ = writeln!(out, "eventrelay listening on http://{address}");
+    let scheme = if config.http.tls.enabled() {
+        "https"
+    } else {
+        "http"
+    };
+    let _ = writeln!(out, "eventrelay listening on {scheme}://{address}");
     let database = match &config.database.url {
         Some(url) => url.redacted(),
         None => format!(
@@ -712,9 +722,9 @@ async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     let _ = writeln!(out, "  database: {database}");
     let _ = writeln!(
         out,
-        "  stream:  GET  http://{address}/v1/events   (Authorization: Bearer <token>)"
+        "  stream:  GET  {scheme}://{address}/v1/events   (Authorization: Bearer <token>)"
     );
-    let _ = writeln!(out, "  publish: POST http://{address}/v1/events");
+    let _ = writeln!(out, "  publish: POST {scheme}://{address}/v1/events");
     if development {
         let _ = writeln!(
             out,
@@ -726,7 +736,7 @@ async fn serve(args: ConfigArgs) -> Result<(), CliError> {
         );
         let _ = writeln!(out, "  publish token:    cat {DEV_DIR}/publish-token");
         if config.http.inspector {
-            let _ = writeln!(out, "  inspector:        http://{address}/inspector");
+            let _ = writeln!(out, "  inspector:        {scheme}://{address}/inspector");
         }
     }
     eventrelay::server::run(config, resolver, listener, shutdown).await?;

@@ -97,16 +97,18 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
             tracing::info!(applied = ?report.applied, %schema, "migrations applied");
         }
     }
+    let db = Database::pool(
+        &options,
+        config.database.pool_size,
+        (config.listen_health() / 2).clamp(Duration::from_millis(500), Duration::from_secs(5)),
+    )?;
     Ok(Backend {
-        db: Database::pool(
-            &options,
-            config.database.pool_size,
-            (config.listen_health() / 2).clamp(Duration::from_millis(500), Duration::from_secs(5)),
-        )?,
+        db: db.clone(),
         notifications: NotificationSource::Dedicated {
             options: Box::new(listen_options),
             channel,
             health: config.listen_health(),
+            probe_via: db.clone(),
         },
         #[cfg(feature = "embedded")]
         embedded: None,

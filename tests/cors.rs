@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::process::{RelayProcess, free_port};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+
 use common::server::{PUBLISH_TOKEN, SseStream, TEST_SECRET, TestServer, token};
 use common::{DEADLINE, TestDb};
 use eventrelay::auth::AuthConfig;
@@ -400,15 +402,20 @@ async fn subscribe_with_query(server: &TestServer, query: &str) -> (SseStream, b
     }
 }
 
-/// The relay as a process, logging everything at `trace`: neither a query
-/// token, accepted or refused, nor `*`'s warning is missing from or leaks
-/// into its log.
+/// The relay as a process, logging everything at `trace`: its whole log,
+/// read to the end once it has stopped, announces `*` and holds no query
+/// token, accepted or refused.
 #[tokio::test]
 async fn query_tokens_never_reach_the_log_and_star_is_announced() {
     let db = TestDb::new().await;
-    let port = free_port();
-    let config = format!(
-        r#"
+    let config = std::env::temp_dir().join(format!(
+        "eventrelay-cors-{}.toml",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(
+        &config,
+        format!(
+            r#"
 [database]
 url = "{url}"
 schema = "{schema}"
@@ -416,7 +423,7 @@ channel = "{channel}"
 pool_size = 2
 
 [http]
-bind = "127.0.0.1:{port}"
+bind = "127.0.0.1:0"
 workers = 1
 allowed_origins = ["*"]
 allow_credentials = false
@@ -433,43 +440,82 @@ query_param = "access_token"
 [log]
 level = "trace"
 "#,
-        url = db.url,
-        schema = db.schema,
-        channel = db.channel,
-    );
-    let relay = RelayProcess::spawn(&config);
-    relay.ready().await;
+            url = db.url,
+            schema = db.schema,
+            channel = db.channel,
+        ),
+    )
+    .unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_eventrelay"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("EVENTRELAY_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
+        .env_remove("DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the eventrelay binary starts");
+    // The whole log, collected until the process has gone.
+    let stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut log = String::new();
+        let _ = BufReader::new(stderr).read_to_string(&mut log);
+        log
+    });
+    let (first_line, announced) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = first_line.send(lines.next());
+        for _ in lines {}
+    });
+    let line = announced
+        .recv_timeout(DEADLINE)
+        .expect("the relay announces its address")
+        .expect("a line")
+        .unwrap();
+    let base = line
+        .split_whitespace()
+        .find(|word| word.starts_with("http://"))
+        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+        .to_owned();
+    common::wait_ready(&base).await;
+
     let alice = token("alice", "org-1", json!({}));
     let forged = "forged.query.token-that-must-not-be-logged";
     let client = reqwest::Client::new();
-    // The forged token first: the accepted one's join (its snapshot query,
-    // logged at debug) then marks that the log has caught up with both.
     for (query_token, status) in [(forged, 401), (alice.as_str(), 200)] {
-        let response = client
+        let mut response = client
             .get(format!(
-                "{}/v1/events?access_token={query_token}&until=x.y",
-                relay.base
+                "{base}/v1/events?access_token={query_token}&until=x.y"
             ))
             .header("origin", "https://anyone.test")
             .send()
             .await
             .unwrap();
         assert_eq!(response.status(), status);
-        drop(response);
-    }
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let log = loop {
-        let log = relay.log();
-        let joined = log.matches("pg_current_snapshot()").count() >= 1;
-        if joined && log.contains("http.allowed_origins = [\"*\"]") {
-            break log;
+        if status == 200 {
+            // Served: the stream starts.
+            let chunk = tokio::time::timeout(DEADLINE, response.chunk()).await;
+            assert!(matches!(chunk, Ok(Ok(Some(_)))), "{chunk:?}");
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the start-up log announces `*`, and the stream's join is logged:\n{log}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&config);
+    let log = log.join().unwrap();
+    assert!(
+        log.contains("http.allowed_origins = [\"*\"]"),
+        "the start-up log announces `*`:\n{log}"
+    );
+    assert!(log.contains("TRACE"), "the relay logged at trace");
     let signature = alice.rsplit('.').next().unwrap();
     assert!(!log.contains(signature), "a query token reached the log");
     assert!(

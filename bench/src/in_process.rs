@@ -75,7 +75,11 @@ impl InProcessRelay {
             .danger_accept_invalid_certs(true)
             .build()?;
         for _ in 0..300 {
-            if let Ok(response) = client.get(format!("{scheme}://{address}/readyz")).send().await {
+            if let Ok(response) = client
+                .get(format!("{scheme}://{address}/readyz"))
+                .send()
+                .await
+            {
                 if response.status().is_success() {
                     return Ok(relay);
                 }

@@ -40,8 +40,8 @@ struct Args {
     /// Where relay configurations and logs go.
     #[arg(long, default_value = "/tmp/eventrelay-bench")]
     work_dir: PathBuf,
-    /// Run only these scenarios (comma separated: tail, emit, fanout, scopes,
-    /// replay, webhooks).
+    /// Run only these scenarios (comma separated: tail, emit, fanout, http2,
+    /// scopes, replay, webhooks).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -153,6 +153,9 @@ async fn run_scenarios(
     }
     if wanted("fanout") {
         fanout_rows(args, schema, &scale, table).await?;
+    }
+    if wanted("http2") {
+        http2_rows(args, schema, &scale, table).await?;
     }
     if wanted("scopes") {
         let subscribers = scale.scopes * scale.per_scope;
@@ -352,6 +355,86 @@ async fn fanout_rows(
                     format!("deliveries/s ≥ nchan's: {}", verdict(ratio >= 0.995)),
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+/// Fan-out over HTTP/2 next to HTTP/1.1, at the same rate and subscriber
+/// count: plain HTTP/1.1 (the fan-out rows' client), then a relay serving
+/// TLS as browsers reach it, over HTTP/1.1 (a connection per subscriber)
+/// and over HTTP/2 with one stream per connection and with ten, as a
+/// browser with many tabs has. Over TLS both protocols go through the same
+/// client library, so those rows differ only in the protocol.
+async fn http2_rows(
+    args: &Args,
+    schema: &str,
+    scale: &Scale,
+    table: &mut Table,
+) -> BenchResult<()> {
+    let db = args.database_url.as_str();
+    let subscribers = scale.small_fanout;
+    let mut baseline: Option<FanoutFigures> = None;
+    for (label, tls, streams) in [
+        ("HTTP/1.1", false, None),
+        ("HTTPS, HTTP/1.1", true, None),
+        ("HTTPS, HTTP/2, 1 stream per connection", true, Some(1)),
+        ("HTTPS, HTTP/2, 10 streams per connection", true, Some(10)),
+    ] {
+        let mut settings = RelaySettings::new(db, schema);
+        if tls {
+            settings = settings.with_tls(&args.work_dir)?;
+        }
+        let relay = start_relay(args, settings).await?;
+        let server = if tls {
+            Server::EventrelayTls {
+                address: relay.address(),
+                pids: vec![relay.pid()],
+                http2_streams_per_connection: streams,
+            }
+        } else {
+            relay_server(&relay)
+        };
+        eprintln!("fan-out {subscribers}, 100 ev/s, {label}");
+        let plan = FanoutPlan {
+            subscribers,
+            scopes: 1,
+            scope_prefix: format!("proto-{tls}-{streams:?}"),
+            pace: Pace::PerSecond(100.0),
+            duration: scale.fixed_run,
+            writers: 4,
+            source: emit_source(db, schema),
+        };
+        let f = fanout::run(&plan, &server).await?;
+        let connections = subscribers.div_ceil(streams.unwrap_or(1));
+        table.add(
+            format!(
+                "eventrelay fan-out {subscribers} subs over {label} ({connections} connections), 1 scope, 100 ev/s, emit (commit-to-receive)"
+            ),
+            fanout_summary(&f),
+            format!("all received: {}", verdict(f.delivered == f.expected)),
+        );
+        if !tls {
+            continue;
+        }
+        match &baseline {
+            None => baseline = Some(f),
+            Some(h1) => table.add(
+                format!("side by side, {subscribers} subs, 100 ev/s: {label} / HTTPS, HTTP/1.1"),
+                format!(
+                    "deliveries/s {:.2}× · p50 {} vs {} · p99 {} vs {} · CPU s/1k {:.3} vs {:.3} · RSS {} vs {}",
+                    f.deliveries_per_second / h1.deliveries_per_second.max(1.0),
+                    ms(f.latency.p50),
+                    ms(h1.latency.p50),
+                    ms(f.latency.p99),
+                    ms(h1.latency.p99),
+                    f.cpu_seconds_per_1000,
+                    h1.cpu_seconds_per_1000,
+                    size(f.rss_bytes as f64),
+                    size(h1.rss_bytes as f64)
+                ),
+                "–".to_owned(),
+            ),
         }
     }
     Ok(())

@@ -21,6 +21,8 @@ pub struct RelaySettings {
     pub replay_lookback: i64,
     /// Deliver every `bench.hook` event to this URL.
     pub webhook_url: Option<String>,
+    /// Serve HTTPS (and HTTP/2) with this PEM certificate and key.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl RelaySettings {
@@ -33,7 +35,20 @@ impl RelaySettings {
             queue_capacity: 1024,
             replay_lookback: 100,
             webhook_url: None,
+            tls: None,
         }
+    }
+
+    /// Serves TLS with a self-signed certificate for 127.0.0.1, written to
+    /// `work_dir`.
+    pub fn with_tls(mut self, work_dir: &Path) -> BenchResult<Self> {
+        let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])?;
+        let cert = work_dir.join("relay-cert.pem");
+        let key = work_dir.join("relay-key.pem");
+        std::fs::write(&cert, certified.cert.pem())?;
+        std::fs::write(&key, certified.key_pair.serialize_pem())?;
+        self.tls = Some((cert, key));
+        Ok(self)
     }
 
     fn toml(&self, port: u16) -> String {
@@ -82,6 +97,13 @@ allow_private_networks = true
             secret = SUBSCRIBER_SECRET,
             token = PUBLISH_TOKEN,
         );
+        if let Some((cert, key)) = &self.tls {
+            text.push_str(&format!(
+                "\n[http.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+                cert.display(),
+                key.display()
+            ));
+        }
         if let Some(url) = &self.webhook_url {
             text.push_str(&format!(
                 r#"
@@ -125,10 +147,15 @@ impl RelayProcess {
             .stderr(log)
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        let scheme = if settings.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let mut relay = RelayProcess {
             child,
             port,
-            base: format!("http://127.0.0.1:{port}"),
+            base: format!("{scheme}://127.0.0.1:{port}"),
         };
         relay.wait_ready(work_dir).await?;
         Ok(relay)
@@ -143,7 +170,10 @@ impl RelayProcess {
     }
 
     async fn wait_ready(&mut self, work_dir: &Path) -> BenchResult<()> {
-        let client = reqwest::Client::new();
+        // The bench's own self-signed certificate, when serving TLS.
+        let client = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()?;
         for _ in 0..600 {
             if let Some(status) = self.child.try_wait()? {
                 return Err(format!(
@@ -167,7 +197,13 @@ impl RelayProcess {
     /// A metric from `/metrics` whose name (with labels) is or ends with
     /// `name`; 0 when absent.
     pub async fn metric(&self, name: &str) -> f64 {
-        let Ok(response) = reqwest::get(format!("{}/metrics", self.base)).await else {
+        let Ok(client) = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()
+        else {
+            return 0.0;
+        };
+        let Ok(response) = client.get(format!("{}/metrics", self.base)).send().await else {
             return 0.0;
         };
         let text = response.text().await.unwrap_or_default();

@@ -31,6 +31,7 @@ use tokio_postgres::AsyncMessage;
 
 use super::relay::{Ephemeral, ListenerConnected, Pointer, Relay};
 use crate::metrics::Metrics;
+use crate::store::Database;
 
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
@@ -44,6 +45,14 @@ enum ListenError {
     Postgres(#[from] tokio_postgres::Error),
     #[error("no answer to a health check within {0:?}; the connection is dead")]
     Dead(Duration),
+    #[error(
+        "LISTEN succeeded but a notification sent to this connection never arrived: \
+         database.listen_url must reach Postgres directly (or through a session-mode \
+         pooler), never through a transaction-mode pooler"
+    )]
+    NotDelivered,
+    #[error("could not send the delivery probe through the pool; retrying")]
+    ProbeNotSent,
 }
 
 /// Where notifications come from.
@@ -55,6 +64,9 @@ pub enum NotificationSource {
         options: Box<PgConnectOptions>,
         channel: Identifier,
         health: Duration,
+        /// Another connection's way in, to prove notifications from other
+        /// sessions reach the LISTEN connection.
+        probe_via: Database,
     },
     /// Payloads handed over by whoever owns the connection (the embedded
     /// database's single session, which already LISTENs).
@@ -96,8 +108,11 @@ impl Actor for Listener {
                 options,
                 channel,
                 health,
+                probe_via,
             }) => {
-                let run = listen_forever(*options, channel, health, relay, connected, metrics);
+                let run = listen_forever(
+                    *options, channel, health, probe_via, relay, connected, metrics,
+                );
                 ctx.spawn(run.into_actor(self).map(|_, _, _| ()));
             }
             Some(NotificationSource::Feed(payloads)) => {
@@ -117,6 +132,7 @@ async fn listen_forever(
     mut options: PgConnectOptions,
     channel: Identifier,
     health: Duration,
+    probe_via: Database,
     relay: Addr<Relay>,
     connected: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
@@ -131,6 +147,7 @@ async fn listen_forever(
         let link = Link {
             channel: &channel,
             health,
+            probe_via: &probe_via,
             relay: &relay,
             connected: &connected,
             metrics: &metrics,
@@ -153,6 +170,7 @@ async fn listen_forever(
 struct Link<'a> {
     channel: &'a Identifier,
     health: Duration,
+    probe_via: &'a Database,
     relay: &'a Addr<Relay>,
     connected: &'a AtomicBool,
     metrics: &'a Metrics,
@@ -169,6 +187,7 @@ impl Link<'_> {
         let Link {
             channel,
             health,
+            probe_via,
             relay,
             connected,
             metrics,
@@ -204,6 +223,7 @@ impl Link<'_> {
         });
         let result = async {
         client.batch_execute(&format!("LISTEN {channel}")).await?;
+        prove_delivery(&client, probe_via, &mut messages, health, relay, metrics).await?;
         connected.store(true, Ordering::Relaxed);
         if !first {
             metrics.listener_reconnects.inc();
@@ -231,7 +251,11 @@ impl Link<'_> {
                 return Ok(());
             };
             if let AsyncMessage::Notification(notification) = message? {
-                forward(notification.payload(), relay, metrics);
+                // A probe from another relay, in the moment before the
+                // probe channel was left, is not an event.
+                if notification.channel() != PROBE_CHANNEL {
+                    forward(notification.payload(), relay, metrics);
+                }
             }
         }
     }
@@ -239,6 +263,68 @@ impl Link<'_> {
         driver.abort();
         result
     }
+}
+
+/// The channel a listener notifies itself on, to prove that notifications
+/// reach it. Not the events' channel, so no relay takes a probe for an event.
+const PROBE_CHANNEL: &str = "eventrelay_listener_probe";
+
+/// Sends a notification from another connection (the pool's) and waits
+/// for it on the LISTEN connection, as events will arrive. Through a
+/// transaction-mode pooler a `LISTEN` succeeds but nothing is ever
+/// delivered, which would leave the relay deaf while it looks healthy; the
+/// probe turns that into an error that names the cause. Notifications of
+/// the events' channel that arrive meanwhile are forwarded as usual.
+async fn prove_delivery(
+    client: &tokio_postgres::Client,
+    probe_via: &Database,
+    messages: &mut mpsc::UnboundedReceiver<Result<AsyncMessage, tokio_postgres::Error>>,
+    health: Duration,
+    relay: &Addr<Relay>,
+    metrics: &Metrics,
+) -> Result<(), ListenError> {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let patience = (health / 2).max(Duration::from_millis(500));
+    client
+        .batch_execute(&format!("LISTEN {PROBE_CHANNEL}"))
+        .await?;
+    let sent = async {
+        let sender = probe_via.get().await.ok()?;
+        sender
+            .batch_execute(&format!("NOTIFY {PROBE_CHANNEL}, '{token}'"))
+            .await
+            .ok()
+    };
+    if tokio::time::timeout(patience, sent)
+        .await
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        return Err(ListenError::ProbeNotSent);
+    }
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match tokio::time::timeout_at(deadline, messages.recv()).await {
+            Err(_) => return Err(ListenError::NotDelivered),
+            Ok(None) => return Err(ListenError::NotDelivered),
+            Ok(Some(message)) => {
+                if let AsyncMessage::Notification(notification) = message? {
+                    if notification.channel() == PROBE_CHANNEL {
+                        if notification.payload() == token {
+                            break;
+                        }
+                    } else {
+                        forward(notification.payload(), relay, metrics);
+                    }
+                }
+            }
+        }
+    }
+    client
+        .batch_execute(&format!("UNLISTEN {PROBE_CHANNEL}"))
+        .await?;
+    Ok(())
 }
 
 /// Forwards payloads someone else receives; the feed is "connected" for as
