@@ -13,7 +13,9 @@ use eventrelay_bench::publish::{Pace, Source};
 use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 use eventrelay_bench::report::{Table, ms, size, verdict};
 use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
-use eventrelay_bench::scenarios::{emit_cost, replay, tail_memory, tails_budget, webhooks};
+use eventrelay_bench::scenarios::{
+    emit_cost, publish_throughput, replay, tail_memory, tails_budget, webhooks,
+};
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::{BenchResult, proc_stats};
 
@@ -40,8 +42,8 @@ struct Args {
     /// Where relay configurations and logs go.
     #[arg(long, default_value = "/tmp/eventrelay-bench")]
     work_dir: PathBuf,
-    /// Run only these scenarios (comma separated: tail, emit, fanout, http2,
-    /// scopes, replay, webhooks).
+    /// Run only these scenarios (comma separated: tail, emit, publish,
+    /// fanout, http2, scopes, replay, webhooks).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -150,6 +152,9 @@ async fn run_scenarios(
                 target,
             );
         }
+    }
+    if wanted("publish") {
+        publish_rows(args, schema, &scale, table).await?;
     }
     if wanted("fanout") {
         fanout_rows(args, schema, &scale, table).await?;
@@ -261,16 +266,33 @@ async fn fanout_rows(
         }
         _ => None,
     };
-    let runs: [(usize, Pace, Duration); 3] = [
-        (scale.small_fanout, Pace::PerSecond(100.0), scale.fixed_run),
-        (scale.large_fanout, Pace::PerSecond(10.0), scale.fixed_run),
-        (scale.small_fanout, Pace::Unthrottled, scale.unthrottled_run),
+    let runs: [(usize, Pace, Duration, usize); 4] = [
+        (
+            scale.small_fanout,
+            Pace::PerSecond(100.0),
+            scale.fixed_run,
+            4,
+        ),
+        (
+            scale.large_fanout,
+            Pace::PerSecond(10.0),
+            scale.fixed_run,
+            4,
+        ),
+        (
+            scale.small_fanout,
+            Pace::Unthrottled,
+            scale.unthrottled_run,
+            8,
+        ),
+        (
+            scale.small_fanout,
+            Pace::Unthrottled,
+            scale.unthrottled_run,
+            64,
+        ),
     ];
-    for (run, (subscribers, pace, duration)) in runs.into_iter().enumerate() {
-        let writers = match pace {
-            Pace::PerSecond(_) => 4,
-            Pace::Unthrottled => 8,
-        };
+    for (run, (subscribers, pace, duration, writers)) in runs.into_iter().enumerate() {
         let pace_label = match pace {
             Pace::PerSecond(rate) => format!("{rate:.0} ev/s"),
             Pace::Unthrottled => format!("unthrottled ({writers} publishers)"),
@@ -542,6 +564,69 @@ fn relay_server(relay: &RelayProcess) -> Server {
         address: relay.address(),
         pids: vec![relay.pid()],
     }
+}
+
+/// The HTTP publish API with group commit off and on, for 1 and 64
+/// concurrent publishers, and batch emit against one emit per event.
+async fn publish_rows(
+    args: &Args,
+    schema: &str,
+    scale: &Scale,
+    table: &mut Table,
+) -> BenchResult<()> {
+    let db = args.database_url.as_str();
+    let mut off_at_64 = None;
+    for group_commit_ms in [0, 2] {
+        let mut settings = RelaySettings::new(db, schema);
+        settings.group_commit_ms = group_commit_ms;
+        let relay = start_relay(args, settings).await?;
+        let label = if group_commit_ms == 0 {
+            "group commit off".to_owned()
+        } else {
+            format!("group commit on ({group_commit_ms} ms)")
+        };
+        for publishers in [1, 64] {
+            eprintln!("HTTP publish, {publishers} publishers, {label}");
+            let f = publish_throughput::http_publish(&relay.base, publishers, scale.emit_run * 2)
+                .await?;
+            let target = match (group_commit_ms, publishers) {
+                (0, 64) => {
+                    off_at_64 = Some(f.events_per_second);
+                    "–".to_owned()
+                }
+                (_, 64) => {
+                    let ratio = f.events_per_second / off_at_64.unwrap_or(f64::INFINITY);
+                    format!(
+                        "≥ 10× group commit off: {ratio:.1}× {}",
+                        verdict(ratio >= 10.0)
+                    )
+                }
+                _ => "–".to_owned(),
+            };
+            table.add(
+                format!("HTTP publish, durable, {publishers} concurrent publisher(s), {label}"),
+                format!(
+                    "{:.0} events/s · publish latency p50 {} · p99 {} · {} failed",
+                    f.events_per_second,
+                    ms(f.latency.p50),
+                    ms(f.latency.p99),
+                    f.failed
+                ),
+                target,
+            );
+        }
+    }
+    let count = if args.quick { 1_000 } else { 5_000 };
+    let (one_by_one, batched) = publish_throughput::emit_versus_batch(db, schema, count).await?;
+    table.add(
+        format!("publisher: {count} durable events in one transaction, emit each vs emit_batch"),
+        format!(
+            "emit: {one_by_one:.0} events/s · emit_batch: {batched:.0} events/s ({:.1}×)",
+            batched / one_by_one
+        ),
+        "–".to_owned(),
+    );
+    Ok(())
 }
 
 async fn start_relay(args: &Args, settings: RelaySettings) -> BenchResult<RelayProcess> {

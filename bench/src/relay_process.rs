@@ -23,6 +23,8 @@ pub struct RelaySettings {
     pub webhook_url: Option<String>,
     /// Serve HTTPS (and HTTP/2) with this PEM certificate and key.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// `publish.group_commit_ms`; 0 turns group commit off.
+    pub group_commit_ms: u64,
 }
 
 impl RelaySettings {
@@ -36,6 +38,7 @@ impl RelaySettings {
             replay_lookback: 100,
             webhook_url: None,
             tls: None,
+            group_commit_ms: 2,
         }
     }
 
@@ -81,6 +84,7 @@ secret = "{secret}"
 
 [publish]
 token = "{token}"
+group_commit_ms = {group}
 
 [log]
 level = "warn"
@@ -96,6 +100,7 @@ allow_private_networks = true
             tail_bytes = self.tail_bytes,
             secret = SUBSCRIBER_SECRET,
             token = PUBLISH_TOKEN,
+            group = self.group_commit_ms,
         );
         if let Some((cert, key)) = &self.tls {
             text.push_str(&format!(
