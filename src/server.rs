@@ -11,8 +11,9 @@ use actix::{Actor, Arbiter};
 use actix_web::{App, HttpServer, web};
 use eventrelay_publisher::{Publisher, SchemaRegistry};
 
-use crate::actors::dispatcher::{Dispatcher, WakeUps};
+use crate::actors::dispatcher::{Dispatcher, StopDispatcher, WakeUps};
 use crate::actors::listener::NotificationSource;
+use crate::actors::listener::StopListener;
 use crate::actors::relay::StopRelay;
 use crate::actors::relay::TailSettings;
 use crate::actors::tail_budget::TailBudget;
@@ -298,8 +299,10 @@ pub async fn run(
         }
     };
     janitor.abort();
-    drop(listener_actor);
-    drop(dispatcher);
+    listener_actor.do_send(StopListener);
+    if let Some(dispatcher) = dispatcher {
+        dispatcher.do_send(StopDispatcher);
+    }
     relay.do_send(StopRelay);
     for arbiter in arbiters {
         arbiter.stop();

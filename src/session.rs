@@ -89,6 +89,28 @@ pub struct Registration {
     pub metrics: Arc<Metrics>,
 }
 
+impl Registration {
+    /// Counts the connection as it registers, so the gauge goes up exactly
+    /// when the matching `Drop` will bring it down, however the stream ends
+    /// (even before a session is built).
+    pub fn new(
+        relay: Addr<Relay>,
+        scope_key: String,
+        session: u64,
+        permit: ConnectionPermit,
+        metrics: Arc<Metrics>,
+    ) -> Registration {
+        metrics.connections.inc();
+        Registration {
+            relay,
+            scope_key,
+            session,
+            permit,
+            metrics,
+        }
+    }
+}
+
 impl Drop for Registration {
     fn drop(&mut self) {
         self.relay.do_send(Unsubscribe {
@@ -105,12 +127,10 @@ impl Session {
         subscriber: Subscriber,
         queue: mpsc::Receiver<Arc<EncodedEvent>>,
         registration: Registration,
-        metrics: &Metrics,
     ) -> Self {
         let mut heartbeat =
             tokio::time::interval_at(Instant::now() + params.heartbeat, params.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        metrics.connections.inc();
         Session {
             params,
             subscriber,

@@ -894,3 +894,37 @@ async fn a_batch_emit_writes_one_statement_and_shares_ephemeral_notifications() 
         );
     }
 }
+
+#[tokio::test]
+async fn a_stopped_relay_leaves_no_listener_behind() {
+    let db = TestDb::new().await;
+    let listener_tag = format!("{}_stopping", db.schema);
+    let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
+    let mut server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url.into()));
+    server.ready().await;
+    let control = db.connect().await;
+    async fn listening(control: &tokio_postgres::Client, tag: &str) -> i64 {
+        control
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&tag],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+    assert_eq!(listening(&control, &listener_tag).await, 1);
+    // The relay runs inside this process, as in an embedding application
+    // whose runtime goes on; stopping the relay must stop its listener too,
+    // not only drop its address.
+    server.stop_keeping_the_runtime();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while listening(&control, &listener_tag).await != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the LISTEN connection outlived the relay"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(server);
+}

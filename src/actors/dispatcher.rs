@@ -13,7 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorFutureExt, AsyncContext, Context, WrapFuture};
+use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, WrapFuture};
 use chrono::Utc;
 use eventrelay_wire::EventEnvelope;
 use eventrelay_wire::webhook::{WebhookSecret, sign};
@@ -106,6 +106,21 @@ impl Actor for Dispatcher {
             };
             ctx.spawn(work.run(worker).into_actor(self).map(|_, _, _| ()));
         }
+    }
+}
+
+/// Stops the dispatcher and its workers. Dropping its address is not
+/// enough: an actor with running futures outlives its addresses, which
+/// would leak it when the relay runs inside an application.
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+pub struct StopDispatcher;
+
+impl actix::Handler<StopDispatcher> for Dispatcher {
+    type Result = ();
+
+    fn handle(&mut self, _: StopDispatcher, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }
 

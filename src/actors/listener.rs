@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, WrapFuture};
+use actix::{Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, WrapFuture};
 use eventrelay_publisher::Identifier;
 use eventrelay_publisher::backoff::Backoff;
 use eventrelay_publisher::{ConnectError, PgConnectOptions};
@@ -125,6 +125,20 @@ impl Actor for Listener {
 
     fn stopped(&mut self, _: &mut Context<Self>) {
         self.connected.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Stops the listener and closes its connection. Dropping its address is
+/// not enough: an actor with a running future outlives its addresses.
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+pub struct StopListener;
+
+impl actix::Handler<StopListener> for Listener {
+    type Result = ();
+
+    fn handle(&mut self, _: StopListener, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }
 

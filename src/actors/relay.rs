@@ -365,9 +365,11 @@ pub struct Subscribe {
 impl Handler<Subscribe> for Relay {
     type Result = ResponseFuture<Result<Attached, actix::MailboxError>>;
 
-    fn handle(&mut self, msg: Subscribe, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> Self::Result {
         self.next_session += 1;
         let session = self.next_session;
+        let relay = ctx.address();
+        let scope_key = msg.subscriber.scope_key.clone();
         let state = self.activate(&msg.subscriber.scope_key, &msg.joined);
         state.subscribers += 1;
         let hide_committed_before = msg
@@ -382,8 +384,15 @@ impl Handler<Subscribe> for Relay {
             hide_committed_before,
         });
         Box::pin(async move {
-            let from_tail = attach.await?;
-            Ok(Attached { session, from_tail })
+            match attach.await {
+                Ok(from_tail) => Ok(Attached { session, from_tail }),
+                Err(error) => {
+                    // Counted above, but no session will ever unsubscribe:
+                    // undo it, or the scope stays active for ever.
+                    relay.do_send(Unsubscribe { scope_key, session });
+                    Err(error)
+                }
+            }
         })
     }
 }

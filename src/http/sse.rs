@@ -148,13 +148,13 @@ pub async fn stream_events(
         .await
         .map_err(|_| ApiError::unavailable("the relay is shutting down"))?
         .map_err(|_| ApiError::unavailable("the relay is shutting down"))?;
-    let registration = Registration {
-        relay: state.relay.clone(),
-        scope_key: subscriber.scope_key.clone(),
-        session: attached.session,
+    let registration = Registration::new(
+        state.relay.clone(),
+        subscriber.scope_key.clone(),
+        attached.session,
         permit,
-        metrics: Arc::clone(&state.metrics),
-    };
+        Arc::clone(&state.metrics),
+    );
 
     let (replay, resync) = match (last_event_id, replay_from, attached.from_tail) {
         (Some(after), Some(_), Some(events)) => {
@@ -196,7 +196,6 @@ pub async fn stream_events(
         subscriber,
         receiver,
         registration,
-        &state.metrics,
     );
     Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "text/event-stream"))

@@ -21,6 +21,9 @@ pub const PUBLISH_TOKEN: &str = "publish-token-for-tests";
 pub struct TestServer {
     pub base: String,
     stop: Option<oneshot::Sender<()>>,
+    /// Keeps the actix system running after the relay stopped, as an
+    /// application embedding the relay would, until dropped.
+    linger: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -58,6 +61,7 @@ impl TestServer {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
+        let (linger, lingered) = oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
                 let shutdown = async move {
@@ -68,11 +72,13 @@ impl TestServer {
                 {
                     panic!("relay failed: {error}");
                 }
+                let _ = lingered.await;
             });
         });
         TestServer {
             base,
             stop: Some(stop),
+            linger: Some(linger),
             thread: Some(thread),
         }
     }
@@ -171,11 +177,22 @@ impl TestServer {
     }
 }
 
+impl TestServer {
+    /// Stops the relay but keeps its actix system running, as in an
+    /// application that embeds the relay and goes on afterwards.
+    pub fn stop_keeping_the_runtime(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
 impl Drop for TestServer {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+        drop(self.linger.take());
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
