@@ -685,6 +685,7 @@ fn init_logging(log: &LogConfig) {
 async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     let mut config = Config::load(args.config.as_deref())?;
     init_logging(&config.log);
+    raise_file_limit();
     let development = config.auth.is_none();
     let resolver: Arc<dyn SubscriberResolver> = match &config.auth {
         Some(auth) => build_resolver(auth)?,
@@ -741,6 +742,17 @@ async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     }
     eventrelay::server::run(config, resolver, listener, shutdown).await?;
     Ok(())
+}
+
+/// Raises the soft limit on open files to the hard limit. Every SSE
+/// connection holds a descriptor, and many runtimes start processes with a
+/// soft limit of 1024 under a far higher hard limit, which would cap the
+/// relay at about a thousand streams for no reason.
+fn raise_file_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::info!(limit, "open file limit"),
+        Err(error) => tracing::warn!(%error, "cannot raise the open file limit"),
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM. The handlers are installed when this is

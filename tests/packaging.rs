@@ -335,3 +335,58 @@ async fn sigterm_ends_open_streams_within_the_deployments_grace_period() {
         "draining took {exited:?}: raise TimeoutStopSec ({timeout_stop} s)"
     );
 }
+
+/// A relay started with a low soft limit on open files raises it to the
+/// hard limit, so the runtime's default does not cap its streams.
+#[tokio::test]
+async fn serve_raises_its_open_file_limit_to_the_hard_limit() {
+    use common::process::relay_config;
+    use std::io::{BufRead, BufReader};
+
+    let db = TestDb::new().await;
+    let config = std::env::temp_dir().join(format!(
+        "eventrelay-nofile-{}.toml",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(
+        &config,
+        relay_config(&db, 0, "[webhooks]\nenabled = false\n"),
+    )
+    .unwrap();
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(r#"ulimit -Sn 256 && exec "$0" serve --config "$1""#)
+        .arg(env!("CARGO_BIN_EXE_eventrelay"))
+        .arg(&config)
+        .env_remove("DATABASE_URL");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("EVENTRELAY_") {
+            command.env_remove(name);
+        }
+    }
+    let mut relay = KillOnDrop(
+        command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut first_line = String::new();
+    BufReader::new(relay.0.stdout.take().unwrap())
+        .read_line(&mut first_line)
+        .unwrap();
+    std::fs::remove_file(&config).unwrap();
+    assert!(first_line.contains("listening"), "{first_line}");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", relay.0.id())).unwrap();
+    let line = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .unwrap();
+    let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(
+        numbers[0], numbers[1],
+        "soft limit raised to the hard one: {line}"
+    );
+    assert_ne!(numbers[0], "256", "{line}");
+}
