@@ -265,6 +265,7 @@ pub async fn run(
             .configure(|c| crate::http::inspector::routes(c, inspector))
             .configure(routes)
     })
+    .on_connect(crate::http::peer::on_connect)
     .disable_signals()
     .shutdown_timeout(HTTP_SHUTDOWN_GRACE.as_secs());
     if config.http.workers > 0 {

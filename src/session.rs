@@ -57,6 +57,8 @@ pub struct SessionParams {
     pub replay: Replay,
     /// True once the service is stopping: the stream then ends cleanly.
     pub closing: tokio::sync::watch::Receiver<bool>,
+    /// Reports that the client closed the connection, when it is watched.
+    pub peer: Option<crate::http::peer::PeerWatch>,
 }
 
 enum Phase {
@@ -219,10 +221,18 @@ impl Session {
     async fn next_live(&mut self) -> Option<Bytes> {
         let ends_at = self.params.ends_at;
         let mut closing = self.params.closing.clone();
+        let peer_closed = peer_closed(self.params.peer.clone());
+        tokio::pin!(peer_closed);
         loop {
             tokio::select! {
                 biased;
                 _ = tokio::time::sleep_until(ends_at) => {
+                    self.phase = Phase::Finished;
+                    return None;
+                }
+                () = &mut peer_closed => {
+                    // Nobody is reading: end now, releasing the permit, the
+                    // hub's place and the queue.
                     self.phase = Phase::Finished;
                     return None;
                 }
@@ -292,6 +302,14 @@ impl Session {
         let chunk = joined.map(BytesMut::freeze).or(single)?;
         self.heartbeat.reset();
         Some(chunk)
+    }
+}
+
+/// Resolves when a watched peer closed its connection; never otherwise.
+async fn peer_closed(peer: Option<crate::http::peer::PeerWatch>) {
+    match peer {
+        Some(peer) => peer.closed().await,
+        None => std::future::pending().await,
     }
 }
 

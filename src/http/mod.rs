@@ -7,6 +7,7 @@ pub mod cors;
 pub mod error;
 pub mod inspector;
 pub mod ops;
+pub mod peer;
 pub mod publish;
 pub mod sse;
 pub mod tls;

@@ -192,6 +192,7 @@ pub async fn stream_events(
             resync,
             replay,
             closing: state.closing.clone(),
+            peer: request.conn_data::<crate::http::peer::PeerWatch>().cloned(),
         },
         subscriber,
         receiver,
