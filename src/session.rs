@@ -57,8 +57,8 @@ pub struct SessionParams {
     pub replay: Replay,
     /// True once the service is stopping: the stream then ends cleanly.
     pub closing: tokio::sync::watch::Receiver<bool>,
-    /// Reports that the client closed the connection, when it is watched.
-    pub peer: Option<crate::http::peer::PeerWatch>,
+    /// The connection's socket, peeked to notice a client that closed it.
+    pub peer: Option<crate::http::peer::PeerSocket>,
 }
 
 enum Phase {
@@ -221,8 +221,14 @@ impl Session {
     async fn next_live(&mut self) -> Option<Bytes> {
         let ends_at = self.params.ends_at;
         let mut closing = self.params.closing.clone();
-        let peer_closed = peer_closed(self.params.peer.clone());
-        tokio::pin!(peer_closed);
+        let peer = self.params.peer;
+        // Only an idle stream needs looking at: while frames flow, a write
+        // to a closed peer fails by itself.
+        let mut peek = tokio::time::interval_at(
+            Instant::now() + crate::http::peer::PEEK_EVERY,
+            crate::http::peer::PEEK_EVERY,
+        );
+        peek.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
@@ -230,11 +236,13 @@ impl Session {
                     self.phase = Phase::Finished;
                     return None;
                 }
-                () = &mut peer_closed => {
-                    // Nobody is reading: end now, releasing the permit, the
-                    // hub's place and the queue.
-                    self.phase = Phase::Finished;
-                    return None;
+                _ = peek.tick(), if peer.is_some() => {
+                    if peer.is_some_and(crate::http::peer::PeerSocket::is_closed) {
+                        // Nobody is reading: end now, releasing the permit,
+                        // the hub's place and the queue.
+                        self.phase = Phase::Finished;
+                        return None;
+                    }
                 }
                 _ = closing.wait_for(|closing| *closing) => {
                     self.phase = Phase::Finished;
@@ -302,14 +310,6 @@ impl Session {
         let chunk = joined.map(BytesMut::freeze).or(single)?;
         self.heartbeat.reset();
         Some(chunk)
-    }
-}
-
-/// Resolves when a watched peer closed its connection; never otherwise.
-async fn peer_closed(peer: Option<crate::http::peer::PeerWatch>) {
-    match peer {
-        Some(peer) => peer.closed().await,
-        None => std::future::pending().await,
     }
 }
 

@@ -30,6 +30,8 @@ pub enum Source {
     },
     /// `POST /v1/events` on a relay.
     HttpPublish { base: String },
+    /// `POST /v1/events` on a relay, on the ephemeral lane.
+    HttpPublishEphemeral { base: String },
     /// An nchan publisher location (`POST`).
     Nchan { url: String },
 }
@@ -39,6 +41,7 @@ impl Source {
         match self {
             Source::Emit { .. } => "emit (Postgres commit)",
             Source::HttpPublish { .. } => "HTTP publish",
+            Source::HttpPublishEphemeral { .. } => "HTTP publish, ephemeral lane",
             Source::Nchan { .. } => "nchan HTTP publish",
         }
     }
@@ -115,6 +118,8 @@ enum Writer {
         client: reqwest::Client,
         url: String,
         nchan: bool,
+        /// The lane of eventrelay events (nchan has none).
+        lane: &'static str,
     },
 }
 
@@ -132,11 +137,19 @@ impl Writer {
                 client: reqwest::Client::new(),
                 url: format!("{base}/v1/events"),
                 nchan: false,
+                lane: "durable",
+            },
+            Source::HttpPublishEphemeral { base } => Writer::Http {
+                client: reqwest::Client::new(),
+                url: format!("{base}/v1/events"),
+                nchan: false,
+                lane: "ephemeral",
             },
             Source::Nchan { url } => Writer::Http {
                 client: reqwest::Client::new(),
                 url: url.clone(),
                 nchan: true,
+                lane: "durable",
             },
         })
     }
@@ -154,7 +167,12 @@ impl Writer {
                 transaction.commit().await?;
                 log.record(number, log.now());
             }
-            Writer::Http { client, url, nchan } => {
+            Writer::Http {
+                client,
+                url,
+                nchan,
+                lane,
+            } => {
                 let request = if *nchan {
                     // The same bytes a browser would get from eventrelay.
                     let mut envelope = NewEvent::durable(TICK_TYPE, scope, event_data(number))
@@ -170,7 +188,7 @@ impl Writer {
                         .json(&json!({
                             "type": TICK_TYPE,
                             "scopeKey": scope,
-                            "lane": "durable",
+                            "lane": *lane,
                             "data": event_data(number),
                         }))
                 };

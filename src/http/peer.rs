@@ -4,85 +4,58 @@
 //! fails, which for an idle event stream is the next heartbeat, up to
 //! `sse.heartbeat_secs` later. Until then the stream holds its connection
 //! permit, its place in the hub and its memory: a browser that reloads a
-//! page a few times is refused for having too many streams. So every plain
-//! TCP connection gets a watcher on a second handle to its socket, which
-//! peeks (never reads) and reports the end of the peer's side (FIN or RST)
-//! at once. Sessions end when their connection's watcher reports.
+//! page a few times is refused for having too many streams. So a live
+//! session peeks at its socket twice a second (never reading from it) and
+//! ends as soon as the peer's side is closed (FIN) or reset (RST).
 //!
-//! The second handle would keep the socket open after the HTTP layer closes
-//! it, so the watcher stops, and closes it, as soon as the connection's
-//! data is dropped. TLS connections are not watched; their streams are
-//! still found by the heartbeat write.
+//! Peeking uses the connection's own descriptor: a second descriptor per
+//! connection would double what 10,000 streams need. TLS connections are
+//! not peeked (their bytes are records, not the peer's end); their streams
+//! are still found by the heartbeat write.
 
 use std::any::Any;
-use std::os::fd::AsFd;
+use std::io::ErrorKind;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
 use actix_web::dev::Extensions;
-use tokio::sync::{oneshot, watch};
 
-/// How long a watcher waits before peeking again when the client has sent
-/// bytes the HTTP layer has not read yet (peeking would return at once).
-const RECHECK: Duration = Duration::from_millis(250);
+/// How often a live session looks at its socket.
+pub const PEEK_EVERY: Duration = Duration::from_millis(500);
 
-/// A connection's watcher, as its requests see it.
-#[derive(Clone)]
-pub struct PeerWatch {
-    closed: watch::Receiver<bool>,
-}
+/// The socket of a plain TCP connection, as its requests see it.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerSocket(RawFd);
 
-impl PeerWatch {
-    /// Resolves when the peer has closed its side of the connection.
-    pub async fn closed(mut self) {
-        let _ = self.closed.wait_for(|closed| *closed).await;
-    }
-}
-
-/// Dropped with the connection's data, which stops the watcher.
-struct StopWatching(#[allow(dead_code)] oneshot::Sender<()>);
-
-/// `HttpServer::on_connect`: starts a watcher for plain TCP connections.
-pub fn on_connect(connection: &dyn Any, data: &mut Extensions) {
-    let Some(stream) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() else {
-        return;
-    };
-    let Ok(handle) = stream.as_fd().try_clone_to_owned() else {
-        return;
-    };
-    let handle = std::net::TcpStream::from(handle);
-    if handle.set_nonblocking(true).is_err() {
-        return;
-    }
-    let Ok(handle) = tokio::net::TcpStream::from_std(handle) else {
-        return;
-    };
-    let (closed, watch) = watch::channel(false);
-    let (stop, stopped) = oneshot::channel();
-    tokio::spawn(watch_peer(handle, closed, stopped));
-    data.insert(PeerWatch { closed: watch });
-    data.insert(StopWatching(stop));
-}
-
-async fn watch_peer(
-    socket: tokio::net::TcpStream,
-    closed: watch::Sender<bool>,
-    mut stopped: oneshot::Receiver<()>,
-) {
-    let mut probe = [0u8; 1];
-    loop {
-        tokio::select! {
-            _ = &mut stopped => return,
-            peeked = socket.peek(&mut probe) => match peeked {
-                Ok(0) | Err(_) => {
-                    closed.send_replace(true);
-                    return;
-                }
-                // Bytes of a next request, not yet read by the HTTP layer.
-                Ok(_) => tokio::select! {
-                    _ = &mut stopped => return,
-                    () = tokio::time::sleep(RECHECK) => {}
-                },
-            },
+impl PeerSocket {
+    /// True when the peer closed or reset the connection. Data the client
+    /// sent and the HTTP layer has not read yet counts as alive.
+    ///
+    /// Must only be called while the connection is open, which holds for a
+    /// session: it is the response body of this connection, polled by the
+    /// connection's own dispatcher, which owns the socket.
+    pub fn is_closed(self) -> bool {
+        // SAFETY: the descriptor is the connection's socket, which stays
+        // open for as long as the connection's response is being polled
+        // (see above); it is only borrowed for this one call.
+        let socket = unsafe { BorrowedFd::borrow_raw(self.0) };
+        let mut probe = [MaybeUninit::<u8>::uninit(); 1];
+        // The socket is non-blocking (the runtime made it so), so peeking
+        // never waits.
+        match socket2::SockRef::from(&socket).peek(&mut probe) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(error) if error.kind() == ErrorKind::WouldBlock => false,
+            Err(error) if error.kind() == ErrorKind::Interrupted => false,
+            Err(_) => true,
         }
+    }
+}
+
+/// `HttpServer::on_connect`: remembers the socket of plain TCP connections.
+pub fn on_connect(connection: &dyn Any, data: &mut Extensions) {
+    if let Some(stream) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {
+        data.insert(PeerSocket(stream.as_raw_fd()));
     }
 }

@@ -192,7 +192,9 @@ pub async fn stream_events(
             resync,
             replay,
             closing: state.closing.clone(),
-            peer: request.conn_data::<crate::http::peer::PeerWatch>().cloned(),
+            peer: request
+                .conn_data::<crate::http::peer::PeerSocket>()
+                .copied(),
         },
         subscriber,
         receiver,
