@@ -78,6 +78,9 @@ pub struct Session {
     /// Frames taken from the queue for one write; kept to reuse its buffer.
     live_batch: Vec<Arc<EncodedEvent>>,
     heartbeat: Interval,
+    /// When an idle stream next peeks at its socket; reset by every write,
+    /// since a write to a closed peer fails by itself.
+    peek: Interval,
     _registration: Registration,
 }
 
@@ -133,6 +136,9 @@ impl Session {
         let mut heartbeat =
             tokio::time::interval_at(Instant::now() + params.heartbeat, params.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let every = crate::http::peer::PEEK_EVERY;
+        let mut peek = tokio::time::interval_at(Instant::now() + every, every);
+        peek.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Session {
             params,
             subscriber,
@@ -141,6 +147,7 @@ impl Session {
             sent: SentSeqs::new(SENT_MEMORY),
             live_batch: Vec::new(),
             heartbeat,
+            peek,
             _registration: registration,
         }
     }
@@ -222,13 +229,6 @@ impl Session {
         let ends_at = self.params.ends_at;
         let mut closing = self.params.closing.clone();
         let peer = self.params.peer;
-        // Only an idle stream needs looking at: while frames flow, a write
-        // to a closed peer fails by itself.
-        let mut peek = tokio::time::interval_at(
-            Instant::now() + crate::http::peer::PEEK_EVERY,
-            crate::http::peer::PEEK_EVERY,
-        );
-        peek.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
@@ -236,7 +236,7 @@ impl Session {
                     self.phase = Phase::Finished;
                     return None;
                 }
-                _ = peek.tick(), if peer.is_some() => {
+                _ = self.peek.tick(), if peer.is_some() => {
                     if peer.is_some_and(crate::http::peer::PeerSocket::is_closed) {
                         // Nobody is reading: end now, releasing the permit,
                         // the hub's place and the queue.
@@ -309,6 +309,7 @@ impl Session {
         }
         let chunk = joined.map(BytesMut::freeze).or(single)?;
         self.heartbeat.reset();
+        self.peek.reset();
         Some(chunk)
     }
 }

@@ -223,18 +223,13 @@ fn report(
     assert_eq!(lost, 0, "{scenario}: confirmed events were lost");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_listener_terminated_again_and_again_under_load() {
-    let started = Instant::now();
-    let db = TestDb::new().await;
-    let listener_tag = format!("{}_listener", db.schema);
-    let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
-    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url.into()));
-    server.ready().await;
-    let base = Arc::new(Mutex::new(server.base.clone()));
-    let subscribers = subscribers(&base).await;
-
-    let writing = start_writing(&db, Duration::from_millis(2));
+/// Terminates the backend tagged `listener_tag` every 40 ms until the
+/// writers are done; answers how many times one was terminated.
+async fn terminate_listener_until_done(
+    db: &TestDb,
+    listener_tag: &str,
+    writing: &tokio::task::JoinHandle<Written>,
+) -> usize {
     let control = db.connect().await;
     let mut terminations = 0;
     while !writing.is_finished() {
@@ -249,6 +244,22 @@ async fn the_listener_terminated_again_and_again_under_load() {
         terminations += row.get::<_, i64>(0) as usize;
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
+    terminations
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_listener_terminated_again_and_again_under_load() {
+    let started = Instant::now();
+    let db = TestDb::new().await;
+    let listener_tag = format!("{}_listener", db.schema);
+    let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
+    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url.into()));
+    server.ready().await;
+    let base = Arc::new(Mutex::new(server.base.clone()));
+    let subscribers = subscribers(&base).await;
+
+    let writing = start_writing(&db, Duration::from_millis(2));
+    let terminations = terminate_listener_until_done(&db, &listener_tag, &writing).await;
     let written = writing.await.unwrap();
     let observed = settle(&written.confirmed, || {
         subscribers.iter().map(Subscriber::received).collect()
@@ -284,20 +295,7 @@ async fn history_never_reaches_subscribers_across_listener_reconnects() {
     let subscribers = subscribers(&base).await;
 
     let writing = start_writing(&db, Duration::from_millis(2));
-    let control = db.connect().await;
-    let mut terminations = 0;
-    while !writing.is_finished() {
-        let row = control
-            .query_one(
-                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
-                 FROM pg_stat_activity WHERE application_name = $1",
-                &[&listener_tag],
-            )
-            .await
-            .unwrap();
-        terminations += row.get::<_, i64>(0) as usize;
-        tokio::time::sleep(Duration::from_millis(40)).await;
-    }
+    let terminations = terminate_listener_until_done(&db, &listener_tag, &writing).await;
     let written = writing.await.unwrap();
     let observed = settle(&written.confirmed, || received_by(&subscribers)).await;
     let history_received: usize = observed
