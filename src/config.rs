@@ -16,8 +16,11 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+pub mod origins;
+
 use crate::auth::AuthConfig;
 use crate::secret::{DatabaseUrl, Secret};
+pub use crate::webhooks::WebhooksConfig;
 
 /// Everything the service reads at start.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,48 +42,6 @@ pub struct Config {
     /// lets the inspector mint tokens. Never read from configuration.
     #[serde(skip)]
     pub development_secret: Option<Secret>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct WebhooksConfig {
-    /// Run the dispatcher on this replica.
-    pub enabled: bool,
-    /// Concurrent deliveries per replica.
-    pub workers: usize,
-    /// How long a claimed delivery stays leased to its worker; must be longer
-    /// than the request timeout so two workers never send one attempt.
-    pub lease_ms: u64,
-    pub request_timeout_ms: u64,
-    /// Waits before each retry; after the last, the delivery is dead.
-    pub retry_schedule_ms: Vec<u64>,
-    /// Longest `Retry-After` honoured on a 429 or 503.
-    pub max_retry_after_ms: u64,
-    /// Send to loopback, private, link-local and other internal addresses.
-    pub allow_private_networks: bool,
-    /// How long a rotated-out secret keeps signing alongside the new one.
-    pub rotation_grace_secs: u64,
-    /// Subscriptions kept in step with this file at every start.
-    pub subscriptions: Vec<crate::store::webhooks::NewSubscription>,
-}
-
-impl Default for WebhooksConfig {
-    fn default() -> Self {
-        WebhooksConfig {
-            enabled: true,
-            workers: 4,
-            lease_ms: 60_000,
-            request_timeout_ms: 15_000,
-            retry_schedule_ms: [5, 300, 1_800, 7_200, 18_000, 36_000, 36_000]
-                .iter()
-                .map(|secs| secs * 1000)
-                .collect(),
-            max_retry_after_ms: 3_600_000,
-            allow_private_networks: false,
-            rotation_grace_secs: 24 * 60 * 60,
-            subscriptions: Vec::new(),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -469,7 +430,7 @@ impl Config {
                 ),
             ));
         }
-        let floor = crate::actors::dispatcher::MIN_RETRY_AFTER.as_millis() as u64;
+        let floor = crate::webhooks::MIN_RETRY_AFTER.as_millis() as u64;
         if webhooks.max_retry_after_ms < floor {
             return Err(invalid(
                 "webhooks.max_retry_after_ms",
@@ -477,13 +438,13 @@ impl Config {
             ));
         }
         for subscription in &webhooks.subscriptions {
-            crate::store::webhooks::validate_subscription(
+            crate::webhooks::validate_subscription(
                 Some(&subscription.id),
                 Some(&subscription.url),
                 Some(&subscription.types),
             )
             .and_then(|()| {
-                crate::store::webhooks::validate_subscription_fields(
+                crate::webhooks::validate_subscription_fields(
                     Some(&subscription.url),
                     Some(&subscription.types),
                     subscription.scope_key.as_deref(),
@@ -525,7 +486,7 @@ impl Config {
     /// files given in pairs. The files themselves are read at start.
     fn validate_http(&self) -> Result<(), ConfigError> {
         let http = &self.http;
-        crate::http::cors::OriginRules::parse(&http.allowed_origins, http.allow_credentials)
+        origins::OriginRules::parse(&http.allowed_origins, http.allow_credentials)
             .map_err(|e| invalid("http.allowed_origins", e.to_string()))?;
         let tls = &http.tls;
         let blank = |path: &Option<std::path::PathBuf>| {
@@ -653,7 +614,7 @@ mod tests {
     #[test]
     fn a_configured_subscription_gets_the_same_field_checks_as_the_api() {
         let mut config = Config::default();
-        config.webhooks.subscriptions = vec![crate::store::webhooks::NewSubscription {
+        config.webhooks.subscriptions = vec![crate::webhooks::NewSubscription {
             id: "hostless".into(),
             url: "https://".into(),
             secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),

@@ -8,12 +8,12 @@ pub mod auth;
 pub mod config;
 pub mod group_commit;
 pub mod http;
-pub mod limiter;
 pub mod metrics;
 pub mod secret;
 pub mod server;
-pub mod session;
+pub mod sse;
 pub mod store;
+pub mod webhooks;
 
 pub use eventrelay_publisher as publisher;
 pub use eventrelay_wire as wire;

@@ -11,7 +11,6 @@ use actix::{Actor, Arbiter};
 use actix_web::{App, HttpServer, web};
 use eventrelay_publisher::{Publisher, SchemaRegistry};
 
-use crate::actors::dispatcher::{Dispatcher, StopDispatcher, WakeUps};
 use crate::actors::listener::NotificationSource;
 use crate::actors::listener::StopListener;
 use crate::actors::relay::StopRelay;
@@ -21,10 +20,11 @@ use crate::actors::{Listener, Relay};
 use crate::auth::SubscriberResolver;
 use crate::config::Config;
 use crate::group_commit::{GroupSettings, Publishing};
-use crate::http::{AppState, routes};
-use crate::limiter::ConnectionLimiter;
+use crate::http::AppState;
 use crate::metrics::Metrics;
-use crate::store::{Database, DatabaseError, MigrateError, Outbox, WebhookStore, migrate};
+use crate::sse::limiter::ConnectionLimiter;
+use crate::store::{Database, DatabaseError, MigrateError, Outbox, migrate};
+use crate::webhooks::{Dispatcher, StopDispatcher, WakeUps, WebhookStore};
 
 /// How long open connections get to finish when the service stops.
 const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -253,6 +253,7 @@ pub async fn run(
         publishing,
         metrics,
         listener_connected,
+        webhooks: webhooks.clone(),
         webhook_wake,
         development_secret: config.development_secret.clone(),
         cors,
@@ -265,7 +266,7 @@ pub async fn run(
             .configure(|c| crate::http::inspector::routes(c, inspector))
             .configure(routes)
     })
-    .on_connect(crate::http::peer::on_connect)
+    .on_connect(crate::sse::peer::on_connect)
     .disable_signals()
     .shutdown_timeout(HTTP_SHUTDOWN_GRACE.as_secs());
     if config.http.workers > 0 {
@@ -344,4 +345,21 @@ async fn prune_forever(
             Err(error) => tracing::warn!(%error, "outbox pruning failed; will retry"),
         }
     }
+}
+
+/// Every route: `/v1/events` (the SSE stream and the publish API share the
+/// path, so one resource holds both methods, behind the CORS policy), then
+/// the rest of the HTTP API.
+fn routes(config: &mut web::ServiceConfig) {
+    config
+        .service(
+            web::resource("/v1/events")
+                .wrap(actix_web::middleware::from_fn(
+                    crate::http::cors::middleware,
+                ))
+                .route(web::get().to(crate::sse::stream_events))
+                .route(web::post().to(crate::http::publish::publish_events))
+                .default_service(web::to(crate::http::not_found)),
+        )
+        .configure(crate::http::routes);
 }

@@ -13,7 +13,7 @@ use common::receiver::Receiver;
 use common::server::{TestServer, token};
 use common::{DEADLINE, TestDb, database_url};
 use eventrelay::publisher::{NewEvent, Publisher};
-use eventrelay::store::webhooks::NewSubscription;
+use eventrelay::webhooks::NewSubscription;
 use serde_json::{Value, json};
 
 const HEALTH_SECS: u64 = 2;

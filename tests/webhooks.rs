@@ -12,8 +12,8 @@ use common::receiver::{Receiver, Reply};
 use common::server::TestServer;
 use eventrelay::config::Config;
 use eventrelay::publisher::{Audience, NewEvent, Publisher, WebhookHeaders, WebhookSecret, verify};
-use eventrelay::store::WebhookStore;
-use eventrelay::store::webhooks::NewSubscription;
+use eventrelay::webhooks::NewSubscription;
+use eventrelay::webhooks::WebhookStore;
 use serde_json::{Value, json};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

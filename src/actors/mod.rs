@@ -2,7 +2,6 @@
 //! reads the outbox for active scopes, and one hub per scope fans out to its
 //! subscribers. Messages are typed next to the actor that handles them.
 
-pub mod dispatcher;
 pub mod encoded;
 pub mod hub;
 pub mod listener;

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::http::header;
-use actix_web::{HttpRequest, HttpResponse, web};
+use std::future::{Ready, ready};
+
+use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
-use eventrelay_wire::webhook::WebhookSecret;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -25,11 +26,11 @@ use super::AppState;
 use super::body::read_body;
 use super::error::ApiError;
 use super::token::Guard;
-use crate::store::webhooks::{
-    DeliveryFilter, MAX_PAGE, NewSubscription, Subscription, SubscriptionPatch,
-    validate_subscription, validate_subscription_fields,
+use crate::store::Connection;
+use crate::webhooks::{
+    DeliveryFilter, MAX_PAGE, Subscription, SubscriptionPatch, ensure_changeable, generate_secret,
+    prepare_subscription, validate_subscription, validate_subscription_fields,
 };
-use crate::store::{Connection, WebhookStore};
 
 /// The statuses a delivery can have, in the order the documentation lists them.
 pub const DELIVERY_STATUSES: [&str; 4] = ["pending", "delivered", "dead", "gone"];
@@ -40,13 +41,33 @@ const ADMIN: Guard = Guard {
     name: "admin token",
 };
 
-fn check_admin(request: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
-    ADMIN.check(request, state.config.admin.token.as_deref())
+/// A request that carries the admin token. Every admin handler takes one as
+/// its first argument, so none can forget the check, and the check runs
+/// before the body or the query is read.
+pub struct Admin(web::Data<AppState>);
+
+impl std::ops::Deref for Admin {
+    type Target = AppState;
+
+    fn deref(&self) -> &AppState {
+        &self.0
+    }
 }
 
-/// The store for the configured schema; building one only copies the name.
-fn store(state: &AppState) -> WebhookStore {
-    WebhookStore::new(&state.config.schema())
+impl FromRequest for Admin {
+    type Error = ApiError;
+    type Future = Ready<Result<Admin, ApiError>>;
+
+    fn from_request(request: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        let Some(state) = request.app_data::<web::Data<AppState>>().cloned() else {
+            return ready(Err(ApiError::unavailable("the admin API is not set up")));
+        };
+        ready(
+            ADMIN
+                .check(request, state.config.admin.token.as_deref())
+                .map(|()| Admin(state)),
+        )
+    }
 }
 
 async fn connection(state: &AppState) -> Result<Connection, ApiError> {
@@ -83,63 +104,8 @@ fn conflict(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::CONFLICT, "conflict", message)
 }
 
-/// A fresh `whsec_` secret: 32 bytes from two v4 UUIDs, which come from the
-/// operating system's random source.
-pub fn generate_secret() -> String {
-    let mut bytes = Vec::with_capacity(32);
-    bytes.extend_from_slice(Uuid::new_v4().as_bytes());
-    bytes.extend_from_slice(Uuid::new_v4().as_bytes());
-    WebhookSecret::from_bytes(bytes).to_whsec()
-}
-
-/// Why `subscription` may not be changed by hand, if it may not.
-/// Configured subscriptions are rewritten from the configuration at every
-/// start, so a change made elsewhere would silently disappear.
-pub fn config_source_refusal(subscription: &Subscription) -> Option<String> {
-    (subscription.source == "config").then(|| {
-        format!(
-            "subscription {:?} comes from the configuration (webhooks.subscriptions); edit the configuration instead",
-            subscription.id
-        )
-    })
-}
-
 fn refuse_config_source(subscription: &Subscription) -> Result<(), ApiError> {
-    config_source_refusal(subscription).map_or(Ok(()), |message| Err(conflict(message)))
-}
-
-/// Checks a subscription to create, defaulting its types to `*` and
-/// generating a secret when none is given. Shared by the API and the
-/// command line so both accept exactly the same subscriptions.
-pub fn prepare_subscription(
-    id: String,
-    url: String,
-    secret: Option<String>,
-    types: Option<Vec<String>>,
-    scope_key: Option<String>,
-) -> Result<NewSubscription, String> {
-    let types = types.unwrap_or_else(|| vec!["*".to_owned()]);
-    validate_subscription(Some(&id), Some(&url), Some(&types))?;
-    validate_subscription_fields(
-        Some(&url),
-        Some(&types),
-        scope_key.as_deref(),
-        secret.as_deref(),
-    )?;
-    let secret = match secret {
-        Some(secret) => {
-            WebhookSecret::parse(&secret).map_err(|e| format!("secret: {e}"))?;
-            secret
-        }
-        None => generate_secret(),
-    };
-    Ok(NewSubscription {
-        id,
-        url,
-        secret: secret.into(),
-        types,
-        scope_key,
-    })
+    ensure_changeable(subscription).map_err(|e| conflict(e.to_string()))
 }
 
 /// `POST /v1/admin/subscriptions`: like [`NewSubscription`], with the secret
@@ -155,11 +121,9 @@ struct CreateSubscription {
 }
 
 pub async fn create_subscription(
-    request: HttpRequest,
+    state: Admin,
     payload: web::Payload,
-    state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    check_admin(&request, &state)?;
     let create: CreateSubscription = json_body(payload, &state).await?;
     let new = prepare_subscription(
         create.id,
@@ -168,9 +132,10 @@ pub async fn create_subscription(
         create.types,
         create.scope_key,
     )
-    .map_err(|e| ApiError::bad_request("invalid_body", e))?;
+    .map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))?;
     let conn = connection(&state).await?;
-    let created = store(&state)
+    let created = state
+        .webhooks
         .create_subscription(&*conn, &new)
         .await
         .map_err(database_error)?
@@ -183,13 +148,10 @@ pub async fn create_subscription(
         .json(json!({"subscription": created, "secret": new.secret})))
 }
 
-pub async fn list_subscriptions(
-    request: HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    check_admin(&request, &state)?;
+pub async fn list_subscriptions(state: Admin) -> Result<HttpResponse, ApiError> {
     let conn = connection(&state).await?;
-    let subscriptions = store(&state)
+    let subscriptions = state
+        .webhooks
         .list_subscriptions(&*conn)
         .await
         .map_err(database_error)?;
@@ -206,7 +168,8 @@ async fn existing_subscription(
     if validate_subscription(Some(id), None, None).is_err() {
         return Err(not_found("subscription", id));
     }
-    store(state)
+    state
+        .webhooks
         .get_subscription(&**conn, id)
         .await
         .map_err(database_error)?
@@ -214,26 +177,22 @@ async fn existing_subscription(
 }
 
 pub async fn get_subscription(
-    request: HttpRequest,
+    state: Admin,
     id: web::Path<String>,
-    state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    check_admin(&request, &state)?;
     let conn = connection(&state).await?;
     let subscription = existing_subscription(&state, &conn, &id).await?;
     Ok(HttpResponse::Ok().json(json!({ "subscription": subscription })))
 }
 
 pub async fn update_subscription(
-    request: HttpRequest,
+    state: Admin,
     id: web::Path<String>,
     payload: web::Payload,
-    state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    check_admin(&request, &state)?;
     let patch: SubscriptionPatch = json_body(payload, &state).await?;
     validate_subscription(None, patch.url.as_deref(), patch.types.as_deref())
-        .map_err(|e| ApiError::bad_request("invalid_body", e))?;
+        .map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))?;
     let scope_key = patch.scope_key.clone().flatten();
     validate_subscription_fields(
         patch.url.as_deref(),
@@ -241,10 +200,11 @@ pub async fn update_subscription(
         scope_key.as_deref(),
         None,
     )
-    .map_err(|e| ApiError::bad_request("invalid_body", e))?;
+    .map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))?;
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
-    let updated = store(&state)
+    let updated = state
+        .webhooks
         .update_subscription(&*conn, &id, &patch)
         .await
         .map_err(database_error)?
@@ -253,14 +213,13 @@ pub async fn update_subscription(
 }
 
 pub async fn delete_subscription(
-    request: HttpRequest,
+    state: Admin,
     id: web::Path<String>,
-    state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    check_admin(&request, &state)?;
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
-    let deleted = store(&state)
+    let deleted = state
+        .webhooks
         .delete_subscription(&*conn, &id)
         .await
         .map_err(database_error)?;
@@ -270,17 +229,13 @@ pub async fn delete_subscription(
     Ok(HttpResponse::NoContent().finish())
 }
 
-pub async fn rotate_secret(
-    request: HttpRequest,
-    id: web::Path<String>,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    check_admin(&request, &state)?;
+pub async fn rotate_secret(state: Admin, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
     let secret = generate_secret();
     let grace = Duration::from_secs(state.config.webhooks.rotation_grace_secs);
-    let rotated = store(&state)
+    let rotated = state
+        .webhooks
         .rotate_secret(&*conn, &id, &secret, grace)
         .await
         .map_err(database_error)?
@@ -362,14 +317,11 @@ fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
     })
 }
 
-pub async fn list_deliveries(
-    request: HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    check_admin(&request, &state)?;
+pub async fn list_deliveries(state: Admin, request: HttpRequest) -> Result<HttpResponse, ApiError> {
     let filter = delivery_filter(request.query_string())?;
     let conn = connection(&state).await?;
-    let deliveries = store(&state)
+    let deliveries = state
+        .webhooks
         .list_deliveries(&*conn, &filter)
         .await
         .map_err(database_error)?;
@@ -392,7 +344,8 @@ async fn delivery_with_attempts(
     conn: &Connection,
     id: &str,
 ) -> Result<HttpResponse, ApiError> {
-    let (delivery, attempts) = store(state)
+    let (delivery, attempts) = state
+        .webhooks
         .get_delivery(&**conn, delivery_id(id)?)
         .await
         .map_err(database_error)?
@@ -400,24 +353,15 @@ async fn delivery_with_attempts(
     Ok(HttpResponse::Ok().json(json!({"delivery": delivery, "attempts": attempts})))
 }
 
-pub async fn get_delivery(
-    request: HttpRequest,
-    id: web::Path<String>,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    check_admin(&request, &state)?;
+pub async fn get_delivery(state: Admin, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let conn = connection(&state).await?;
     delivery_with_attempts(&state, &conn, &id).await
 }
 
-pub async fn redeliver(
-    request: HttpRequest,
-    id: web::Path<String>,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    check_admin(&request, &state)?;
+pub async fn redeliver(state: Admin, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let conn = connection(&state).await?;
-    let found = store(&state)
+    let found = state
+        .webhooks
         .redeliver(&*conn, delivery_id(&id)?)
         .await
         .map_err(database_error)?;
@@ -437,14 +381,13 @@ struct Prune {
 }
 
 pub async fn prune_deliveries(
-    request: HttpRequest,
+    state: Admin,
     payload: web::Payload,
-    state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    check_admin(&request, &state)?;
     let prune: Prune = json_body(payload, &state).await?;
     let conn = connection(&state).await?;
-    let pruned = store(&state)
+    let pruned = state
+        .webhooks
         .prune_deliveries(&*conn, prune.before)
         .await
         .map_err(database_error)?;
@@ -497,15 +440,5 @@ mod tests {
                 "{bad}"
             );
         }
-    }
-
-    #[test]
-    fn generated_secrets_are_32_bytes_in_whsec_form() {
-        let secret = generate_secret();
-        let encoded = secret.strip_prefix("whsec_").unwrap();
-        // 32 bytes are 44 base64 characters, the last one padding.
-        assert_eq!((encoded.len(), encoded.ends_with('=')), (44, true));
-        WebhookSecret::parse(&secret).unwrap();
-        assert_ne!(secret, generate_secret());
     }
 }

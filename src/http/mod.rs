@@ -7,9 +7,7 @@ pub mod cors;
 pub mod error;
 pub mod inspector;
 pub mod ops;
-pub mod peer;
 pub mod publish;
-pub mod sse;
 pub mod tls;
 pub mod token;
 
@@ -22,8 +20,8 @@ use actix_web::web;
 use crate::actors::Relay;
 use crate::auth::SubscriberResolver;
 use crate::config::Config;
-use crate::limiter::ConnectionLimiter;
 use crate::metrics::Metrics;
+use crate::sse::limiter::ConnectionLimiter;
 use crate::store::{Database, Outbox};
 use error::ApiError;
 
@@ -39,6 +37,8 @@ pub struct AppState {
     pub publishing: crate::group_commit::Publishing,
     pub metrics: Arc<Metrics>,
     pub listener_connected: Arc<AtomicBool>,
+    /// The webhook subscriptions and delivery log, for the admin API.
+    pub webhooks: crate::webhooks::WebhookStore,
     /// Wakes the webhook dispatcher (after a redelivery, say).
     pub webhook_wake: Arc<tokio::sync::Notify>,
     /// Set in development mode only, for the inspector's token minting.
@@ -71,13 +71,6 @@ pub fn routes(config: &mut web::ServiceConfig) {
             }
             .into()
         }))
-        .service(
-            web::resource("/v1/events")
-                .wrap(actix_web::middleware::from_fn(cors::middleware))
-                .route(web::get().to(sse::stream_events))
-                .route(web::post().to(publish::publish_events))
-                .default_service(web::to(not_found)),
-        )
         .route("/healthz", web::get().to(ops::healthz))
         .route("/readyz", web::get().to(ops::readyz))
         .route("/metrics", web::get().to(ops::metrics))
@@ -87,7 +80,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
 }
 
 /// Any path (or method of `/v1/events`) the API does not have.
-async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
+pub async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
     Err(ApiError::new(
         actix_web::http::StatusCode::NOT_FOUND,
         "not_found",

@@ -4,13 +4,13 @@
 pub mod database;
 #[cfg(feature = "embedded")]
 pub mod embedded;
+pub mod error;
 pub mod migrate;
 pub mod outbox;
 pub mod snapshot;
-pub mod webhooks;
 
 pub use database::{Connection, Database, DatabaseError};
+pub use error::StoreError;
 pub use migrate::{MIGRATIONS, MigrateError, Migration, MigrationReport, migrate};
-pub use outbox::{JoinView, Outbox, StoreError, StoredEvent};
+pub use outbox::{JoinView, Outbox, StoredEvent};
 pub use snapshot::Snapshot;
-pub use webhooks::WebhookStore;

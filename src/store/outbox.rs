@@ -8,18 +8,8 @@ use eventrelay_wire::{Audience, EventEnvelope, Lane, is_reserved_event_type};
 use tokio_postgres::Row;
 use tokio_postgres::types::Type;
 
-use super::snapshot::{Snapshot, SnapshotParseError};
-
-/// Why the outbox could not be read or pruned.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database error: {0}")]
-    Database(#[from] tokio_postgres::Error),
-    #[error("the database answered with an unreadable snapshot: {0}")]
-    Snapshot(#[from] SnapshotParseError),
-    #[error("the database answered no row to: {0}")]
-    NoRow(&'static str),
-}
+use super::error::StoreError;
+use super::snapshot::Snapshot;
 
 /// A durable event as read from the outbox, with the transaction that
 /// wrote it (`None` for rows written before transactions were recorded).

@@ -16,9 +16,10 @@ use eventrelay_wire::{Subscriber, is_envelope_permitted, sse};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval};
 
+use super::limiter::ConnectionPermit;
+use super::peer::{PEEK_EVERY, PeerSocket};
 use crate::actors::EncodedEvent;
 use crate::actors::relay::{Relay, Unsubscribe};
-use crate::limiter::ConnectionPermit;
 use crate::metrics::{Metrics, SourceLabel};
 use crate::store::{Database, Outbox};
 
@@ -58,7 +59,7 @@ pub struct SessionParams {
     /// True once the service is stopping: the stream then ends cleanly.
     pub closing: tokio::sync::watch::Receiver<bool>,
     /// The connection's socket, peeked to notice a client that closed it.
-    pub peer: Option<crate::http::peer::PeerSocket>,
+    pub peer: Option<PeerSocket>,
 }
 
 enum Phase {
@@ -136,7 +137,7 @@ impl Session {
         let mut heartbeat =
             tokio::time::interval_at(Instant::now() + params.heartbeat, params.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let every = crate::http::peer::PEEK_EVERY;
+        let every = PEEK_EVERY;
         let mut peek = tokio::time::interval_at(Instant::now() + every, every);
         peek.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Session {
@@ -237,7 +238,7 @@ impl Session {
                     return None;
                 }
                 _ = self.peek.tick(), if peer.is_some() => {
-                    if peer.is_some_and(crate::http::peer::PeerSocket::is_closed) {
+                    if peer.is_some_and(PeerSocket::is_closed) {
                         // Nobody is reading: end now, releasing the permit,
                         // the hub's place and the queue.
                         self.phase = Phase::Finished;

@@ -20,13 +20,11 @@ use eventrelay_wire::webhook::{WebhookSecret, sign};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use tokio::sync::Notify;
 
-use crate::config::WebhooksConfig;
+use super::model::{AttemptRecord, Claimed};
+use super::settings::{MIN_RETRY_AFTER, WebhooksConfig};
+use super::store::WebhookStore;
 use crate::metrics::{Metrics, OutcomeLabel};
 use crate::store::Database;
-use crate::store::webhooks::{AttemptRecord, Claimed, WebhookStore};
-
-/// The shortest `Retry-After` wait honoured, whatever the receiver asks.
-pub const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Longest a worker sleeps without looking, in case a wake-up was missed.
 const IDLE_POLL: Duration = Duration::from_secs(30);

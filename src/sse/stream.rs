@@ -14,11 +14,12 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::AppState;
-use super::error::ApiError;
+use super::peer::PeerSocket;
+use super::session::{Registration, Replay, Session, SessionParams, count_replay};
 use crate::actors::relay::{JoinPoint, Subscribe};
 use crate::auth::Credentials;
-use crate::session::{Registration, Replay, Session, SessionParams, count_replay};
+use crate::http::AppState;
+use crate::http::error::ApiError;
 use crate::store::JoinView;
 
 #[derive(Debug, Deserialize)]
@@ -192,9 +193,7 @@ pub async fn stream_events(
             resync,
             replay,
             closing: state.closing.clone(),
-            peer: request
-                .conn_data::<crate::http::peer::PeerSocket>()
-                .copied(),
+            peer: request.conn_data::<PeerSocket>().copied(),
         },
         subscriber,
         receiver,

@@ -1,0 +1,84 @@
+//! `eventrelay migrate` and `emit`: preparing a database, and emitting one
+//! event into it.
+
+use clap::Args;
+use eventrelay::publisher::{Audience, NewEvent, Publisher};
+use eventrelay::store::migrate as apply_migrations;
+
+use super::{CliError, Database, Target, parse_json};
+
+#[derive(Args)]
+pub struct EmitArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// Event type, such as `order.created`.
+    #[arg(long = "type")]
+    event_type: String,
+    /// Scope key (tenant, workspace) the event belongs to.
+    #[arg(long)]
+    scope: String,
+    /// Event data as JSON.
+    #[arg(long, default_value = "{}")]
+    data: String,
+    /// Send inline and never store (no replay).
+    #[arg(long)]
+    ephemeral: bool,
+    /// Only these subscriber ids may see the event (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    users: Option<Vec<String>>,
+    /// Opaque permission JSON subscribers must hold.
+    #[arg(long)]
+    permission: Option<String>,
+    /// Resource names the event concerns (repeatable).
+    #[arg(long = "resource")]
+    resources: Vec<String>,
+}
+
+/// Applies the migrations and reports what was applied.
+pub async fn migrate(database: Database) -> Result<(), CliError> {
+    let Target {
+        url,
+        schema,
+        channel,
+    } = database.resolve()?;
+    let mut client = eventrelay::connect(&url).await?;
+    let report = apply_migrations(&mut client, &schema, &channel).await?;
+    println!(
+        "schema {schema}: applied {:?}, {} already in place; notifications on channel {channel}",
+        report.applied, report.already_applied
+    );
+    Ok(())
+}
+
+/// Emits one event and prints its envelope as JSON.
+pub async fn emit(args: EmitArgs) -> Result<(), CliError> {
+    let event = args.to_event()?;
+    let target = args.database.resolve()?;
+    let publisher = Publisher::new(target.schema.as_str())?;
+    let client = eventrelay::connect(&target.url).await?;
+    let envelope = publisher.emit(&client, event).await?;
+    println!("{}", serde_json::json!(envelope));
+    Ok(())
+}
+
+impl EmitArgs {
+    fn to_event(&self) -> Result<NewEvent, CliError> {
+        let data = parse_json("data", &self.data)?;
+        let event = if self.ephemeral {
+            NewEvent::ephemeral(&self.event_type, &self.scope, data)
+        } else {
+            NewEvent::durable(&self.event_type, &self.scope, data)
+        };
+        let permission = self
+            .permission
+            .as_deref()
+            .map(|text| parse_json("permission", text))
+            .transpose()?;
+        Ok(event
+            .with_audience(Audience {
+                users: self.users.clone(),
+                permission,
+            })
+            .with_resources(self.resources.clone()))
+    }
+}

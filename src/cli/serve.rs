@@ -1,0 +1,151 @@
+//! `eventrelay serve`, `check-config` and `health`: running the relay,
+//! checking its configuration, and probing a running one.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use eventrelay::auth::{Algorithm, AuthConfig, JwtConfig, SubscriberResolver, build_resolver};
+use eventrelay::config::Config;
+
+use super::{CliError, ConfigArgs, DEV_DIR, dev_secret, init_logging};
+
+#[derive(Args)]
+pub struct HealthArgs {
+    /// The endpoint to check.
+    #[arg(long, default_value = "http://127.0.0.1:8080/readyz")]
+    url: String,
+}
+
+/// Exits with an error unless `args.url` answers with a success status.
+pub async fn health(args: HealthArgs) -> Result<(), CliError> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let response = client
+        .get(&args.url)
+        .send()
+        .await
+        .map_err(|e| CliError::Usage(format!("{}: {e}", args.url)))?;
+    if !response.status().is_success() {
+        return Err(CliError::Usage(format!(
+            "{} answered {}",
+            args.url,
+            response.status()
+        )));
+    }
+    Ok(())
+}
+
+/// Loads and validates the configuration as `serve` would, then prints it.
+pub fn check_config(args: ConfigArgs) -> Result<(), CliError> {
+    let config = Config::load(args.config.as_deref())?;
+    if let Some(auth) = &config.auth {
+        build_resolver(auth)?;
+    }
+    if config.http.tls.enabled() {
+        // Reads and pairs the files, as the server does at start.
+        eventrelay::http::tls::server_config(&config.http.tls)
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+    }
+    println!("configuration is valid:");
+    println!("{config:#?}");
+    Ok(())
+}
+
+pub async fn serve(args: ConfigArgs) -> Result<(), CliError> {
+    let mut config = Config::load(args.config.as_deref())?;
+    init_logging(&config.log);
+    raise_file_limit();
+    let development = config.auth.is_none();
+    let resolver: Arc<dyn SubscriberResolver> = match &config.auth {
+        Some(auth) => build_resolver(auth)?,
+        None => {
+            let secret = dev_secret(Path::new(DEV_DIR), "jwt-secret")?;
+            config.development_secret = Some(secret.clone());
+            build_resolver(&AuthConfig::Jwt(JwtConfig {
+                algorithm: Algorithm::HS256,
+                secret: Some(secret),
+                ..JwtConfig::default()
+            }))?
+        }
+    };
+    if development && config.publish.token.is_none() {
+        config.publish.token = Some(dev_secret(Path::new(DEV_DIR), "publish-token")?);
+    }
+    let shutdown = shutdown_signal();
+    let listener = std::net::TcpListener::bind(config.http.bind)?;
+    // The banner is best effort: a closed stdout must not stop the service.
+    let mut out = std::io::stdout();
+    let address = listener.local_addr()?;
+    let scheme = if config.http.tls.enabled() {
+        "https"
+    } else {
+        "http"
+    };
+    let _ = writeln!(out, "eventrelay listening on {scheme}://{address}");
+    let database = match &config.database.url {
+        Some(url) => url.redacted(),
+        None => format!(
+            "embedded, in {} (single session; set DATABASE_URL for a real Postgres)",
+            config.database.embedded_dir
+        ),
+    };
+    let _ = writeln!(out, "  database: {database}");
+    let _ = writeln!(
+        out,
+        "  stream:  GET  {scheme}://{address}/v1/events   (Authorization: Bearer <token>)"
+    );
+    let _ = writeln!(out, "  publish: POST {scheme}://{address}/v1/events");
+    if development {
+        let _ = writeln!(
+            out,
+            "development mode: no [auth] is configured, so tokens are signed with a secret in {DEV_DIR}/jwt-secret"
+        );
+        let _ = writeln!(
+            out,
+            "  subscriber token: eventrelay token --subscriber alice --scope org-1"
+        );
+        let _ = writeln!(out, "  publish token:    cat {DEV_DIR}/publish-token");
+        if config.http.inspector {
+            let _ = writeln!(out, "  inspector:        {scheme}://{address}/inspector");
+        }
+    }
+    eventrelay::server::run(config, resolver, listener, shutdown).await?;
+    Ok(())
+}
+
+/// Raises the soft limit on open files to the hard limit. Every SSE
+/// connection holds a descriptor, and many runtimes start processes with a
+/// soft limit of 1024 under a far higher hard limit, which would cap the
+/// relay at about a thousand streams for no reason.
+fn raise_file_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::info!(limit, "open file limit"),
+        Err(error) => tracing::warn!(%error, "cannot raise the open file limit"),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is
+/// called, so a signal that arrives during start-up is not lost.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt()).expect("can install a SIGINT handler");
+        let mut terminate = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
+        async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

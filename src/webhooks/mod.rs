@@ -1,0 +1,25 @@
+//! Webhooks, the whole domain: subscriptions and their rules ([`model`]),
+//! the SQL behind them and the delivery queue ([`store`]), what managing a
+//! subscription means for the admin API and the command line ([`admin`]),
+//! the `[webhooks]` settings ([`settings`]), and the dispatcher that sends
+//! due deliveries signed ([`dispatcher`]).
+//!
+//! Deliveries are written by the outbox's trigger in the event's own
+//! transaction; nothing here is on the SSE path.
+
+pub mod admin;
+pub mod dispatcher;
+pub mod model;
+pub mod settings;
+pub mod store;
+
+pub use crate::store::StoreError;
+pub use admin::{ConfiguredSubscription, ensure_changeable, generate_secret, prepare_subscription};
+pub use dispatcher::{Dispatcher, StopDispatcher, WakeUps};
+pub use model::{
+    Attempt, AttemptRecord, Claimed, Delivery, DeliveryFilter, InvalidSubscription, MAX_PAGE,
+    NewSubscription, Subscription, SubscriptionPatch, validate_subscription,
+    validate_subscription_fields,
+};
+pub use settings::{MIN_RETRY_AFTER, WebhooksConfig};
+pub use store::WebhookStore;
