@@ -284,8 +284,10 @@ impl Default for LogConfig {
 /// Why the configuration cannot be used; every variant names the setting.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error("config file {} does not exist", .0.display())]
+    NoFile(std::path::PathBuf),
     #[error("cannot read configuration: {0}")]
-    Load(String),
+    Load(#[source] Box<figment::Error>),
     #[error("{setting}: {message}")]
     Invalid {
         setting: &'static str,
@@ -306,10 +308,7 @@ impl Config {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(file) = file {
             if !file.exists() {
-                return Err(ConfigError::Load(format!(
-                    "config file {} does not exist",
-                    file.display()
-                )));
+                return Err(ConfigError::NoFile(file.to_path_buf()));
             }
             figment = figment.merge(Toml::file(file));
         }
@@ -317,7 +316,7 @@ impl Config {
         figment = figment.merge(Env::prefixed("EVENTRELAY_").ignore(&["config"]).split("__"));
         let mut config: Config = figment
             .extract()
-            .map_err(|e| ConfigError::Load(e.to_string()))?;
+            .map_err(|e| ConfigError::Load(Box::new(e)))?;
         if config.database.url.is_none() {
             config.database.url = std::env::var("DATABASE_URL").ok().map(DatabaseUrl::from);
         }

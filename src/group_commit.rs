@@ -20,13 +20,14 @@
 //! failed commit) answers every request of the group with it, and none of
 //! them was written.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use eventrelay_publisher::{BatchError, EventEnvelope, NewEvent, PublishError, Publisher};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
-use crate::store::Database;
+use crate::store::{Database, StoreError};
 
 /// Why a publish request was not written.
 #[derive(Debug, thiserror::Error)]
@@ -39,9 +40,17 @@ pub enum GroupError {
         #[source]
         error: PublishError,
     },
-    /// The database failed; nothing of the request was written.
-    #[error("{0}")]
-    Unavailable(String),
+    /// The database failed; nothing of the request was written. Shared:
+    /// one failure answers every request of its group.
+    #[error("the database failed: {0}")]
+    Unavailable(#[source] Arc<StoreError>),
+    /// The service is stopping and takes no more requests.
+    #[error("the service is stopping")]
+    Stopping,
+}
+
+fn unavailable(error: impl Into<StoreError>) -> GroupError {
+    GroupError::Unavailable(Arc::new(error.into()))
 }
 
 /// Where the publish API hands its requests.
@@ -104,10 +113,8 @@ impl Publishing {
         committer
             .send(Job { events, reply })
             .await
-            .map_err(|_| GroupError::Unavailable("the service is stopping".into()))?;
-        answer
-            .await
-            .map_err(|_| GroupError::Unavailable("the service is stopping".into()))?
+            .map_err(|_| GroupError::Stopping)?;
+        answer.await.map_err(|_| GroupError::Stopping)?
     }
 }
 
@@ -121,14 +128,8 @@ async fn publish_alone(
     events: Vec<NewEvent>,
 ) -> Result<Vec<EventEnvelope>, GroupError> {
     let together = async {
-        let mut client = db
-            .get()
-            .await
-            .map_err(|e| Together::Unavailable(format!("database unavailable: {e}")))?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(|e| Together::Unavailable(format!("database unavailable: {e}")))?;
+        let mut client = db.get().await.map_err(Together::unavailable)?;
+        let tx = client.transaction().await.map_err(Together::unavailable)?;
         let envelopes = match publisher.emit_batch(&tx, events.clone()).await {
             Ok(envelopes) => envelopes,
             Err(BatchError {
@@ -140,14 +141,12 @@ async fn publish_alone(
             }) => return Ok(Err(GroupError::Refused { index, error })),
             Err(batch) => return Err(Together::from_batch(batch)),
         };
-        tx.commit()
-            .await
-            .map_err(|e| Together::Unavailable(format!("commit failed: {e}")))?;
+        tx.commit().await.map_err(Together::unavailable)?;
         Ok(Ok(envelopes))
     };
     match together.await {
         Ok(answer) => answer,
-        Err(Together::Unavailable(message)) => Err(GroupError::Unavailable(message)),
+        Err(Together::Unavailable(error)) => Err(GroupError::Unavailable(error)),
         Err(Together::SomeRequestRefused) => publish_one_by_one(db, publisher, events).await,
     }
 }
@@ -159,14 +158,8 @@ async fn publish_one_by_one(
     publisher: &Publisher,
     events: Vec<NewEvent>,
 ) -> Result<Vec<EventEnvelope>, GroupError> {
-    let mut client = db
-        .get()
-        .await
-        .map_err(|e| GroupError::Unavailable(format!("database unavailable: {e}")))?;
-    let tx = client
-        .transaction()
-        .await
-        .map_err(|e| GroupError::Unavailable(format!("database unavailable: {e}")))?;
+    let mut client = db.get().await.map_err(unavailable)?;
+    let tx = client.transaction().await.map_err(unavailable)?;
     let mut envelopes = Vec::with_capacity(events.len());
     for (index, event) in events.into_iter().enumerate() {
         let envelope = publisher
@@ -175,9 +168,7 @@ async fn publish_one_by_one(
             .map_err(|error| GroupError::Refused { index, error })?;
         envelopes.push(envelope);
     }
-    tx.commit()
-        .await
-        .map_err(|e| GroupError::Unavailable(format!("commit failed: {e}")))?;
+    tx.commit().await.map_err(unavailable)?;
     Ok(envelopes)
 }
 
@@ -243,11 +234,11 @@ impl Committer {
                     let _ = job.reply.send(Ok(std::mem::replace(&mut envelopes, rest)));
                 }
             }
-            Err(Together::Unavailable(message)) => {
+            Err(Together::Unavailable(error)) => {
                 for job in group {
                     let _ = job
                         .reply
-                        .send(Err(GroupError::Unavailable(message.clone())));
+                        .send(Err(GroupError::Unavailable(Arc::clone(&error))));
                 }
             }
             Err(Together::SomeRequestRefused) => {
@@ -261,23 +252,14 @@ impl Committer {
     }
 
     async fn write_together(&self, events: Vec<NewEvent>) -> Result<Vec<EventEnvelope>, Together> {
-        let mut client = self
-            .db
-            .get()
-            .await
-            .map_err(|e| Together::Unavailable(format!("database unavailable: {e}")))?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(|e| Together::Unavailable(format!("database unavailable: {e}")))?;
+        let mut client = self.db.get().await.map_err(Together::unavailable)?;
+        let tx = client.transaction().await.map_err(Together::unavailable)?;
         let envelopes = self
             .publisher
             .emit_batch(&tx, events)
             .await
             .map_err(Together::from_batch)?;
-        tx.commit()
-            .await
-            .map_err(|e| Together::Unavailable(format!("commit failed: {e}")))?;
+        tx.commit().await.map_err(Together::unavailable)?;
         Ok(envelopes)
     }
 }
@@ -285,14 +267,18 @@ impl Committer {
 /// How writing a whole group failed.
 enum Together {
     /// Not the requests' fault: every request gets it.
-    Unavailable(String),
+    Unavailable(Arc<StoreError>),
     /// Some event was refused: find which request, by writing them alone.
     SomeRequestRefused,
 }
 
 impl Together {
+    fn unavailable(error: impl Into<StoreError>) -> Together {
+        Together::Unavailable(Arc::new(error.into()))
+    }
+
     fn from_batch(batch: BatchError) -> Together {
-        match &batch.error {
+        match batch.error {
             PublishError::Database(error) => {
                 // Data and constraint errors (classes 22 and 23) are an
                 // event's fault; anything else is the database's.
@@ -300,7 +286,7 @@ impl Together {
                 if matches!(class, Some("22" | "23")) {
                     Together::SomeRequestRefused
                 } else {
-                    Together::Unavailable(format!("database error while publishing: {batch}"))
+                    Together::unavailable(error)
                 }
             }
             _ => Together::SomeRequestRefused,

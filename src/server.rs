@@ -48,10 +48,12 @@ pub enum ServeError {
     Embedded(#[from] crate::store::embedded::EmbeddedError),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
-    #[error("publish.schemas_dir: {0}")]
-    Schemas(String),
+    #[error(transparent)]
+    Schemas(#[from] SchemaLoadError),
     #[error("HTTP server failed: {0}")]
     Http(#[from] std::io::Error),
+    #[error("cannot build the webhook dispatcher's HTTP client: {0}")]
+    WebhookClient(#[source] reqwest::Error),
     #[error(transparent)]
     Tls(#[from] crate::http::tls::TlsError),
     #[error("http.allowed_origins: {0}")]
@@ -116,15 +118,36 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
     })
 }
 
+/// Why `publish.schemas_dir` could not be loaded; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaLoadError {
+    #[error("publish.schemas_dir: cannot read {}: {source}", .path.display())]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("publish.schemas_dir: {} is not JSON: {source}", .path.display())]
+    Json {
+        path: std::path::PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("publish.schemas_dir: {}: {source}", .path.display())]
+    Schema {
+        path: std::path::PathBuf,
+        source: eventrelay_publisher::SchemaError,
+    },
+}
+
 /// Loads `<event type>.json` schemas from a directory.
-pub fn load_schemas(dir: &Path) -> Result<SchemaRegistry, ServeError> {
+pub fn load_schemas(dir: &Path) -> Result<SchemaRegistry, SchemaLoadError> {
     let mut registry = SchemaRegistry::new();
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| ServeError::Schemas(format!("cannot read {}: {e}", dir.display())))?;
+    let unreadable = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SchemaLoadError::Read { path, source }
+    };
+    let entries = std::fs::read_dir(dir).map_err(unreadable(dir))?;
     for entry in entries {
-        let path = entry
-            .map_err(|e| ServeError::Schemas(e.to_string()))?
-            .path();
+        let path = entry.map_err(unreadable(dir))?.path();
         let Some(event_type) = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -132,13 +155,17 @@ pub fn load_schemas(dir: &Path) -> Result<SchemaRegistry, ServeError> {
         else {
             continue;
         };
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| ServeError::Schemas(format!("{}: {e}", path.display())))?;
-        let schema = serde_json::from_str(&text)
-            .map_err(|e| ServeError::Schemas(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(&path).map_err(unreadable(&path))?;
+        let schema = serde_json::from_str(&text).map_err(|source| SchemaLoadError::Json {
+            path: path.clone(),
+            source,
+        })?;
         registry
             .register(event_type, &schema)
-            .map_err(|e| ServeError::Schemas(e.to_string()))?;
+            .map_err(|source| SchemaLoadError::Schema {
+                path: path.clone(),
+                source,
+            })?;
     }
     Ok(registry)
 }
@@ -199,7 +226,7 @@ pub async fn run(
                 },
                 Arc::clone(&metrics),
             )
-            .map_err(|e| ServeError::Http(std::io::Error::other(e)))?
+            .map_err(ServeError::WebhookClient)?
             .start(),
         )
     } else {
@@ -329,13 +356,11 @@ async fn prune_forever(
         ticks.tick().await;
         let cutoff = chrono::Utc::now()
             - chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::days(1));
-        let pruned = match db.get().await {
-            Ok(client) => outbox
-                .prune_before(&*client, cutoff)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let pruned: Result<_, crate::store::StoreError> = async {
+            let client = db.get().await?;
+            outbox.prune_before(&*client, cutoff).await
+        }
+        .await;
         match pruned {
             Ok(0) => {}
             Ok(rows) => {

@@ -149,6 +149,15 @@ pub enum CliError {
     Mint(#[from] MintError),
     #[error("{0}")]
     Usage(String),
+    #[error("{url}: {source}")]
+    Unreachable { url: String, source: reqwest::Error },
+    #[error("{url} answered {status}")]
+    Unhealthy {
+        url: String,
+        status: reqwest::StatusCode,
+    },
+    #[error(transparent)]
+    Tls(#[from] eventrelay::http::tls::TlsError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]

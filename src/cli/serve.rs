@@ -21,21 +21,20 @@ pub struct HealthArgs {
 
 /// Exits with an error unless `args.url` answers with a success status.
 pub async fn health(args: HealthArgs) -> Result<(), CliError> {
+    let unreachable = |source| CliError::Unreachable {
+        url: args.url.clone(),
+        source,
+    };
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
         .build()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    let response = client
-        .get(&args.url)
-        .send()
-        .await
-        .map_err(|e| CliError::Usage(format!("{}: {e}", args.url)))?;
+        .map_err(unreachable)?;
+    let response = client.get(&args.url).send().await.map_err(unreachable)?;
     if !response.status().is_success() {
-        return Err(CliError::Usage(format!(
-            "{} answered {}",
-            args.url,
-            response.status()
-        )));
+        return Err(CliError::Unhealthy {
+            url: args.url,
+            status: response.status(),
+        });
     }
     Ok(())
 }
@@ -48,8 +47,7 @@ pub fn check_config(args: ConfigArgs) -> Result<(), CliError> {
     }
     if config.http.tls.enabled() {
         // Reads and pairs the files, as the server does at start.
-        eventrelay::http::tls::server_config(&config.http.tls)
-            .map_err(|e| CliError::Usage(e.to_string()))?;
+        eventrelay::http::tls::server_config(&config.http.tls)?;
     }
     println!("configuration is valid:");
     println!("{config:#?}");

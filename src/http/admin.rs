@@ -24,9 +24,9 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::body::read_body;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use super::token::Guard;
-use crate::store::Connection;
+use crate::store::{Connection, StoreError};
 use crate::webhooks::{
     DeliveryFilter, MAX_PAGE, Subscription, SubscriptionPatch, ensure_changeable, generate_secret,
     prepare_subscription, validate_subscription, validate_subscription_fields,
@@ -37,7 +37,7 @@ pub const DELIVERY_STATUSES: [&str; 4] = ["pending", "delivered", "dead", "gone"
 
 const ADMIN: Guard = Guard {
     setting: "admin.token",
-    disabled_code: "admin_disabled",
+    disabled_code: ErrorCode::AdminDisabled,
     name: "admin token",
 };
 
@@ -71,15 +71,11 @@ impl FromRequest for Admin {
 }
 
 async fn connection(state: &AppState) -> Result<Connection, ApiError> {
-    state
-        .db
-        .get()
-        .await
-        .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))
+    state.db.get().await.map_err(|e| database_error(e.into()))
 }
 
-fn database_error(error: impl std::fmt::Display) -> ApiError {
-    ApiError::unavailable(format!("database error: {error}"))
+fn database_error(error: StoreError) -> ApiError {
+    ApiError::failed("the database did not answer", &error)
 }
 
 /// Reads the request body under the configured size limit and parses it.
@@ -89,19 +85,19 @@ async fn json_body<T: DeserializeOwned>(
 ) -> Result<T, ApiError> {
     let body = read_body(payload, state.config.http.max_body_bytes).await?;
     serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request("invalid_body", format!("invalid body: {e}")))
+        .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, format!("invalid body: {e}")))
 }
 
 fn not_found(what: &str, id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
-        "not_found",
+        ErrorCode::NotFound,
         format!("no {what} {id:?}"),
     )
 }
 
 fn conflict(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, "conflict", message)
+    ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, message)
 }
 
 fn refuse_config_source(subscription: &Subscription) -> Result<(), ApiError> {
@@ -132,7 +128,7 @@ pub async fn create_subscription(
         create.types,
         create.scope_key,
     )
-    .map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))?;
+    .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, e.to_string()))?;
     let conn = connection(&state).await?;
     let created = state
         .webhooks
@@ -192,7 +188,7 @@ pub async fn update_subscription(
 ) -> Result<HttpResponse, ApiError> {
     let patch: SubscriptionPatch = json_body(payload, &state).await?;
     validate_subscription(None, patch.url.as_deref(), patch.types.as_deref())
-        .map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))?;
+        .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, e.to_string()))?;
     let scope_key = patch.scope_key.clone().flatten();
     validate_subscription_fields(
         patch.url.as_deref(),
@@ -200,7 +196,7 @@ pub async fn update_subscription(
         scope_key.as_deref(),
         None,
     )
-    .map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))?;
+    .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, e.to_string()))?;
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
     let updated = state
@@ -264,7 +260,7 @@ struct DeliveryQuery {
 const DEFAULT_PAGE: i64 = 100;
 
 fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
-    let invalid = |message: String| ApiError::bad_request("invalid_query", message);
+    let invalid = |message: String| ApiError::bad_request(ErrorCode::InvalidQuery, message);
     let query = web::Query::<DeliveryQuery>::from_query(query_string)
         .map_err(|e| invalid(e.to_string()))?
         .into_inner();

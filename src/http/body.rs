@@ -6,18 +6,19 @@ use actix_web::web;
 use bytes::BytesMut;
 use futures_util::StreamExt;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 
 /// Reads the body, refusing it as soon as it passes `limit` bytes.
 pub async fn read_body(mut payload: web::Payload, limit: usize) -> Result<BytesMut, ApiError> {
     let mut body = BytesMut::new();
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk
-            .map_err(|e| ApiError::bad_request("invalid_body", format!("cannot read body: {e}")))?;
+        let chunk = chunk.map_err(|e| {
+            ApiError::bad_request(ErrorCode::InvalidBody, format!("cannot read body: {e}"))
+        })?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
+                ErrorCode::PayloadTooLarge,
                 format!("request body is over the {limit}-byte limit (http.max_body_bytes)"),
             ));
         }

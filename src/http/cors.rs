@@ -18,7 +18,7 @@ use actix_web::middleware::Next;
 use actix_web::{HttpResponse, ResponseError, web};
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use crate::config::HttpConfig;
 pub use crate::config::origins::{OriginPatternError, OriginRules};
 
@@ -106,7 +106,7 @@ impl CorsPolicy {
                 .map(|value| value.chars().take(100).collect::<String>())
                 .unwrap_or_default();
             refused(
-                "origin_not_allowed",
+                ErrorCode::OriginNotAllowed,
                 format!("the origin {shown:?} is not in http.allowed_origins"),
             )
         })?;
@@ -114,7 +114,7 @@ impl CorsPolicy {
         let allowed = self.allowed_headers(method).ok_or_else(|| {
             let open = if self.publish { "GET and POST" } else { "GET" };
             refused(
-                "cors_method_not_allowed",
+                ErrorCode::CorsMethodNotAllowed,
                 format!(
                     "{:?} is not open to other origins on /v1/events; {open} are",
                     method.chars().take(20).collect::<String>()
@@ -130,7 +130,7 @@ impl CorsPolicy {
             {
                 if !allowed.iter().any(|a| a.eq_ignore_ascii_case(name)) {
                     return Err(refused(
-                        "cors_header_not_allowed",
+                        ErrorCode::CorsHeaderNotAllowed,
                         format!(
                             "the header {:?} may not be sent to {method} /v1/events from another \
                              origin; these may: {}",

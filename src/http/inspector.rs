@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use crate::auth::{Algorithm, MintOptions, TokenSpec, mint_token};
 
 const PAGE: &str = include_str!("inspector.html");
@@ -53,7 +53,7 @@ async fn token(
     let Some(secret) = &state.development_secret else {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "minting_disabled",
+            ErrorCode::MintingDisabled,
             "tokens can be minted here only in development mode (no [auth] configured)",
         ));
     };
@@ -68,6 +68,6 @@ async fn token(
         },
         &MintOptions::default(),
     )
-    .map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))?;
+    .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, e.to_string()))?;
     Ok(HttpResponse::Ok().json(json!({ "token": token })))
 }

@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::sse::limiter::ConnectionLimiter;
 use crate::store::{Database, Outbox};
-use error::ApiError;
+use error::{ApiError, ErrorCode};
 
 /// What every handler can reach.
 pub struct AppState {
@@ -54,7 +54,7 @@ pub struct AppState {
 pub fn routes(config: &mut web::ServiceConfig) {
     config
         .app_data(web::QueryConfig::default().error_handler(|error, _| {
-            ApiError::bad_request("invalid_query", error.to_string()).into()
+            ApiError::bad_request(ErrorCode::InvalidQuery, error.to_string()).into()
         }))
         // JSON bodies read by the extractor (the inspector's token form) get
         // this API's error shape too, not the framework's plain text.
@@ -64,10 +64,10 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 JsonPayloadError::Overflow { .. }
                 | JsonPayloadError::OverflowKnownLength { .. } => ApiError::new(
                     actix_web::http::StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
+                    ErrorCode::PayloadTooLarge,
                     error.to_string(),
                 ),
-                _ => ApiError::bad_request("invalid_body", error.to_string()),
+                _ => ApiError::bad_request(ErrorCode::InvalidBody, error.to_string()),
             }
             .into()
         }))
@@ -83,7 +83,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
 pub async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
     Err(ApiError::new(
         actix_web::http::StatusCode::NOT_FOUND,
-        "not_found",
+        ErrorCode::NotFound,
         "no such endpoint",
     ))
 }

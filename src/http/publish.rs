@@ -15,35 +15,39 @@ use tokio_postgres::error::SqlState;
 
 use super::AppState;
 use super::body::read_body;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use super::token::Guard;
 use crate::group_commit::GroupError;
 
 const PUBLISH: Guard = Guard {
     setting: "publish.token",
-    disabled_code: "publish_disabled",
+    disabled_code: ErrorCode::PublishDisabled,
     name: "publish token",
 };
 
 fn parse_events(body: &[u8], max_batch: usize) -> Result<Vec<NewEvent>, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request("invalid_body", format!("body is not JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(ErrorCode::InvalidBody, format!("body is not JSON: {e}"))
+    })?;
     let items = match value {
         Value::Array(items) => items,
         single @ Value::Object(_) => vec![single],
         _ => {
             return Err(ApiError::bad_request(
-                "invalid_body",
+                ErrorCode::InvalidBody,
                 "body must be an event object or an array of them",
             ));
         }
     };
     if items.is_empty() {
-        return Err(ApiError::bad_request("invalid_body", "the batch is empty"));
+        return Err(ApiError::bad_request(
+            ErrorCode::InvalidBody,
+            "the batch is empty",
+        ));
     }
     if items.len() > max_batch {
         return Err(ApiError::bad_request(
-            "batch_too_large",
+            ErrorCode::BatchTooLarge,
             format!(
                 "{} events in one request; the limit is {max_batch}",
                 items.len()
@@ -54,25 +58,31 @@ fn parse_events(body: &[u8], max_batch: usize) -> Result<Vec<NewEvent>, ApiError
         .into_iter()
         .enumerate()
         .map(|(index, item)| {
-            serde_json::from_value::<NewEvent>(item)
-                .map_err(|e| ApiError::bad_request("invalid_event", format!("event {index}: {e}")))
+            serde_json::from_value::<NewEvent>(item).map_err(|e| {
+                ApiError::bad_request(ErrorCode::InvalidEvent, format!("event {index}: {e}"))
+            })
         })
         .collect()
 }
 
+/// What a client is told when the database could not take its events.
+const WRITE_FAILED: &str = "the events could not be written (the database failed), and none was";
+
 fn publish_error(index: usize, error: PublishError) -> ApiError {
     let message = format!("event {index}: {error}");
     match error {
-        PublishError::InvalidEvent(_) => ApiError::bad_request("invalid_event", message),
+        PublishError::InvalidEvent(_) => ApiError::bad_request(ErrorCode::InvalidEvent, message),
         PublishError::Schema(_) => ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "schema_violation",
+            ErrorCode::SchemaViolation,
             message,
         ),
-        PublishError::Encode(EncodeError::TooLarge { .. }) => {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "event_too_large", message)
-        }
-        PublishError::Encode(_) => ApiError::bad_request("invalid_event", message),
+        PublishError::Encode(EncodeError::TooLarge { .. }) => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::EventTooLarge,
+            message,
+        ),
+        PublishError::Encode(_) => ApiError::bad_request(ErrorCode::InvalidEvent, message),
         // The database refusing the event itself (an id already used, text
         // it cannot store such as NUL) is the request's fault, not an outage.
         PublishError::Database(error) => {
@@ -80,21 +90,21 @@ fn publish_error(index: usize, error: PublishError) -> ApiError {
             match (error.code(), refused) {
                 (Some(code), Some(reason)) if *code == SqlState::UNIQUE_VIOLATION => ApiError::new(
                     StatusCode::CONFLICT,
-                    "conflict",
+                    ErrorCode::Conflict,
                     format!("event {index}: an event with this id already exists ({reason})"),
                 ),
                 (Some(code), Some(reason))
                     if code.code().starts_with("22") || code.code().starts_with("23") =>
                 {
                     ApiError::bad_request(
-                        "invalid_event",
+                        ErrorCode::InvalidEvent,
                         format!("event {index}: the database refused it: {reason}"),
                     )
                 }
-                _ => ApiError::unavailable(message),
+                _ => ApiError::failed(WRITE_FAILED, &error),
             }
         }
-        _ => ApiError::unavailable(message),
+        other => ApiError::failed(WRITE_FAILED, &other),
     }
 }
 
@@ -112,7 +122,8 @@ pub async fn publish_events(
         .await
         .map_err(|error| match error {
             GroupError::Refused { index, error } => publish_error(index, error),
-            GroupError::Unavailable(message) => ApiError::unavailable(message),
+            GroupError::Unavailable(cause) => ApiError::failed(WRITE_FAILED, &*cause),
+            GroupError::Stopping => ApiError::unavailable("the relay is stopping; publish again"),
         })?;
     state
         .metrics

@@ -55,23 +55,22 @@ pub enum TlsError {
         .key.display(), .cert.display()
     )]
     Mismatch { cert: PathBuf, key: PathBuf },
+    #[error("http.tls.cert_file and http.tls.key_file are both required")]
+    Incomplete,
     #[error("http.tls: {0}")]
-    Config(String),
+    Rustls(#[from] rustls::Error),
 }
 
 /// The rustls server configuration for `tls`, or why the pair is unusable.
 /// `tls` must be enabled (both files set).
 pub fn server_config(tls: &TlsConfig) -> Result<rustls::ServerConfig, TlsError> {
     let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) else {
-        return Err(TlsError::Config(
-            "http.tls.cert_file and http.tls.key_file are both required".into(),
-        ));
+        return Err(TlsError::Incomplete);
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let resolver = ReloadingCertificate::load(cert, key, Arc::clone(&provider))?;
     let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
     Ok(config)

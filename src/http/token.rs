@@ -4,14 +4,14 @@ use actix_web::HttpRequest;
 use actix_web::http::{StatusCode, header};
 use sha2::{Digest, Sha256};
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 
 /// One token-guarded API, for its error messages.
 pub struct Guard {
     /// The setting that holds the token, such as `publish.token`.
     pub setting: &'static str,
     /// The code answered while the API is off.
-    pub disabled_code: &'static str,
+    pub disabled_code: ErrorCode,
     /// What the token is called, such as `publish token`.
     pub name: &'static str,
 }

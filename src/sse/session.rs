@@ -21,7 +21,7 @@ use super::peer::{PEEK_EVERY, PeerSocket};
 use crate::actors::EncodedEvent;
 use crate::actors::relay::{Relay, Unsubscribe};
 use crate::metrics::{Metrics, SourceLabel};
-use crate::store::{Database, Outbox};
+use crate::store::{Database, Outbox, StoreError};
 
 /// Rows per page when replaying from the outbox.
 const REPLAY_PAGE: i64 = 500;
@@ -34,7 +34,7 @@ const MAX_FRAMES_PER_CHUNK: usize = 64;
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     #[error("event stream unavailable: the replay could not be read: {0}")]
-    ReplayFailed(String),
+    ReplayFailed(#[source] StoreError),
 }
 
 /// Where the replay comes from.
@@ -194,7 +194,7 @@ impl Session {
         }
     }
 
-    async fn next_replay_batch(&mut self) -> Result<Option<Vec<Arc<EncodedEvent>>>, String> {
+    async fn next_replay_batch(&mut self) -> Result<Option<Vec<Arc<EncodedEvent>>>, StoreError> {
         match &mut self.params.replay {
             Replay::Nothing => Ok(None),
             Replay::FromTail(events) => {
@@ -203,11 +203,10 @@ impl Session {
                 Ok(Some(events))
             }
             Replay::FromOutbox { cursor, db, outbox } => {
-                let client = db.get().await.map_err(|e| e.to_string())?;
+                let client = db.get().await?;
                 let page = outbox
                     .read_since(&*client, &self.subscriber.scope_key, *cursor, REPLAY_PAGE)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    .await?;
                 let full = page.len() as i64 == REPLAY_PAGE;
                 if let Some(last) = page.last().and_then(|e| e.seq) {
                     *cursor = last;

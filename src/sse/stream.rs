@@ -19,8 +19,8 @@ use super::session::{Registration, Replay, Session, SessionParams, count_replay}
 use crate::actors::relay::{JoinPoint, Subscribe};
 use crate::auth::Credentials;
 use crate::http::AppState;
-use crate::http::error::ApiError;
-use crate::store::JoinView;
+use crate::http::error::{ApiError, ErrorCode};
+use crate::store::{JoinView, StoreError};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -41,7 +41,7 @@ pub fn parse_last_event_id(value: &str) -> Result<i64, ApiError> {
         .ok_or_else(|| {
             let shown: String = value.chars().take(40).collect();
             ApiError::bad_request(
-                "invalid_last_event_id",
+                ErrorCode::InvalidLastEventId,
                 format!(
                     "Last-Event-ID must be the non-negative integer `id:` of a durable event, got {shown:?}"
                 ),
@@ -56,7 +56,10 @@ fn header_text(
     match request.headers().get(&name) {
         None => Ok(None),
         Some(value) => value.to_str().map(|s| Some(s.to_owned())).map_err(|_| {
-            ApiError::bad_request("invalid_header", format!("{name} is not visible ASCII"))
+            ApiError::bad_request(
+                ErrorCode::InvalidHeader,
+                format!("{name} is not visible ASCII"),
+            )
         }),
     }
 }
@@ -89,7 +92,7 @@ pub async fn stream_events(
         };
     if let Some(until) = &query.until {
         eventrelay_wire::validate_event_type(until)
-            .map_err(|e| ApiError::bad_request("invalid_query", format!("until: {e}")))?;
+            .map_err(|e| ApiError::bad_request(ErrorCode::InvalidQuery, format!("until: {e}")))?;
     }
 
     let resolved = state
@@ -100,7 +103,7 @@ pub async fn stream_events(
             if error.is_client_error() {
                 ApiError::unauthorized(error.to_string())
             } else {
-                ApiError::unavailable(error.to_string())
+                ApiError::failed("the subscriber could not be authenticated", &error)
             }
         })?;
     let subscriber = resolved.subscriber;
@@ -110,7 +113,7 @@ pub async fn stream_events(
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
-                "too_many_connections",
+                ErrorCode::TooManyConnections,
                 format!(
                     "subscriber already has {} open streams; close one first",
                     state.config.sse.max_connections_per_subscriber
@@ -123,16 +126,15 @@ pub async fn stream_events(
     // Taken before the subscription exists, so whatever it saw committed
     // is history to this subscriber and everything after it is live.
     let view = {
-        let client = state
-            .db
-            .get()
-            .await
-            .map_err(|e| ApiError::unavailable(format!("database unavailable: {e}")))?;
+        let failed = |error: StoreError| {
+            ApiError::failed("the stream could not start (the database failed)", &error)
+        };
+        let client = state.db.get().await.map_err(|e| failed(e.into()))?;
         state
             .outbox
             .join_view(&*client, &subscriber.scope_key)
             .await
-            .map_err(|e| ApiError::unavailable(e.to_string()))?
+            .map_err(failed)?
     };
     let (queue, receiver) = mpsc::channel(sse.queue_capacity);
     let attached = state

@@ -19,9 +19,9 @@ pub enum DatabaseError {
     #[error(transparent)]
     Connect(#[from] ConnectError),
     #[error("cannot build the connection pool: {0}")]
-    Build(String),
+    Build(#[source] deadpool_postgres::BuildError),
     #[error("no database connection available: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] deadpool_postgres::PoolError),
 }
 
 #[derive(Clone)]
@@ -66,7 +66,7 @@ impl Database {
             })
             .build()
             .map(Database::Pool)
-            .map_err(|e| DatabaseError::Build(e.to_string()))
+            .map_err(DatabaseError::Build)
     }
 
     /// Shares one connection; callers take turns.
@@ -80,7 +80,7 @@ impl Database {
                 .get()
                 .await
                 .map(|client| Connection::Pooled(Box::new(client)))
-                .map_err(|e| DatabaseError::Unavailable(e.to_string())),
+                .map_err(DatabaseError::Unavailable),
             Database::Single(client) => {
                 Ok(Connection::Single(Arc::clone(client).lock_owned().await))
             }

@@ -24,7 +24,7 @@ use super::model::{AttemptRecord, Claimed};
 use super::settings::{MIN_RETRY_AFTER, WebhooksConfig};
 use super::store::WebhookStore;
 use crate::metrics::{Metrics, OutcomeLabel};
-use crate::store::Database;
+use crate::store::{Database, StoreError};
 
 /// Longest a worker sleeps without looking, in case a wake-up was missed.
 const IDLE_POLL: Duration = Duration::from_secs(30);
@@ -139,14 +139,11 @@ impl Worker {
             let woken = self.wake.notify.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let claimed = match self.db.get().await {
-                Ok(conn) => self
-                    .store
-                    .claim(&*conn, lease)
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
+            let claimed: Result<_, StoreError> = async {
+                let conn = self.db.get().await?;
+                self.store.claim(&*conn, lease).await
+            }
+            .await;
             match claimed {
                 Ok(Some(claimed)) => self.deliver(claimed).await,
                 Ok(None) => {
@@ -214,14 +211,11 @@ impl Worker {
                 outcome: record.outcome,
             })
             .inc();
-        let recorded = match self.db.get().await {
-            Ok(conn) => self
-                .store
-                .record(&*conn, &claimed, &record)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let recorded: Result<_, StoreError> = async {
+            let conn = self.db.get().await?;
+            self.store.record(&*conn, &claimed, &record).await
+        }
+        .await;
         match recorded {
             Ok(true) => {}
             Ok(false) => tracing::warn!(
