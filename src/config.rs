@@ -510,11 +510,22 @@ impl Config {
         }
     }
 
+    /// The schema's name. Call on a validated configuration: [`Config::load`]
+    /// and the server's start both validate it.
     pub fn schema(&self) -> Identifier {
+        #[allow(
+            clippy::expect_used,
+            reason = "validate() refuses a schema that is not an identifier, and every Config is validated before use"
+        )]
         Identifier::new(&self.database.schema).expect("validated at load")
     }
 
+    /// The channel's name, on a validated configuration like [`Config::schema`].
     pub fn channel(&self) -> Identifier {
+        #[allow(
+            clippy::expect_used,
+            reason = "validate() refuses a channel that is not an identifier, and every Config is validated before use"
+        )]
         Identifier::new(&self.database.channel).expect("validated at load")
     }
 

@@ -163,6 +163,10 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        #[allow(
+            clippy::expect_used,
+            reason = "encoding only fails when the writer does, and writing to a String cannot"
+        )]
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out

@@ -38,6 +38,10 @@ pub enum ServeError {
     )]
     NoDatabase,
     #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Publisher(#[from] eventrelay_publisher::PublishError),
+    #[error(transparent)]
     Connect(#[from] eventrelay_publisher::ConnectError),
     #[error(transparent)]
     Database(#[from] DatabaseError),
@@ -178,6 +182,9 @@ pub async fn run(
     listener: std::net::TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    // A library caller may build its Config by hand: checked here as
+    // `Config::load` checks a file.
+    config.validate()?;
     let config = Arc::new(config);
     let schema = config.schema();
     // Before the database: a bad certificate or origin list stops the
@@ -195,7 +202,7 @@ pub async fn run(
     }
     let backend = open_backend(&config).await?;
     let db = backend.db.clone();
-    let mut publisher = Publisher::new(schema.as_str()).expect("validated schema name");
+    let mut publisher = Publisher::new(schema.as_str())?;
     if let Some(dir) = &config.publish.schemas_dir {
         publisher = publisher.with_registry(load_schemas(Path::new(dir))?);
     }

@@ -5,6 +5,13 @@
 //! dispatcher is switched off so nothing changes a delivery behind a test's
 //! back.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use chrono::{DateTime, Utc};

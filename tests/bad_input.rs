@@ -7,6 +7,13 @@
 //! durable event, with no loss, and refused publishes write nothing.
 //! Garbage on the notification channel is dropped, counted and harmless.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use common::server::{PUBLISH_TOKEN, SseStream, TEST_SECRET, TestServer, token};

@@ -8,6 +8,13 @@
 //! Runs for `EVENTRELAY_CHURN_SECS` (default 8) and prints one `CHURN`
 //! line with its figures.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::collections::HashSet;

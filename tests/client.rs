@@ -2,6 +2,13 @@
 //! Postgres: delivery, replay across a relay restart, resync, refused
 //! credentials, the degraded state and a clean stop.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

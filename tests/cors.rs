@@ -4,6 +4,13 @@
 //! codes and no CORS header, and the bearer token in a query parameter
 //! (`auth.query_param`), which the relay never writes to its log.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::io::{BufRead, BufReader, Read};

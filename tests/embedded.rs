@@ -1,5 +1,12 @@
 //! The embedded database end to end: no Postgres configured, events
 //! published over HTTP reach a subscriber, and survive a restart.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
 #![cfg(feature = "embedded")]
 
 mod common;

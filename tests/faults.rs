@@ -9,6 +9,13 @@
 //! small by default; `EVENTRELAY_FAULT_EVENTS` raises it (`scripts/faults`
 //! runs the suite at a larger size and collects the lines).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::collections::{HashMap, HashSet};

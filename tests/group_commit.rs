@@ -5,6 +5,13 @@
 //! whose event a trigger slows down; the requests sent meanwhile queue up
 //! and are written together as the next group.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::collections::HashSet;

@@ -1,6 +1,13 @@
 //! The HTTP surface as documented: every route in the OpenAPI document
 //! exists, errors are JSON with stable codes, limits are enforced.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use common::TestDb;

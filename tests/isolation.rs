@@ -7,6 +7,13 @@
 //! in-memory tail, and replay paged from the outbox (on a second relay whose
 //! tail is one event long and holds nothing for the scope).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::cell::Cell;

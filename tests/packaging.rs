@@ -5,6 +5,13 @@
 //! `scripts/check-image` replays the image's build stage and
 //! `scripts/check-deploy` validates the Kubernetes and systemd files.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::path::Path;

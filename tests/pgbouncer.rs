@@ -9,6 +9,13 @@
 //! transaction and used in the next would land on another server
 //! connection; the first test shows that this setup does catch that.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::collections::BTreeSet;

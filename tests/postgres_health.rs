@@ -3,6 +3,13 @@
 //! does to a flow it dropped. The relay must notice within its health
 //! interval, say so on `/readyz`, and lose nothing once the path is back.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::net::SocketAddr;

@@ -2,6 +2,13 @@
 //! cluster that accepts only TLS, with certificates from a CA the test
 //! makes.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::path::PathBuf;

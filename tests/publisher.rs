@@ -1,6 +1,13 @@
 //! The publisher against a real Postgres: what a commit, a rollback and a
 //! refused event leave behind, on every kind of client it accepts.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use common::TestDb;

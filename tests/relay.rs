@@ -1,6 +1,13 @@
 //! The relay end to end: a real Postgres, the real server on port 0, and a
 //! real SSE reader over TCP.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::collections::HashSet;

@@ -2,6 +2,13 @@
 //! heartbeat: page reloads never lock a user out, and the connections
 //! gauge follows closes within a second.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};

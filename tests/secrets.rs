@@ -3,6 +3,13 @@
 //! commands print, in the start-up banner, or in the log, even at debug
 //! level, while the relay serves requests that use them.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::process::Command;

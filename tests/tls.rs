@@ -6,6 +6,13 @@
 //! malformed or mismatched pair stops the start with an error naming the
 //! setting.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -2,6 +2,13 @@
 //! real local receiver, retried on the schedule, and never sent twice at
 //! once by two dispatchers.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 mod common;
 
 use std::collections::HashMap;

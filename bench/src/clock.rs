@@ -76,10 +76,10 @@ pub struct Percentiles {
 impl Percentiles {
     /// From samples in nanoseconds (sorted in place).
     pub fn of(samples: &mut [u64]) -> Percentiles {
-        if samples.is_empty() {
-            return Percentiles::default();
-        }
         samples.sort_unstable();
+        let Some(&max) = samples.last() else {
+            return Percentiles::default();
+        };
         let at = |fraction: f64| {
             let index = ((samples.len() as f64 - 1.0) * fraction).round() as usize;
             Duration::from_nanos(samples[index])
@@ -87,7 +87,7 @@ impl Percentiles {
         Percentiles {
             p50: at(0.50),
             p99: at(0.99),
-            max: Duration::from_nanos(*samples.last().unwrap()),
+            max: Duration::from_nanos(max),
         }
     }
 }

@@ -50,7 +50,8 @@ impl InProcessRelay {
         } else {
             "http"
         };
-        let resolver = build_resolver(config.auth.as_ref().expect("set above"))?;
+        let auth = config.auth.as_ref().ok_or("the bench relay needs [auth]")?;
+        let resolver = build_resolver(auth)?;
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let address = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();

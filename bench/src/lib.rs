@@ -25,6 +25,10 @@ pub const SUBSCRIBER_SECRET: &str = "bench-secret-that-is-long-enough-for-hs256-
 pub const PUBLISH_TOKEN: &str = "bench-publish-token-long-enough";
 
 /// Mints a subscriber token for `scope` valid for an hour.
+#[allow(
+    clippy::expect_used,
+    reason = "HS256 with a constant secret long enough for it always mints"
+)]
 pub fn subscriber_token(subscriber: &str, scope: &str) -> String {
     use eventrelay::auth::{Algorithm, MintOptions, TokenSpec, mint_token};
     mint_token(

@@ -2,6 +2,11 @@
 //! nchan when given) for a bounded time and prints one Markdown table.
 //! `bench/run` builds it, starts Postgres and nginx/nchan, and calls it.
 
+#![allow(
+    clippy::print_stdout,
+    reason = "the figures table is this tool's output"
+)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

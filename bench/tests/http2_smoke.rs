@@ -3,6 +3,13 @@
 //! about a second, every event received by every subscriber. The full
 //! comparison with HTTP/1.1 is `bench/run --only http2`, never run here.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 use std::time::Duration;
 
 use eventrelay_bench::database::{create_schema, drop_schema};

@@ -2,6 +2,13 @@
 //! second, every event received by every subscriber. The full benchmark is
 //! `bench/run`, never run here.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 use std::time::Duration;
 
 use eventrelay_bench::database::{create_schema, drop_schema};

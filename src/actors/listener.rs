@@ -14,7 +14,9 @@
 //! ever reads, so nothing notices. After `health` of silence the listener
 //! therefore sends `SELECT 1` and gives the answer half of `health`; no
 //! answer means the connection is dead, and it is replaced like a failed
-//! one.
+//! one. The connection, its TLS and that check are the publisher crate's
+//! shared driver ([`ListenConnection`]); this module owns what the relay
+//! adds around it: the delivery probe, the reconnect loop and the metrics.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,11 +25,10 @@ use std::time::Duration;
 use actix::{Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, WrapFuture};
 use eventrelay_publisher::Identifier;
 use eventrelay_publisher::backoff::Backoff;
+use eventrelay_publisher::listen::{self, HealthCheck, ListenConnection};
 use eventrelay_publisher::{ConnectError, PgConnectOptions};
 use eventrelay_wire::{EventNotification, decode_notification};
-use futures_util::StreamExt;
 use tokio::sync::mpsc;
-use tokio_postgres::AsyncMessage;
 
 use super::relay::{Ephemeral, ListenerConnected, Pointer, Relay};
 use crate::metrics::Metrics;
@@ -53,6 +54,18 @@ enum ListenError {
     NotDelivered,
     #[error("could not send the delivery probe through the pool; retrying")]
     ProbeNotSent,
+    #[error(transparent)]
+    Lost(listen::ListenError),
+}
+
+impl From<listen::ListenError> for ListenError {
+    fn from(error: listen::ListenError) -> Self {
+        match error {
+            listen::ListenError::Connect(error) => ListenError::Connect(error),
+            listen::ListenError::Postgres(error) => ListenError::Postgres(error),
+            other => ListenError::Lost(other),
+        }
+    }
 }
 
 /// Where notifications come from.
@@ -211,71 +224,32 @@ impl Link<'_> {
             .get_connect_timeout()
             .copied()
             .unwrap_or(health);
-        // The whole start-up is bounded: through a path that swallows
-        // packets, TCP may connect and TLS or authentication never answer.
-        let (client, mut connection) =
-            tokio::time::timeout(limit, options.config().connect(options.tls()?))
-                .await
-                .map_err(|_| ConnectError::Timeout(limit))?
-                .map_err(eventrelay_publisher::connect::explain)?;
-        let (sender, mut messages) = mpsc::unbounded_channel();
-        let driver = tokio::spawn(async move {
-            let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(message) = stream.next().await {
-                match message {
-                    Ok(message) => {
-                        if sender.send(Ok(message)).is_err() {
-                            return;
-                        }
-                    }
-                    Err(error) => {
-                        let _ = sender.send(Err(error));
-                        return;
-                    }
-                }
-            }
-        });
-        let result = async {
-        client.batch_execute(&format!("LISTEN {channel}")).await?;
-        prove_delivery(&client, probe_via, &mut messages, health, relay, metrics).await?;
+        let mut connection = ListenConnection::connect_options(options, limit).await?;
+        connection.listen(channel, None).await?;
+        prove_delivery(&mut connection, probe_via, health, relay, metrics).await?;
         connected.store(true, Ordering::Relaxed);
         if !first {
             metrics.listener_reconnects.inc();
         }
         tracing::info!(%channel, "listening for notifications");
         relay.do_send(ListenerConnected);
+        let check = HealthCheck::new(health, (health / 2).max(Duration::from_millis(100)));
         loop {
-            let message = tokio::select! {
-                message = messages.recv() => message,
-                () = tokio::time::sleep(health) => {
-                    let deadline = (health / 2).max(Duration::from_millis(100));
-                    match tokio::time::timeout(deadline, client.simple_query("SELECT 1")).await {
-                        Ok(answer) => {
-                            answer?;
-                            continue;
-                        }
-                        Err(_) => {
-                            metrics.database_connections_dead.inc();
-                            return Err(ListenError::Dead(deadline));
-                        }
-                    }
+            let notification = match connection.next(Some(check)).await {
+                Ok(notification) => notification,
+                Err(listen::ListenError::Closed) => return Ok(()),
+                Err(listen::ListenError::Unresponsive(deadline)) => {
+                    metrics.database_connections_dead.inc();
+                    return Err(ListenError::Dead(deadline));
                 }
+                Err(error) => return Err(error.into()),
             };
-            let Some(message) = message else {
-                return Ok(());
-            };
-            if let AsyncMessage::Notification(notification) = message? {
-                // A probe from another relay, in the moment before the
-                // probe channel was left, is not an event.
-                if notification.channel() != PROBE_CHANNEL {
-                    forward(notification.payload(), relay, metrics);
-                }
+            // A probe from another relay, in the moment before the probe
+            // channel was left, is not an event.
+            if notification.channel() != PROBE_CHANNEL {
+                forward(notification.payload(), relay, metrics);
             }
         }
-    }
-    .await;
-        driver.abort();
-        result
     }
 }
 
@@ -290,16 +264,16 @@ const PROBE_CHANNEL: &str = "eventrelay_listener_probe";
 /// probe turns that into an error that names the cause. Notifications of
 /// the events' channel that arrive meanwhile are forwarded as usual.
 async fn prove_delivery(
-    client: &tokio_postgres::Client,
+    connection: &mut ListenConnection,
     probe_via: &Database,
-    messages: &mut mpsc::UnboundedReceiver<Result<AsyncMessage, tokio_postgres::Error>>,
     health: Duration,
     relay: &Addr<Relay>,
     metrics: &Metrics,
 ) -> Result<(), ListenError> {
     let token = uuid::Uuid::new_v4().simple().to_string();
     let patience = (health / 2).max(Duration::from_millis(500));
-    client
+    connection
+        .client()
         .batch_execute(&format!("LISTEN {PROBE_CHANNEL}"))
         .await?;
     let sent = async {
@@ -319,23 +293,24 @@ async fn prove_delivery(
     }
     let deadline = tokio::time::Instant::now() + patience;
     loop {
-        match tokio::time::timeout_at(deadline, messages.recv()).await {
-            Err(_) => return Err(ListenError::NotDelivered),
-            Ok(None) => return Err(ListenError::NotDelivered),
-            Ok(Some(message)) => {
-                if let AsyncMessage::Notification(notification) = message? {
-                    if notification.channel() == PROBE_CHANNEL {
-                        if notification.payload() == token {
-                            break;
-                        }
-                    } else {
-                        forward(notification.payload(), relay, metrics);
+        match tokio::time::timeout_at(deadline, connection.next(None)).await {
+            Err(_) | Ok(Err(listen::ListenError::Closed)) => {
+                return Err(ListenError::NotDelivered);
+            }
+            Ok(Err(error)) => return Err(error.into()),
+            Ok(Ok(notification)) => {
+                if notification.channel() == PROBE_CHANNEL {
+                    if notification.payload() == token {
+                        break;
                     }
+                } else {
+                    forward(notification.payload(), relay, metrics);
                 }
             }
         }
     }
-    client
+    connection
+        .client()
         .batch_execute(&format!("UNLISTEN {PROBE_CHANNEL}"))
         .await?;
     Ok(())

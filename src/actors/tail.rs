@@ -7,15 +7,11 @@
 //! only claims to cover seqs after `covers_after`, and a batch that does not
 //! follow on from what it holds resets that claim.
 //!
-//! A version counter with a watch channel lets waiters sleep until the next
-//! change without missing one: a waiter passes the version it last saw, and
-//! returns at once if the tail has moved on since.
+//! Nobody waits on the tail: the hub pushes each new event into its
+//! subscribers' queues, and the tail only serves catching up at join.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
-
-use tokio::sync::watch;
 
 use super::encoded::EncodedEvent;
 use super::tail_budget::TailLease;
@@ -31,7 +27,6 @@ pub struct Tail {
     covers_after: Option<i64>,
     max_events: Bound,
     max_bytes: Bound,
-    version: watch::Sender<u64>,
     /// This tail's share of the budget across all tails, when there is one.
     lease: Option<TailLease>,
 }
@@ -44,7 +39,6 @@ impl Tail {
             covers_after: None,
             max_events,
             max_bytes,
-            version: watch::Sender::new(0),
             lease: None,
         }
     }
@@ -101,7 +95,6 @@ impl Tail {
                 self.empty();
             }
         }
-        self.notify();
     }
 
     fn reset(&mut self, covers_after: i64) {
@@ -147,33 +140,6 @@ impl Tail {
     /// Encoded bytes held.
     pub fn bytes(&self) -> usize {
         self.bytes
-    }
-
-    /// Bumps the version and wakes every waiter.
-    pub fn notify(&self) {
-        self.version.send_modify(|v| *v += 1);
-    }
-
-    pub fn version(&self) -> u64 {
-        *self.version.borrow()
-    }
-
-    /// A handle for waiting on changes from another task.
-    pub fn watcher(&self) -> TailWatcher {
-        TailWatcher(self.version.subscribe())
-    }
-}
-
-/// Waits for the tail to change.
-#[derive(Clone)]
-pub struct TailWatcher(watch::Receiver<u64>);
-
-impl TailWatcher {
-    /// Returns when the version differs from `seen` (at once if it already
-    /// does) or after `timeout`, with the version then current.
-    pub async fn wait(&mut self, timeout: Duration, seen: u64) -> u64 {
-        let _ = tokio::time::timeout(timeout, self.0.wait_for(|v| *v != seen)).await;
-        *self.0.borrow()
     }
 }
 
@@ -267,27 +233,5 @@ mod tests {
         limit.store(2, std::sync::atomic::Ordering::Relaxed);
         tail.publish(5, &[event(6, 1)]);
         assert_eq!(seqs(&tail.recent(4).unwrap()), vec![5, 6]);
-    }
-
-    #[tokio::test]
-    async fn waiters_never_miss_a_change() {
-        let mut tail = tail(10, usize::MAX);
-        let mut watcher = tail.watcher();
-        let seen = tail.version();
-        // The change lands between reading the version and waiting.
-        tail.publish(0, &[event(1, 1)]);
-        let now = watcher.wait(Duration::from_secs(10), seen).await;
-        assert_ne!(now, seen);
-
-        let mut waiting = tail.watcher();
-        let seen = tail.version();
-        let handle = tokio::spawn(async move { waiting.wait(Duration::from_secs(10), seen).await });
-        tail.notify();
-        assert_eq!(handle.await.unwrap(), seen + 1);
-
-        let quiet = tail.version();
-        let start = std::time::Instant::now();
-        assert_eq!(watcher.wait(Duration::from_millis(20), quiet).await, quiet);
-        assert!(start.elapsed() >= Duration::from_millis(20));
     }
 }

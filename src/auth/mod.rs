@@ -28,6 +28,12 @@ pub use forward::{ForwardConfig, ForwardResolver};
 pub use grants::{Grants, GrantsError};
 pub use jwt::{Algorithm, JwtConfig, JwtResolver, MintError, MintOptions, TokenSpec, mint_token};
 
+/// A credentials header whose value is not visible ASCII (the header's
+/// name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0} is not visible ASCII")]
+pub struct UnreadableHeader(pub String);
+
 /// What the relay knows about the caller of `GET /v1/events`: the raw
 /// `Authorization` and `Cookie` header values, if any.
 ///
@@ -41,24 +47,35 @@ pub struct Credentials {
 impl Credentials {
     /// Reads the credentials from request headers. Several `Cookie` headers
     /// (HTTP/2 may split them) are joined with `"; "`; of several
-    /// `Authorization` headers the first is used. Values that are not
-    /// visible ASCII are ignored.
-    pub fn from_headers(headers: &actix_web::http::header::HeaderMap) -> Self {
+    /// `Authorization` headers the first is used. A value that is not
+    /// visible ASCII is refused rather than skipped, so a mangled header is
+    /// reported as such instead of as missing credentials.
+    pub fn from_headers(
+        headers: &actix_web::http::header::HeaderMap,
+    ) -> Result<Self, UnreadableHeader> {
         use actix_web::http::header::{AUTHORIZATION, COOKIE};
 
+        fn text<'a>(
+            name: &actix_web::http::header::HeaderName,
+            value: &'a actix_web::http::header::HeaderValue,
+        ) -> Result<&'a str, UnreadableHeader> {
+            value
+                .to_str()
+                .map_err(|_| UnreadableHeader(name.as_str().to_owned()))
+        }
         let authorization = headers
             .get(AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_owned);
-        let cookies: Vec<&str> = headers
+            .map(|value| text(&AUTHORIZATION, value).map(str::to_owned))
+            .transpose()?;
+        let cookies = headers
             .get_all(COOKIE)
-            .filter_map(|value| value.to_str().ok())
-            .collect();
+            .map(|value| text(&COOKIE, value))
+            .collect::<Result<Vec<&str>, _>>()?;
         let cookie = (!cookies.is_empty()).then(|| cookies.join("; "));
-        Credentials {
+        Ok(Credentials {
             authorization,
             cookie,
-        }
+        })
     }
 
     /// The token of an `Authorization: Bearer <token>` header (the scheme is
@@ -159,11 +176,6 @@ impl AuthError {
     /// [`AuthError::Unavailable`] (503).
     pub fn is_client_error(&self) -> bool {
         !matches!(self, AuthError::Unavailable(_))
-    }
-
-    /// The HTTP status to answer with: 401 or 503.
-    pub fn status_code(&self) -> u16 {
-        if self.is_client_error() { 401 } else { 503 }
     }
 }
 
@@ -334,7 +346,7 @@ mod tests {
         headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer t0ken"));
         headers.append(COOKIE, HeaderValue::from_static("a=1"));
         headers.append(COOKIE, HeaderValue::from_static("b=2"));
-        let credentials = Credentials::from_headers(&headers);
+        let credentials = Credentials::from_headers(&headers).unwrap();
         assert_eq!(credentials.authorization.as_deref(), Some("Bearer t0ken"));
         assert_eq!(credentials.cookie.as_deref(), Some("a=1; b=2"));
         let debug = format!("{credentials:?}");
@@ -343,7 +355,18 @@ mod tests {
             "{debug}"
         );
 
-        assert!(Credentials::from_headers(&HeaderMap::new()).is_empty());
+        assert!(
+            Credentials::from_headers(&HeaderMap::new())
+                .unwrap()
+                .is_empty()
+        );
+
+        let mut mangled = HeaderMap::new();
+        mangled.insert(COOKIE, HeaderValue::from_bytes(b"a=\xff").unwrap());
+        assert_eq!(
+            Credentials::from_headers(&mangled).unwrap_err().to_string(),
+            "cookie is not visible ASCII"
+        );
     }
 
     #[test]
@@ -355,11 +378,9 @@ mod tests {
             AuthError::Refused,
         ] {
             assert!(error.is_client_error());
-            assert_eq!(error.status_code(), 401);
         }
         let unavailable = AuthError::Unavailable("down".into());
         assert!(!unavailable.is_client_error());
-        assert_eq!(unavailable.status_code(), 503);
     }
 
     /// Library mode: the application implements the seam with its own

@@ -1,11 +1,11 @@
 //! The `eventrelay` command line: the commands, their shared arguments and
 //! errors, and the dispatch to one file per command family.
 //!
-//! - [`serve`]: `serve`, `check-config`, `health`
-//! - [`token`]: `token`
-//! - [`migrate`]: `migrate`, `emit`
-//! - [`deliveries`]: `deliveries ...`
-//! - [`subscriptions`]: `subscriptions ...`
+//! - `serve.rs`: `serve`, `check-config`, `health`
+//! - `token.rs`: `token`
+//! - `migrate.rs`: `migrate`, `emit`
+//! - `deliveries.rs`: `deliveries ...`
+//! - `subscriptions.rs`: `subscriptions ...`
 //!
 //! The commands print their results on stdout (JSON lines where a program
 //! reads them) and everything else on stderr.

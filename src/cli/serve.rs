@@ -74,7 +74,7 @@ pub async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     if development && config.publish.token.is_none() {
         config.publish.token = Some(dev_secret(Path::new(DEV_DIR), "publish-token")?);
     }
-    let shutdown = shutdown_signal();
+    let shutdown = shutdown_signal()?;
     let listener = std::net::TcpListener::bind(config.http.bind)?;
     // The banner is best effort: a closed stdout must not stop the service.
     let mut out = std::io::stdout();
@@ -129,21 +129,21 @@ fn raise_file_limit() {
 
 /// Resolves on SIGINT or SIGTERM. The handlers are installed when this is
 /// called, so a signal that arrives during start-up is not lost.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        let mut interrupt = signal(SignalKind::interrupt()).expect("can install a SIGINT handler");
-        let mut terminate = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
-        async move {
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        Ok(async move {
             tokio::select! {
                 _ = interrupt.recv() => {}
                 _ = terminate.recv() => {}
             }
-        }
+        })
     }
     #[cfg(not(unix))]
-    async {
+    Ok(async {
         let _ = tokio::signal::ctrl_c().await;
-    }
+    })
 }

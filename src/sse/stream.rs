@@ -69,10 +69,8 @@ pub async fn stream_events(
     query: web::Query<StreamQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut credentials = Credentials {
-        authorization: header_text(&request, header::AUTHORIZATION)?,
-        cookie: header_text(&request, header::COOKIE)?,
-    };
+    let mut credentials = Credentials::from_headers(request.headers())
+        .map_err(|e| ApiError::bad_request(ErrorCode::InvalidHeader, e.to_string()))?;
     if let Some(name) = state
         .config
         .auth

@@ -5,16 +5,18 @@
 //! connection, shared in turn by every part through [`Database::Single`],
 //! and LISTENs on that same session: Postgres delivers a session's own
 //! notifications to it at COMMIT, so the connection's notification stream
-//! feeds the listener directly. No other process can connect while the
-//! relay runs; publish through the HTTP API.
+//! feeds the listener directly, through the shared message pump
+//! ([`eventrelay_publisher::listen::pump`]). No other process can connect
+//! while the relay runs; publish through the HTTP API.
 
+use std::error::Error;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use eventrelay_publisher::Identifier;
-use futures_util::StreamExt;
+use eventrelay_publisher::{Identifier, listen};
 use pglite_oxide::PgliteServer;
 use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::{NoTls, Notification};
 
 use super::database::Database;
 use super::migrate::{MigrateError, migrate};
@@ -22,10 +24,16 @@ use super::migrate::{MigrateError, migrate};
 /// Why the embedded database did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
-    #[error("cannot start the embedded database in {dir}: {message}")]
-    Start { dir: PathBuf, message: String },
+    #[error("cannot start the embedded database in {dir}: {}", chain(source.as_ref()))]
+    Start {
+        dir: PathBuf,
+        /// PGlite reports through `anyhow`, whose error is boxed to keep its
+        /// chain of causes.
+        #[source]
+        source: Box<dyn Error + Send + Sync>,
+    },
     #[error("cannot connect to the embedded database: {0}")]
-    Connect(tokio_postgres::Error),
+    Connect(#[source] tokio_postgres::Error),
     #[error(transparent)]
     Migrate(#[from] MigrateError),
 }
@@ -35,8 +43,21 @@ pub struct EmbeddedDatabase {
     /// Drives the one connection; aborting it closes the session, which the
     /// server waits for before it can stop.
     driver: tokio::task::JoinHandle<()>,
-    handles: Option<(Database, mpsc::UnboundedReceiver<String>)>,
+    db: Database,
+    feed: Option<mpsc::UnboundedReceiver<String>>,
     url: String,
+}
+
+/// An error and its causes on one line, as `anyhow` shows them with `{:#}`.
+fn chain(error: &(dyn Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 impl EmbeddedDatabase {
@@ -50,7 +71,7 @@ impl EmbeddedDatabase {
         let dir = dir.to_path_buf();
         std::fs::create_dir_all(&dir).map_err(|e| EmbeddedError::Start {
             dir: dir.clone(),
-            message: e.to_string(),
+            source: Box::new(e),
         })?;
         let path = dir.clone();
         let server =
@@ -58,32 +79,27 @@ impl EmbeddedDatabase {
                 .await
                 .map_err(|e| EmbeddedError::Start {
                     dir: dir.clone(),
-                    message: e.to_string(),
+                    source: Box::new(e),
                 })?
                 .map_err(|e| EmbeddedError::Start {
                     dir: dir.clone(),
-                    message: format!("{e:#}"),
+                    source: e.into(),
                 })?;
         let url = server.database_url();
-        let (mut client, mut connection) = tokio_postgres::connect(&url, NoTls)
+        let (mut client, connection) = tokio_postgres::connect(&url, NoTls)
             .await
             .map_err(EmbeddedError::Connect)?;
         let (sender, notifications) = mpsc::unbounded_channel();
+        // The shared pump drives the session; a feed nobody reads any more
+        // stops it, which closes the session.
         let driver = tokio::spawn(async move {
-            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(message) = messages.next().await {
-                match message {
-                    Ok(AsyncMessage::Notification(n)) => {
-                        if sender.send(n.payload().to_owned()).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::error!(%error, "the embedded database connection failed");
-                        return;
-                    }
-                }
+            let deliver =
+                |notification: Notification| match sender.send(notification.payload().to_owned()) {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(_) => ControlFlow::Break(()),
+                };
+            if let Err(error) = listen::pump(connection, deliver).await {
+                tracing::error!(%error, "the embedded database connection failed");
             }
         });
         migrate(&mut client, schema, channel).await?;
@@ -95,14 +111,20 @@ impl EmbeddedDatabase {
         Ok(EmbeddedDatabase {
             server: Some(server),
             driver,
-            handles: Some((Database::single(client), notifications)),
+            db: Database::single(client),
+            feed: Some(notifications),
             url,
         })
     }
 
-    /// The shared connection and the notification feed (taken once).
+    /// The shared connection and the notification feed. The feed has one
+    /// reader: a later call gets a feed that has already ended.
     pub fn take_handles(&mut self) -> (Database, mpsc::UnboundedReceiver<String>) {
-        self.handles.take().expect("handles are taken once")
+        let feed = self
+            .feed
+            .take()
+            .unwrap_or_else(|| mpsc::unbounded_channel().1);
+        (self.db.clone(), feed)
     }
 
     /// Where the embedded server listens (only one session at a time).

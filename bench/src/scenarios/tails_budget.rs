@@ -79,7 +79,8 @@ pub fn measure(scopes: usize, budget_bytes: usize) -> BudgetFigures {
                     events: vec![event],
                 })
                 .await
-                .expect("hub running");
+                // A hub only stops with the runtime; there is no answer to wait for then.
+                .unwrap_or_default();
             }
             // Let requested shrinks land before reading the sum.
             tokio::task::yield_now().await;

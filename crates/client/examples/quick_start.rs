@@ -3,6 +3,11 @@
 //! `EVENTRELAY_TOKEN=$(cargo run -q -- token --subscriber alice --scope org-1)
 //! cargo run -p eventrelay-client --example quick_start`
 
+#![allow(
+    clippy::print_stdout,
+    reason = "an example that prints what it receives"
+)]
+
 use std::sync::{Arc, Mutex};
 
 use eventrelay_client::{ClientBuilder, ClientError, State};
@@ -15,7 +20,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let refreshed = token.clone();
     let (handle, mut events) = ClientBuilder::new(move |http| {
         // Called on every connect: the token is read fresh each time.
-        let token = current.lock().unwrap().clone();
+        let token = current.lock().map(|t| t.clone()).unwrap_or_default();
         http.get("http://127.0.0.1:8080/v1/events")
             .bearer_auth(token)
     })
@@ -23,7 +28,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .on_unauthorized(move || {
         let refreshed = refreshed.clone();
         async move {
-            *refreshed.lock().unwrap() = std::env::var("EVENTRELAY_TOKEN")?;
+            let fresh = std::env::var("EVENTRELAY_TOKEN")?;
+            if let Ok(mut token) = refreshed.lock() {
+                *token = fresh;
+            }
             Ok::<(), std::env::VarError>(())
         }
     })

@@ -2,6 +2,13 @@
 //! connection gets the next canned answer, and every request's headers are
 //! recorded, so reconnect behaviour is checked exactly and without a relay.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -23,6 +23,7 @@ pub mod broadcast;
 pub mod connect;
 mod executor;
 mod identifier;
+pub mod listen;
 mod publisher;
 mod registry;
 #[cfg(feature = "sqlx")]
@@ -35,5 +36,6 @@ pub use eventrelay_wire::webhook::{VerifyError, WebhookHeaders, WebhookSecret, v
 pub use eventrelay_wire::{Audience, EventEnvelope, Lane, NewEvent};
 pub use executor::PgExecutor;
 pub use identifier::{Identifier, IdentifierError};
+pub use listen::{HealthCheck, ListenConnection, ListenError, ListenTls};
 pub use publisher::{BatchError, DEFAULT_SCHEMA, PublishError, Publisher};
 pub use registry::{SchemaError, SchemaRegistry};

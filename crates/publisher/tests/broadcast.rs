@@ -4,6 +4,13 @@
 //! Every test uses its own channel name, so they run in parallel. Nothing
 //! sleeps and hopes: each wait is for a condition, under a deadline.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 use std::future::Future;
 use std::time::Duration;
 

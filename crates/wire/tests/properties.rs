@@ -2,6 +2,13 @@
 //! panics, and SSE frames read back exactly as written by a reader that
 //! follows the EventSource parsing rules.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 use chrono::{TimeZone, Utc};
 use eventrelay_wire::sse::frame;
 use eventrelay_wire::{

@@ -5,6 +5,13 @@
 //! Run with `EVENTRELAY_UPDATE_SCHEMAS=1` to rewrite the files after changing
 //! a wire type.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
 use std::path::PathBuf;
 
 use chrono::Utc;
