@@ -22,9 +22,8 @@ use crate::config::Config;
 use crate::group_commit::{GroupSettings, Publishing};
 use crate::http::AppState;
 use crate::metrics::Metrics;
-use crate::sse::limiter::ConnectionLimiter;
 use crate::store::{Database, DatabaseError, MigrateError, Outbox, migrate};
-use crate::webhooks::{Dispatcher, StopDispatcher, WakeUps, WebhookStore};
+use crate::webhooks::{Dispatcher, StopDispatcher, WebhookStore};
 
 /// How long open connections get to finish when the service stops.
 const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -212,7 +211,6 @@ pub async fn run(
     let arbiters: Vec<Arbiter> = (0..config.hub.arbiters).map(|_| Arbiter::new()).collect();
     let tail_events = config.hub.tail_events;
     let tail_bytes = config.hub.tail_bytes;
-    let webhook_wake = Arc::new(tokio::sync::Notify::new());
     let webhooks = WebhookStore::new(&schema);
     {
         let conn = db.get().await?;
@@ -227,10 +225,7 @@ pub async fn run(
                 db.clone(),
                 webhooks.clone(),
                 config.webhooks.clone(),
-                WakeUps {
-                    notify: Arc::clone(&webhook_wake),
-                    listening: Arc::clone(&listener_connected),
-                },
+                Arc::clone(&listener_connected),
                 Arc::clone(&metrics),
             )
             .map_err(ServeError::WebhookClient)?
@@ -249,7 +244,7 @@ pub async fn run(
             budget: TailBudget::new(config.hub.tails_max_bytes, metrics.tails_bytes.clone()),
         },
         Arc::clone(&metrics),
-        Arc::clone(&webhook_wake),
+        dispatcher.as_ref().map(|d| d.clone().recipient()),
     )
     .start();
     let listener_actor = Listener::new(
@@ -281,14 +276,13 @@ pub async fn run(
         config: Arc::clone(&config),
         relay: relay.clone(),
         resolver,
-        limiter: ConnectionLimiter::new(config.sse.max_connections_per_subscriber),
         db,
         outbox,
         publishing,
         metrics,
         listener_connected,
         webhooks: webhooks.clone(),
-        webhook_wake,
+        dispatcher: dispatcher.clone(),
         development_secret: config.development_secret.clone(),
         cors,
         closing: closing_streams.subscribe(),

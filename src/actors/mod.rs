@@ -6,6 +6,7 @@ pub mod encoded;
 pub mod hub;
 pub mod listener;
 pub mod relay;
+pub mod scope;
 pub mod tail;
 pub mod tail_budget;
 

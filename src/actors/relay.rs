@@ -1,46 +1,37 @@
 //! The relay: turns notifications into hub deliveries.
 //!
-//! It keeps a watermark (the highest seq handed to the hub) for every scope
-//! with a subscriber on this replica, and ignores every other scope. On a
-//! pointer it reads the scope's outbox from `min(watermark, seq - 1)`, so an
-//! event that committed after a higher seq was delivered is still found, and
-//! drops what it already delivered. After the listener reconnects it re-reads
-//! every active scope, because notifications sent meanwhile are gone. Reads
-//! for one scope never overlap: a pointer that arrives mid-read widens the
-//! next read instead.
-//!
-//! Reading below the watermark also finds history: events that committed
-//! before the scope's first subscriber joined. The scope remembers the
-//! snapshot taken when it was activated, and an event is passed on only if
-//! its seq is above the newest seq that snapshot saw, or its transaction was
-//! not yet visible in it (a late commit). So no read, however far back it
-//! starts, hands a subscriber an event from before it subscribed.
+//! It owns a hub and a [`ScopeState`] for every scope with a subscriber on
+//! this replica, and ignores every other scope. On a pointer it reads the
+//! scope's outbox; after the listener reconnects it re-reads every active
+//! scope, because notifications sent meanwhile are gone. Where each read
+//! starts, whether it may start yet, and which rows it found are new is the
+//! scope state's to decide; the relay does the reading and the sending.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{
-    Actor, ActorContext, Addr, ArbiterHandle, AsyncContext, Context, Handler, Message,
+    Actor, ActorContext, Addr, ArbiterHandle, AsyncContext, Context, Handler, Message, Recipient,
     ResponseFuture,
 };
 use eventrelay_wire::{EventEnvelope, Subscriber};
 
 use super::encoded::EncodedEvent;
-use super::hub::{Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral};
+use super::hub::{
+    Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral, TooManyStreams,
+};
+use super::scope::{History, ScopeState};
 use super::tail::Bound;
 use super::tail_budget::TailBudget;
 use crate::metrics::Metrics;
 use crate::store::{Database, Outbox, Snapshot, StoredEvent};
+use crate::webhooks::DeliveriesDue;
 
-/// Rows per outbox read.
+/// Rows per outbox read, and events per hub message.
 const PAGE: i64 = 500;
-/// Delivered seqs remembered per scope for de-duplication.
-const DELIVERED_MEMORY: usize = 4096;
-/// How far below the watermark a post-reconnect read starts, for events that
-/// committed late while no notification could arrive.
-const RECONNECT_LOOKBACK: i64 = 1000;
 /// Wait before retrying a failed outbox read.
 const READ_RETRY: Duration = Duration::from_secs(1);
 
@@ -61,21 +52,16 @@ pub struct Relay {
     tails: TailSettings,
     metrics: Arc<Metrics>,
     /// Woken on every committed durable event: it may have deliveries.
-    webhook_wake: Arc<tokio::sync::Notify>,
-    scopes: HashMap<String, ScopeState>,
+    /// The webhook dispatcher, told when a durable event committed.
+    deliveries_due: Option<Recipient<DeliveriesDue>>,
+    scopes: HashMap<String, ActiveScope>,
     next_session: u64,
 }
 
-struct ScopeState {
+struct ActiveScope {
     hub: Addr<Hub>,
     subscribers: usize,
-    /// What had committed when the scope was activated: never delivered.
-    history: History,
-    watermark: Option<i64>,
-    reading: bool,
-    /// Lowest start of a read requested while one was running.
-    pending_from: Option<i64>,
-    delivered: BTreeSet<i64>,
+    state: ScopeState,
 }
 
 impl Relay {
@@ -85,7 +71,7 @@ impl Relay {
         arbiters: Vec<ArbiterHandle>,
         tails: TailSettings,
         metrics: Arc<Metrics>,
-        webhook_wake: Arc<tokio::sync::Notify>,
+        deliveries_due: Option<Recipient<DeliveriesDue>>,
     ) -> Self {
         assert!(
             !arbiters.is_empty(),
@@ -97,58 +83,45 @@ impl Relay {
             arbiters,
             tails,
             metrics,
-            webhook_wake,
+            deliveries_due,
             scopes: HashMap::new(),
             next_session: 0,
         }
     }
 
-    fn arbiter_for(&self, scope_key: &str) -> &ArbiterHandle {
-        let mut hasher = DefaultHasher::new();
-        scope_key.hash(&mut hasher);
-        &self.arbiters[hasher.finish() as usize % self.arbiters.len()]
-    }
-
-    fn activate(&mut self, scope_key: &str, joined: &JoinPoint) -> &mut ScopeState {
-        if !self.scopes.contains_key(scope_key) {
-            let hub = Hub::new(
-                scope_key.to_owned(),
-                Arc::clone(&self.tails.max_events),
-                Arc::clone(&self.tails.max_bytes),
-                Arc::clone(&self.tails.budget),
-                Arc::clone(&self.metrics),
-            );
-            let hub = Hub::start_in_arbiter(self.arbiter_for(scope_key), |_| hub);
-            self.scopes.insert(
-                scope_key.to_owned(),
-                ScopeState {
+    fn activate(&mut self, scope_key: &str, joined: &JoinPoint) -> &mut ActiveScope {
+        let active = self.scopes.len();
+        match self.scopes.entry(scope_key.to_owned()) {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => {
+                let hub = Hub::new(
+                    scope_key.to_owned(),
+                    Arc::clone(&self.tails.max_events),
+                    Arc::clone(&self.tails.max_bytes),
+                    Arc::clone(&self.tails.budget),
+                    Arc::clone(&self.metrics),
+                );
+                let hub = Hub::start_in_arbiter(arbiter_for(&self.arbiters, scope_key), |_| hub);
+                self.metrics.active_scopes.set(active as i64 + 1);
+                entry.insert(ActiveScope {
                     hub,
                     subscribers: 0,
-                    history: History {
-                        snapshot: Arc::clone(&joined.snapshot),
-                        newest: joined.scope_newest,
-                    },
-                    // A listener reconnect re-reads from here.
-                    watermark: Some(joined.scope_newest),
-                    reading: false,
-                    pending_from: None,
-                    delivered: BTreeSet::new(),
-                },
-            );
-            self.metrics.active_scopes.set(self.scopes.len() as i64);
+                    state: ScopeState::new(History::new(
+                        Arc::clone(&joined.snapshot),
+                        joined.scope_newest,
+                    )),
+                })
+            }
         }
-        self.scopes.get_mut(scope_key).expect("inserted above")
     }
 
     fn schedule_read(&mut self, scope_key: &str, from: i64, ctx: &mut Context<Self>) {
-        let Some(state) = self.scopes.get_mut(scope_key) else {
+        let Some(scope) = self.scopes.get_mut(scope_key) else {
             return;
         };
-        if state.reading {
-            state.pending_from = Some(state.pending_from.map_or(from, |p| p.min(from)));
+        let Some(from) = scope.state.start_read(from) else {
             return;
-        }
-        state.reading = true;
+        };
         let db = self.db.clone();
         let outbox = self.outbox.clone();
         let relay = ctx.address();
@@ -172,19 +145,11 @@ pub struct JoinPoint {
     pub scope_newest: i64,
 }
 
-/// The events a scope had when it was activated.
-struct History {
-    snapshot: Arc<Snapshot>,
-    newest: i64,
-}
-
-impl History {
-    /// True for an event that had committed before activation. Everything
-    /// above `newest` is new; below it, only a transaction that was still
-    /// running (a late commit) is.
-    fn contains(&self, seq: i64, txid: Option<u64>) -> bool {
-        seq <= self.newest && self.snapshot.is_visible(txid)
-    }
+/// The hub arbiter for a scope: always the same one, spreading scopes evenly.
+fn arbiter_for<'a>(arbiters: &'a [ArbiterHandle], scope_key: &str) -> &'a ArbiterHandle {
+    let mut hasher = DefaultHasher::new();
+    scope_key.hash(&mut hasher);
+    &arbiters[hasher.finish() as usize % arbiters.len()]
 }
 
 async fn read_all_after(
@@ -228,12 +193,13 @@ impl Handler<Pointer> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: Pointer, ctx: &mut Context<Self>) {
-        self.webhook_wake.notify_waiters();
-        let Some(state) = self.scopes.get(&msg.scope_key) else {
+        if let Some(dispatcher) = &self.deliveries_due {
+            dispatcher.do_send(DeliveriesDue);
+        }
+        let Some(scope) = self.scopes.get(&msg.scope_key) else {
             return;
         };
-        let before = msg.seq - 1;
-        let from = state.watermark.map_or(before, |w| w.min(before));
+        let from = scope.state.read_from_for_pointer(msg.seq);
         self.schedule_read(&msg.scope_key, from, ctx);
     }
 }
@@ -247,8 +213,8 @@ impl Handler<Ephemeral> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: Ephemeral, _: &mut Context<Self>) {
-        if let Some(state) = self.scopes.get(&msg.0.scope_key) {
-            state
+        if let Some(scope) = self.scopes.get(&msg.0.scope_key) {
+            scope
                 .hub
                 .do_send(PublishEphemeral(Arc::new(EncodedEvent::new(msg.0))));
         }
@@ -267,11 +233,7 @@ impl Handler<ListenerConnected> for Relay {
         let reads: Vec<(String, i64)> = self
             .scopes
             .iter()
-            .filter_map(|(scope, state)| {
-                state
-                    .watermark
-                    .map(|w| (scope.clone(), (w - RECONNECT_LOOKBACK).max(0)))
-            })
+            .map(|(key, scope)| (key.clone(), scope.state.read_from_after_reconnect()))
             .collect();
         for (scope, from) in reads {
             self.schedule_read(&scope, from, ctx);
@@ -291,40 +253,20 @@ impl Handler<ReadDone> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: ReadDone, ctx: &mut Context<Self>) {
-        let Some(state) = self.scopes.get_mut(&msg.scope_key) else {
+        let Some(scope) = self.scopes.get_mut(&msg.scope_key) else {
             return;
         };
-        state.reading = false;
         match msg.result {
             Ok(rows) => {
-                let mut fresh = Vec::new();
-                for StoredEvent { envelope, txid } in rows {
-                    let Some(seq) = envelope.seq else { continue };
-                    if state.history.contains(seq, txid) {
-                        continue;
-                    }
-                    if state.delivered.insert(seq) {
-                        state.watermark = Some(state.watermark.map_or(seq, |w| w.max(seq)));
-                        fresh.push(Arc::new(EncodedEvent::written_by(envelope, txid)));
-                    }
-                }
-                while state.delivered.len() > DELIVERED_MEMORY {
-                    state.delivered.pop_first();
-                }
-                // One message per page keeps each burst below a session's
-                // queue capacity; each page follows on from the previous.
-                // History was left out, and all of it is at or below
-                // `newest`, so the tail may claim to cover only above that.
-                let mut read_after = msg.from.max(state.history.newest);
-                for page in fresh.chunks(PAGE as usize) {
-                    state.hub.do_send(PublishDurable {
-                        read_after,
-                        events: page.to_vec(),
+                for batch in scope.state.read_done(msg.from, rows, PAGE as usize) {
+                    scope.hub.do_send(PublishDurable {
+                        read_after: batch.read_after,
+                        events: batch.events,
                     });
-                    read_after = page.last().and_then(|e| e.seq()).unwrap_or(read_after);
                 }
             }
             Err(error) => {
+                scope.state.read_failed();
                 tracing::warn!(scope_key = %msg.scope_key, %error, "outbox read failed; retrying");
                 let scope_key = msg.scope_key.clone();
                 let from = msg.from;
@@ -336,7 +278,7 @@ impl Handler<ReadDone> for Relay {
         if let Some(next) = self
             .scopes
             .get_mut(&msg.scope_key)
-            .and_then(|s| s.pending_from.take())
+            .and_then(|scope| scope.state.take_pending())
         {
             self.schedule_read(&msg.scope_key, next, ctx);
         }
@@ -350,9 +292,20 @@ pub struct Attached {
     pub from_tail: Option<Vec<Arc<EncodedEvent>>>,
 }
 
+/// Why a session was not subscribed.
+#[derive(Debug, thiserror::Error)]
+pub enum SubscribeError {
+    /// The scope's hub refused it: the subscriber is at its connection cap.
+    #[error(transparent)]
+    TooManyStreams(#[from] TooManyStreams),
+    /// The scope's hub is gone: the relay is stopping.
+    #[error("the relay is stopping")]
+    Stopping,
+}
+
 /// Subscribes a session to its scope, activating the scope if needed.
 #[derive(Message)]
-#[rtype(result = "Result<Attached, actix::MailboxError>")]
+#[rtype(result = "Result<Attached, SubscribeError>")]
 pub struct Subscribe {
     pub subscriber: Subscriber,
     pub queue: FrameSender,
@@ -360,39 +313,43 @@ pub struct Subscribe {
     /// Where the subscriber joined. A subscriber that asked for no replay
     /// is never sent an event its snapshot already saw committed.
     pub joined: JoinPoint,
+    /// The most streams one subscriber may hold open in the scope; the
+    /// hub decides.
+    pub max_streams: usize,
 }
 
 impl Handler<Subscribe> for Relay {
-    type Result = ResponseFuture<Result<Attached, actix::MailboxError>>;
+    type Result = ResponseFuture<Result<Attached, SubscribeError>>;
 
     fn handle(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> Self::Result {
         self.next_session += 1;
         let session = self.next_session;
         let relay = ctx.address();
         let scope_key = msg.subscriber.scope_key.clone();
-        let state = self.activate(&msg.subscriber.scope_key, &msg.joined);
-        state.subscribers += 1;
+        let scope = self.activate(&msg.subscriber.scope_key, &msg.joined);
+        scope.subscribers += 1;
         let hide_committed_before = msg
             .replay_after
             .is_none()
             .then(|| Arc::clone(&msg.joined.snapshot));
-        let attach = state.hub.send(Attach {
+        let attach = scope.hub.send(Attach {
             session,
             subscriber: msg.subscriber,
             queue: msg.queue,
             replay_after: msg.replay_after,
             hide_committed_before,
+            max_streams: msg.max_streams,
         });
         Box::pin(async move {
-            match attach.await {
-                Ok(from_tail) => Ok(Attached { session, from_tail }),
-                Err(error) => {
-                    // Counted above, but no session will ever unsubscribe:
-                    // undo it, or the scope stays active for ever.
-                    relay.do_send(Unsubscribe { scope_key, session });
-                    Err(error)
-                }
-            }
+            let refused = match attach.await {
+                Ok(Ok(from_tail)) => return Ok(Attached { session, from_tail }),
+                Ok(Err(too_many)) => SubscribeError::from(too_many),
+                Err(_) => SubscribeError::Stopping,
+            };
+            // Counted above, but no session will ever unsubscribe: undo
+            // it, or the scope stays active for ever.
+            relay.do_send(Unsubscribe { scope_key, session });
+            Err(refused)
         })
     }
 }
@@ -409,14 +366,14 @@ impl Handler<Unsubscribe> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: Unsubscribe, _: &mut Context<Self>) {
-        let Some(state) = self.scopes.get_mut(&msg.scope_key) else {
+        let Some(scope) = self.scopes.get_mut(&msg.scope_key) else {
             return;
         };
-        state.hub.do_send(Detach {
+        scope.hub.do_send(Detach {
             session: msg.session,
         });
-        state.subscribers = state.subscribers.saturating_sub(1);
-        if state.subscribers == 0 {
+        scope.subscribers = scope.subscribers.saturating_sub(1);
+        if scope.subscribers == 0 {
             // Dropping the last address stops the hub once its mailbox drains.
             self.scopes.remove(&msg.scope_key);
             self.metrics.active_scopes.set(self.scopes.len() as i64);
@@ -434,26 +391,5 @@ impl Handler<StopRelay> for Relay {
 
     fn handle(&mut self, _: StopRelay, ctx: &mut Context<Self>) {
         ctx.stop();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn history_is_what_had_committed_at_activation() {
-        // Seqs 1..=5 existed; the transaction 103 that wrote seq 3 was
-        // still running.
-        let history = History {
-            snapshot: Arc::new(Snapshot::parse("103:106:103").unwrap()),
-            newest: 5,
-        };
-        assert!(history.contains(1, Some(100)));
-        assert!(history.contains(4, Some(104)));
-        assert!(history.contains(2, None), "rows from before txids");
-        assert!(!history.contains(3, Some(103)), "a late commit is new");
-        assert!(!history.contains(6, Some(99)), "above newest is always new");
-        assert!(!history.contains(4, Some(106)), "started after activation");
     }
 }

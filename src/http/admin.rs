@@ -28,8 +28,8 @@ use super::error::{ApiError, ErrorCode};
 use super::token::Guard;
 use crate::store::{Connection, StoreError};
 use crate::webhooks::{
-    DeliveryFilter, MAX_PAGE, Subscription, SubscriptionPatch, ensure_changeable, generate_secret,
-    prepare_subscription, validate_subscription, validate_subscription_fields,
+    DeliveriesDue, DeliveryFilter, MAX_PAGE, Subscription, SubscriptionPatch, ensure_changeable,
+    generate_secret, prepare_subscription, validate_subscription, validate_subscription_fields,
 };
 
 /// The statuses a delivery can have, in the order the documentation lists them.
@@ -366,7 +366,9 @@ pub async fn redeliver(state: Admin, id: web::Path<String>) -> Result<HttpRespon
     }
     // The dispatcher may be asleep until its next known due time; the
     // redelivered row is due now.
-    state.webhook_wake.notify_waiters();
+    if let Some(dispatcher) = &state.dispatcher {
+        dispatcher.do_send(DeliveriesDue);
+    }
     delivery_with_attempts(&state, &conn, &id).await
 }
 

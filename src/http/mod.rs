@@ -21,7 +21,6 @@ use crate::actors::Relay;
 use crate::auth::SubscriberResolver;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::sse::limiter::ConnectionLimiter;
 use crate::store::{Database, Outbox};
 use error::{ApiError, ErrorCode};
 
@@ -30,7 +29,6 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub relay: Addr<Relay>,
     pub resolver: Arc<dyn SubscriberResolver>,
-    pub limiter: Arc<ConnectionLimiter>,
     pub db: Database,
     pub outbox: Outbox,
     /// Writes publish requests, in groups when group commit is on.
@@ -39,8 +37,9 @@ pub struct AppState {
     pub listener_connected: Arc<AtomicBool>,
     /// The webhook subscriptions and delivery log, for the admin API.
     pub webhooks: crate::webhooks::WebhookStore,
-    /// Wakes the webhook dispatcher (after a redelivery, say).
-    pub webhook_wake: Arc<tokio::sync::Notify>,
+    /// The webhook dispatcher, when it runs on this replica (a redelivery
+    /// tells it that a delivery is due).
+    pub dispatcher: Option<Addr<crate::webhooks::Dispatcher>>,
     /// Set in development mode only, for the inspector's token minting.
     pub development_secret: Option<crate::secret::Secret>,
     /// Which other origins' pages may read `/v1/events`.

@@ -16,7 +16,6 @@ use eventrelay_wire::{Subscriber, is_envelope_permitted, sse};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval};
 
-use super::limiter::ConnectionPermit;
 use super::peer::{PEEK_EVERY, PeerSocket};
 use crate::actors::EncodedEvent;
 use crate::actors::relay::{Relay, Unsubscribe};
@@ -91,7 +90,6 @@ pub struct Registration {
     pub relay: Addr<Relay>,
     pub scope_key: String,
     pub session: u64,
-    pub permit: ConnectionPermit,
     pub metrics: Arc<Metrics>,
 }
 
@@ -103,7 +101,6 @@ impl Registration {
         relay: Addr<Relay>,
         scope_key: String,
         session: u64,
-        permit: ConnectionPermit,
         metrics: Arc<Metrics>,
     ) -> Registration {
         metrics.connections.inc();
@@ -111,7 +108,6 @@ impl Registration {
             relay,
             scope_key,
             session,
-            permit,
             metrics,
         }
     }

@@ -16,7 +16,8 @@ use tokio::time::Instant;
 
 use super::peer::PeerSocket;
 use super::session::{Registration, Replay, Session, SessionParams, count_replay};
-use crate::actors::relay::{JoinPoint, Subscribe};
+use crate::actors::hub::TooManyStreams;
+use crate::actors::relay::{JoinPoint, Subscribe, SubscribeError};
 use crate::auth::Credentials;
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
@@ -105,19 +106,6 @@ pub async fn stream_events(
             }
         })?;
     let subscriber = resolved.subscriber;
-    let permit = state
-        .limiter
-        .acquire(&subscriber.scope_key, &subscriber.subscriber_id)
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                ErrorCode::TooManyConnections,
-                format!(
-                    "subscriber already has {} open streams; close one first",
-                    state.config.sse.max_connections_per_subscriber
-                ),
-            )
-        })?;
 
     let sse = &state.config.sse;
     let replay_from = last_event_id.map(|id| (id - sse.replay_lookback).max(0));
@@ -145,15 +133,22 @@ pub async fn stream_events(
                 snapshot: Arc::new(view.snapshot.clone()),
                 scope_newest: view.scope_newest,
             },
+            max_streams: sse.max_connections_per_subscriber,
         })
         .await
         .map_err(|_| ApiError::unavailable("the relay is shutting down"))?
-        .map_err(|_| ApiError::unavailable("the relay is shutting down"))?;
+        .map_err(|refused| match refused {
+            SubscribeError::TooManyStreams(TooManyStreams(open)) => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::TooManyConnections,
+                format!("subscriber already has {open} open streams; close one first"),
+            ),
+            SubscribeError::Stopping => ApiError::unavailable("the relay is shutting down"),
+        })?;
     let registration = Registration::new(
         state.relay.clone(),
         subscriber.scope_key.clone(),
         attached.session,
-        permit,
         Arc::clone(&state.metrics),
     );
 

@@ -36,14 +36,14 @@ const ERROR_PAUSE: Duration = Duration::from_secs(1);
 /// Longest error text kept with an attempt.
 const MAX_ERROR_CHARS: usize = 500;
 
-/// How workers learn that deliveries may be due.
+/// How workers learn that deliveries may be due: the dispatcher's
+/// [`DeliveriesDue`] handler wakes them, and while the relay's LISTEN
+/// connection is down (`listening` false) no such message can come, so
+/// they look much more often.
 #[derive(Clone)]
-pub struct WakeUps {
-    /// Notified on every committed durable event.
-    pub notify: Arc<Notify>,
-    /// Whether those notifications can arrive at all (the relay's LISTEN
-    /// connection is live); while not, workers look much more often.
-    pub listening: Arc<std::sync::atomic::AtomicBool>,
+struct WakeUps {
+    due: Arc<Notify>,
+    listening: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub struct Dispatcher {
@@ -60,7 +60,7 @@ impl Dispatcher {
         db: Database,
         store: WebhookStore,
         config: WebhooksConfig,
-        wake: WakeUps,
+        listening: Arc<std::sync::atomic::AtomicBool>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, reqwest::Error> {
         let http = build_client(&config)?;
@@ -68,7 +68,10 @@ impl Dispatcher {
             db,
             store,
             config: Arc::new(config),
-            wake,
+            wake: WakeUps {
+                due: Arc::new(Notify::new()),
+                listening,
+            },
             metrics,
             http,
         })
@@ -107,6 +110,21 @@ impl Actor for Dispatcher {
     }
 }
 
+/// Deliveries may be due now: a durable event committed (the relay heard
+/// its pointer) or a delivery was put back in the queue. Wakes every idle
+/// worker to look.
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+pub struct DeliveriesDue;
+
+impl actix::Handler<DeliveriesDue> for Dispatcher {
+    type Result = ();
+
+    fn handle(&mut self, _: DeliveriesDue, _: &mut Context<Self>) {
+        self.wake.due.notify_waiters();
+    }
+}
+
 /// Stops the dispatcher and its workers. Dropping its address is not
 /// enough: an actor with running futures outlives its addresses, which
 /// would leak it when the relay runs inside an application.
@@ -136,7 +154,7 @@ impl Worker {
         let lease = Duration::from_millis(self.config.lease_ms);
         loop {
             // Register for wake-ups before looking, so none is missed.
-            let woken = self.wake.notify.notified();
+            let woken = self.wake.due.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
             let claimed: Result<_, StoreError> = async {
