@@ -27,7 +27,7 @@ use super::scope::{History, ScopeState};
 use super::tail::Bound;
 use super::tail_budget::TailBudget;
 use crate::metrics::Metrics;
-use crate::store::{Database, Outbox, Snapshot, StoredEvent};
+use crate::store::{Database, Outbox, Snapshot, StoreError, StoredEvent};
 use crate::webhooks::DeliveriesDue;
 
 /// Rows per outbox read, and events per hub message.
@@ -157,15 +157,14 @@ async fn read_all_after(
     outbox: &Outbox,
     scope_key: &str,
     from: i64,
-) -> Result<Vec<StoredEvent>, String> {
-    let client = db.get().await.map_err(|e| e.to_string())?;
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let client = db.get().await?;
     let mut events = Vec::new();
     let mut cursor = from;
     loop {
         let page = outbox
             .read_rows(&*client, scope_key, cursor, PAGE)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let done = (page.len() as i64) < PAGE;
         if let Some(last) = page.last().and_then(|e| e.envelope.seq) {
             cursor = last;
@@ -246,7 +245,7 @@ impl Handler<ListenerConnected> for Relay {
 struct ReadDone {
     scope_key: String,
     from: i64,
-    result: Result<Vec<StoredEvent>, String>,
+    result: Result<Vec<StoredEvent>, StoreError>,
 }
 
 impl Handler<ReadDone> for Relay {

@@ -45,7 +45,6 @@ pub struct EmbeddedDatabase {
     driver: tokio::task::JoinHandle<()>,
     db: Database,
     feed: Option<mpsc::UnboundedReceiver<String>>,
-    url: String,
 }
 
 /// An error and its causes on one line, as `anyhow` shows them with `{:#}`.
@@ -113,7 +112,6 @@ impl EmbeddedDatabase {
             driver,
             db: Database::single(client),
             feed: Some(notifications),
-            url,
         })
     }
 
@@ -125,11 +123,6 @@ impl EmbeddedDatabase {
             .take()
             .unwrap_or_else(|| mpsc::unbounded_channel().1);
         (self.db.clone(), feed)
-    }
-
-    /// Where the embedded server listens (only one session at a time).
-    pub fn url(&self) -> &str {
-        &self.url
     }
 
     /// Stops the database, flushing it to its folder.
