@@ -6,6 +6,7 @@
 
 pub mod peer;
 pub mod session;
+pub mod session_actor;
 pub mod stream;
 
 pub use stream::stream_events;

@@ -25,7 +25,7 @@ use crate::store::{Database, Outbox, StoreError};
 /// Rows per page when replaying from the outbox.
 const REPLAY_PAGE: i64 = 500;
 /// Seqs remembered to drop duplicates between replay and live.
-const SENT_MEMORY: usize = 16_384;
+pub(super) const SENT_MEMORY: usize = 16_384;
 /// Frames gathered into one write when several are queued.
 const MAX_FRAMES_PER_CHUNK: usize = 64;
 
@@ -164,7 +164,8 @@ impl Session {
                     self.phase = Phase::Replay;
                     return Some(Ok(Bytes::from(sse::retry_frame(self.params.retry_ms))));
                 }
-                Phase::Replay => match self.next_replay_batch().await {
+                Phase::Replay => match replay_page(&mut self.params.replay, &self.subscriber).await
+                {
                     Ok(Some(mut batch)) => {
                         if let Some(chunk) = self.frames(&mut batch) {
                             return Some(Ok(chunk));
@@ -186,37 +187,6 @@ impl Session {
                 }
                 Phase::Live => return self.next_live().await.map(Ok),
                 Phase::Finished => return None,
-            }
-        }
-    }
-
-    async fn next_replay_batch(&mut self) -> Result<Option<Vec<Arc<EncodedEvent>>>, StoreError> {
-        match &mut self.params.replay {
-            Replay::Nothing => Ok(None),
-            Replay::FromTail(events) => {
-                let events = std::mem::take(events);
-                self.params.replay = Replay::Nothing;
-                Ok(Some(events))
-            }
-            Replay::FromOutbox { cursor, db, outbox } => {
-                let client = db.get().await?;
-                let page = outbox
-                    .read_since(&*client, &self.subscriber.scope_key, *cursor, REPLAY_PAGE)
-                    .await?;
-                let full = page.len() as i64 == REPLAY_PAGE;
-                if let Some(last) = page.last().and_then(|e| e.seq) {
-                    *cursor = last;
-                }
-                if !full {
-                    self.params.replay = Replay::Nothing;
-                }
-                let subscriber = &self.subscriber;
-                Ok(Some(
-                    page.into_iter()
-                        .filter(|envelope| is_envelope_permitted(envelope, subscriber))
-                        .map(|envelope| Arc::new(EncodedEvent::new(envelope)))
-                        .collect(),
-                ))
             }
         }
     }
@@ -271,43 +241,90 @@ impl Session {
         }
     }
 
-    /// The frames of `batch` not yet sent, as one chunk; stops after an
-    /// `until` event and leaves `batch` empty. A lone frame is shared with
-    /// every other subscriber rather than copied.
+    /// The frames of `batch` not yet sent, as one chunk (see
+    /// [`join_frames`]); a write also postpones the heartbeat and the peek.
     fn frames(&mut self, batch: &mut Vec<Arc<EncodedEvent>>) -> Option<Bytes> {
-        let mut single: Option<Bytes> = None;
-        let mut joined: Option<BytesMut> = None;
-        for event in batch.drain(..) {
-            if let Some(seq) = event.seq() {
-                if !self.sent.insert(seq) {
-                    continue;
-                }
-            }
-            match (&mut joined, single.take()) {
-                (Some(chunk), _) => chunk.extend_from_slice(&event.frame),
-                (None, None) => single = Some(event.frame.clone()),
-                (None, Some(first)) => {
-                    let mut chunk = BytesMut::with_capacity(first.len() + event.frame.len());
-                    chunk.extend_from_slice(&first);
-                    chunk.extend_from_slice(&event.frame);
-                    joined = Some(chunk);
-                }
-            }
-            if self
-                .params
-                .until
-                .as_deref()
-                .is_some_and(|until| until == event.event_type())
-            {
-                self.phase = Phase::Finished;
-                break;
-            }
+        let (chunk, until_reached) =
+            join_frames(&mut self.sent, self.params.until.as_deref(), batch);
+        if until_reached {
+            self.phase = Phase::Finished;
         }
-        let chunk = joined.map(BytesMut::freeze).or(single)?;
+        let chunk = chunk?;
         self.heartbeat.reset();
         self.peek.reset();
         Some(chunk)
     }
+}
+
+/// The next page of a replay, filtered for `subscriber`; `None` once the
+/// replay is over.
+pub(super) async fn replay_page(
+    replay: &mut Replay,
+    subscriber: &Subscriber,
+) -> Result<Option<Vec<Arc<EncodedEvent>>>, StoreError> {
+    match replay {
+        Replay::Nothing => Ok(None),
+        Replay::FromTail(events) => {
+            let events = std::mem::take(events);
+            *replay = Replay::Nothing;
+            Ok(Some(events))
+        }
+        Replay::FromOutbox { cursor, db, outbox } => {
+            let client = db.get().await?;
+            let page = outbox
+                .read_since(&*client, &subscriber.scope_key, *cursor, REPLAY_PAGE)
+                .await?;
+            let full = page.len() as i64 == REPLAY_PAGE;
+            if let Some(last) = page.last().and_then(|e| e.seq) {
+                *cursor = last;
+            }
+            if !full {
+                *replay = Replay::Nothing;
+            }
+            Ok(Some(
+                page.into_iter()
+                    .filter(|envelope| is_envelope_permitted(envelope, subscriber))
+                    .map(|envelope| Arc::new(EncodedEvent::new(envelope)))
+                    .collect(),
+            ))
+        }
+    }
+}
+
+/// The frames of `batch` not yet sent, as one chunk, and whether an
+/// `until` event was among them (the frames after it are dropped). Leaves
+/// `batch` empty. A lone frame is shared with every other subscriber rather
+/// than copied.
+pub(super) fn join_frames(
+    sent: &mut SentSeqs,
+    until: Option<&str>,
+    batch: &mut Vec<Arc<EncodedEvent>>,
+) -> (Option<Bytes>, bool) {
+    let mut single: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    let mut until_reached = false;
+    for event in batch.drain(..) {
+        if let Some(seq) = event.seq() {
+            if !sent.insert(seq) {
+                continue;
+            }
+        }
+        match (&mut joined, single.take()) {
+            (Some(chunk), _) => chunk.extend_from_slice(&event.frame),
+            (None, None) => single = Some(event.frame.clone()),
+            (None, Some(first)) => {
+                let mut chunk = BytesMut::with_capacity(first.len() + event.frame.len());
+                chunk.extend_from_slice(&first);
+                chunk.extend_from_slice(&event.frame);
+                joined = Some(chunk);
+            }
+        }
+        if until.is_some_and(|until| until == event.event_type()) {
+            until_reached = true;
+            break;
+        }
+    }
+    (joined.map(BytesMut::freeze).or(single), until_reached)
 }
 
 /// Counts a replay by where it was served from.
@@ -323,13 +340,13 @@ pub fn count_replay(metrics: &Metrics, source: &'static str) {
 /// order, so recording one is a push at the back and forgetting one a pop
 /// at the front. Only a seq older than the newest (a late commit) pays for
 /// a search and an insert in place.
-struct SentSeqs {
+pub(super) struct SentSeqs {
     seqs: VecDeque<i64>,
     capacity: usize,
 }
 
 impl SentSeqs {
-    fn new(capacity: usize) -> Self {
+    pub(super) fn new(capacity: usize) -> Self {
         SentSeqs {
             seqs: VecDeque::new(),
             capacity,
@@ -337,7 +354,7 @@ impl SentSeqs {
     }
 
     /// Records `seq`; false when it was sent already.
-    fn insert(&mut self, seq: i64) -> bool {
+    pub(super) fn insert(&mut self, seq: i64) -> bool {
         match self.seqs.back() {
             Some(&newest) if seq <= newest => match self.seqs.binary_search(&seq) {
                 Ok(_) => return false,

@@ -4,21 +4,26 @@
 //! connection permit (429 past the cap), parse `Last-Event-ID` (400 when
 //! malformed), subscribe through the relay, and stream the session.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
+use bytes::Bytes;
 use chrono::Utc;
+use futures_util::Stream;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::peer::PeerSocket;
-use super::session::{Registration, Replay, Session, SessionParams, count_replay};
+use super::session::{Registration, Replay, Session, SessionParams, StreamError, count_replay};
+use super::session_actor::SessionActor;
 use crate::actors::hub::TooManyStreams;
 use crate::actors::relay::{JoinPoint, Subscribe, SubscribeError};
 use crate::auth::Credentials;
+use crate::config::SessionModel;
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
 use crate::store::{JoinView, StoreError};
@@ -179,27 +184,35 @@ pub async fn stream_events(
         let left = (expires_at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
         ends_at = ends_at.min(Instant::now() + left);
     }
-    let session = Session::new(
-        SessionParams {
-            retry_ms: sse.retry_ms,
-            heartbeat: sse.heartbeat(),
-            ends_at,
-            until: query.until.clone(),
-            resync,
-            replay,
-            closing: state.closing.clone(),
-            peer: request.conn_data::<PeerSocket>().copied(),
-        },
-        subscriber,
-        receiver,
-        registration,
-    );
+    let params = SessionParams {
+        retry_ms: sse.retry_ms,
+        heartbeat: sse.heartbeat(),
+        ends_at,
+        until: query.until.clone(),
+        resync,
+        replay,
+        closing: state.closing.clone(),
+        peer: request.conn_data::<PeerSocket>().copied(),
+    };
+    let body: Pin<Box<dyn Stream<Item = Result<Bytes, StreamError>>>> = match sse.session {
+        SessionModel::Stream => {
+            Box::pin(Session::new(params, subscriber, receiver, registration).into_stream())
+        }
+        SessionModel::Actor => Box::pin(SessionActor::start(
+            params,
+            subscriber,
+            receiver,
+            registration,
+            sse.queue_capacity,
+            Arc::clone(&state.metrics),
+        )),
+    };
     Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "text/event-stream"))
         .insert_header((header::CACHE_CONTROL, "no-store"))
         .insert_header(("x-accel-buffering", "no"))
         .insert_header((header::CONTENT_ENCODING, "identity"))
-        .streaming(session.into_stream()))
+        .streaming(body))
 }
 
 /// Whether a client replaying after `after` may have missed events and

@@ -1,0 +1,194 @@
+//! The actor session (`sse.session = "actor"`) speaks the same protocol as
+//! the default stream session: framing, heartbeats, replay from memory and
+//! from the outbox, `until`, the age cap, slow subscribers and clients that
+//! close their connection.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::server::{Frame, TestServer, token};
+use common::{DEADLINE, TestDb};
+use eventrelay::config::{Config, SessionModel};
+use eventrelay::publisher::{NewEvent, Publisher};
+use serde_json::json;
+
+fn actor_sessions(config: &mut Config) {
+    config.sse.session = SessionModel::Actor;
+}
+
+async fn emit(db: &TestDb, event: NewEvent) -> eventrelay::publisher::EventEnvelope {
+    let client = db.connect().await;
+    Publisher::new(db.schema.as_str())
+        .unwrap()
+        .emit(&client, event)
+        .await
+        .unwrap()
+}
+
+fn durable(event_type: &str) -> NewEvent {
+    NewEvent::durable(event_type, "org-1", json!({}))
+}
+
+fn ids(frames: &[Frame]) -> Vec<String> {
+    frames
+        .iter()
+        .map(|f| f.json()["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn wait_for_metric(server: &TestServer, name: &str, wanted: f64) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while server.metric(name).await != wanted {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never reached {wanted}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn frames_events_and_heartbeats_like_the_stream_session() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        actor_sessions(c);
+        c.sse.heartbeat_secs = 1;
+    });
+    server.ready().await;
+    let mut stream = server
+        .connect(Some(&token("alice", "org-1", json!({}))), None, "")
+        .await
+        .unwrap();
+    assert_eq!(
+        stream.next_frame().await.unwrap().retry.as_deref(),
+        Some("3000")
+    );
+    assert_eq!(
+        stream.next_frame().await.unwrap().event.as_deref(),
+        Some("ready")
+    );
+    let committed = emit(&db, durable("order.created")).await;
+    let frame = stream.next_event().await;
+    assert_eq!(frame.id, Some(committed.seq.unwrap().to_string()));
+    assert_eq!(frame.json()["id"], committed.id.to_string());
+    let heartbeat = loop {
+        let frame = stream.next_frame().await.unwrap();
+        if frame.comment.is_some() {
+            break frame;
+        }
+    };
+    assert_eq!(heartbeat.comment.as_deref(), Some("hb"));
+}
+
+#[tokio::test]
+async fn replays_from_memory_and_from_the_outbox_then_goes_live() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        actor_sessions(c);
+        c.sse.replay_lookback = 0;
+    });
+    server.ready().await;
+    let alice = token("alice", "org-1", json!({}));
+    let (live, _) = server.subscribe(&alice, None, "").await;
+    let first = emit(&db, durable("a")).await;
+    let mut expected = Vec::new();
+    for _ in 0..4 {
+        expected.push(emit(&db, durable("b")).await.id.to_string());
+    }
+    let after = first.seq.unwrap().to_string();
+    let (mut from_memory, resync) = server.subscribe(&alice, Some(&after), "").await;
+    assert!(!resync);
+    assert_eq!(ids(&from_memory.replayed), expected);
+    let next = emit(&db, durable("c")).await;
+    assert_eq!(from_memory.next_event().await.json()["id"], next.id.to_string());
+    expected.push(next.id.to_string());
+    drop(from_memory);
+    drop(live);
+
+    wait_for_metric(&server, "eventrelay_active_scopes", 0.0).await;
+    let (from_outbox, resync) = server.subscribe(&alice, Some(&after), "").await;
+    assert!(!resync);
+    assert_eq!(ids(&from_outbox.replayed), expected);
+    assert_eq!(
+        server
+            .metric("eventrelay_replays_total{source=\"outbox\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn until_and_the_age_cap_end_the_stream_cleanly() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        actor_sessions(c);
+        c.sse.max_age_secs = 2;
+    });
+    server.ready().await;
+    let (mut until, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "?until=job.done")
+        .await;
+    let (mut aged, _) = server
+        .subscribe(&token("bob", "org-2", json!({})), None, "")
+        .await;
+    emit(&db, durable("job.progress")).await;
+    emit(&db, durable("job.done")).await;
+    emit(&db, durable("job.after")).await;
+    assert_eq!(until.next_event().await.event.as_deref(), Some("job.progress"));
+    assert_eq!(until.next_event().await.event.as_deref(), Some("job.done"));
+    assert!(until.ends().await);
+    assert!(aged.ends().await);
+}
+
+#[tokio::test]
+async fn a_closed_client_is_released_and_a_slow_one_dropped() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        actor_sessions(c);
+        c.sse.queue_capacity = 64;
+    });
+    server.ready().await;
+    let (closing, _) = server
+        .subscribe(&token("carol", "org-1", json!({})), None, "")
+        .await;
+    assert_eq!(server.metric("eventrelay_sse_connections").await, 1.0);
+    drop(closing);
+    // The default heartbeat is 20 s: only the peek can notice this soon.
+    wait_for_metric(&server, "eventrelay_sse_connections", 0.0).await;
+
+    let (_never_reads, _) = server
+        .subscribe(&token("slow", "org-1", json!({})), None, "")
+        .await;
+    let payload = "x".repeat(60_000);
+    let client = db.connect().await;
+    let publisher = Publisher::new(db.schema.as_str()).unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while server
+        .metric("eventrelay_slow_subscribers_dropped_total")
+        .await
+        < 1.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slow subscriber never dropped"
+        );
+        for _ in 0..16 {
+            publisher
+                .emit(
+                    &client,
+                    NewEvent::durable("bulk", "org-1", json!({"pad": payload})),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    wait_for_metric(&server, "eventrelay_sse_connections", 0.0).await;
+}
