@@ -108,7 +108,10 @@ async fn replays_from_memory_and_from_the_outbox_then_goes_live() {
     assert!(!resync);
     assert_eq!(ids(&from_memory.replayed), expected);
     let next = emit(&db, durable("c")).await;
-    assert_eq!(from_memory.next_event().await.json()["id"], next.id.to_string());
+    assert_eq!(
+        from_memory.next_event().await.json()["id"],
+        next.id.to_string()
+    );
     expected.push(next.id.to_string());
     drop(from_memory);
     drop(live);
@@ -142,7 +145,10 @@ async fn until_and_the_age_cap_end_the_stream_cleanly() {
     emit(&db, durable("job.progress")).await;
     emit(&db, durable("job.done")).await;
     emit(&db, durable("job.after")).await;
-    assert_eq!(until.next_event().await.event.as_deref(), Some("job.progress"));
+    assert_eq!(
+        until.next_event().await.event.as_deref(),
+        Some("job.progress")
+    );
     assert_eq!(until.next_event().await.event.as_deref(), Some("job.done"));
     assert!(until.ends().await);
     assert!(aged.ends().await);

@@ -25,6 +25,8 @@ pub struct RelaySettings {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// `publish.group_commit_ms`; 0 turns group commit off.
     pub group_commit_ms: u64,
+    /// `sse.session`: `stream` or `actor`.
+    pub session: &'static str,
 }
 
 impl RelaySettings {
@@ -39,6 +41,7 @@ impl RelaySettings {
             webhook_url: None,
             tls: None,
             group_commit_ms: 2,
+            session: "stream",
         }
     }
 
@@ -71,6 +74,7 @@ inspector = false
 max_age_secs = 3600
 queue_capacity = {queue}
 replay_lookback = {lookback}
+session = "{session}"
 
 [hub]
 arbiters = 2
@@ -101,6 +105,7 @@ allow_private_networks = true
             secret = SUBSCRIBER_SECRET,
             token = PUBLISH_TOKEN,
             group = self.group_commit_ms,
+            session = self.session,
         );
         if let Some((cert, key)) = &self.tls {
             text.push_str(&format!(
