@@ -2,6 +2,32 @@
 //! hubs, SSE sessions, HTTP API) and its Postgres side (migrations, outbox).
 //! An embedding application calls [`server::run`] with its own
 //! [`auth::SubscriberResolver`].
+//!
+//! # Layout
+//!
+//! - [`actors`]: the actors that move events, one file each with its typed
+//!   messages: the listener (LISTEN, through the publisher crate's one
+//!   driver), the relay and its per-scope state, the per-scope hub that
+//!   fans out, holds the tail and enforces the connection cap.
+//! - [`sse`]: the SSE connection: the `GET /v1/events` handler, the session
+//!   (the response stream, or an actor with `sse.session = "actor"`), the
+//!   closed-client check.
+//! - [`http`]: the rest of the HTTP API (publish, admin, operations, CORS,
+//!   TLS) and its one error type with stable [`http::error::ErrorCode`]s.
+//! - [`webhooks`]: the webhook domain: model and rules, store, admin logic,
+//!   settings, and the dispatcher actor.
+//! - [`store`]: Postgres: the pool, migrations, the outbox read side,
+//!   snapshots, the embedded database, and the store's one error.
+//! - [`auth`]: who a subscriber is (JWT or forward auth) and what it may see.
+//! - [`config`]: the settings, layered and validated; [`group_commit`]: the
+//!   publish API's shared transactions; [`metrics`]: `/metrics`;
+//!   [`secret`]: values that never print; [`server`]: start and stop.
+//!
+//! Dependencies point one way: `config` knows the settings types of the
+//! domains it composes (`webhooks`), `sse` builds on `http`'s state and
+//! errors, `server` wires everything, and no module imports from one that
+//! imports from it. The `eventrelay` command (`src/main.rs`, `src/cli/`) is
+//! a thin layer over this library.
 
 pub mod actors;
 pub mod auth;

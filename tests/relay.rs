@@ -510,33 +510,9 @@ async fn a_subscriber_too_slow_for_its_queue_is_disconnected() {
     let (mut reader, _) = server
         .subscribe(&token("fast", "org-1", json!({})), None, "")
         .await;
-    // Big frames fill the slow client's socket buffers quickly; after that
-    // its queue fills and the hub lets it go.
-    let payload = "x".repeat(60_000);
-    let publisher = publisher(&db);
-    let client = db.connect().await;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while server
-        .metric("eventrelay_slow_subscribers_dropped_total")
-        .await
-        < 1.0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "slow subscriber never dropped"
-        );
-        for _ in 0..16 {
-            publisher
-                .emit(
-                    &client,
-                    NewEvent::durable("bulk", "org-1", json!({"pad": payload})),
-                )
-                .await
-                .unwrap();
-        }
-        // The fast reader keeps up, so it is never the one dropped.
-        reader.events(16).await;
-    }
+    server
+        .flood_until_a_slow_subscriber_is_dropped(&db, "org-1", Some(&mut reader))
+        .await;
     assert_eq!(
         server
             .metric("eventrelay_slow_subscribers_dropped_total")

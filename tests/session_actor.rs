@@ -173,28 +173,8 @@ async fn a_closed_client_is_released_and_a_slow_one_dropped() {
     let (_never_reads, _) = server
         .subscribe(&token("slow", "org-1", json!({})), None, "")
         .await;
-    let payload = "x".repeat(60_000);
-    let client = db.connect().await;
-    let publisher = Publisher::new(db.schema.as_str()).unwrap();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while server
-        .metric("eventrelay_slow_subscribers_dropped_total")
-        .await
-        < 1.0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "slow subscriber never dropped"
-        );
-        for _ in 0..16 {
-            publisher
-                .emit(
-                    &client,
-                    NewEvent::durable("bulk", "org-1", json!({"pad": payload})),
-                )
-                .await
-                .unwrap();
-        }
-    }
+    server
+        .flood_until_a_slow_subscriber_is_dropped(&db, "org-1", None)
+        .await;
     wait_for_metric(&server, "eventrelay_sse_connections", 0.0).await;
 }

@@ -178,6 +178,47 @@ impl TestServer {
 }
 
 impl TestServer {
+    /// Emits 60 KB durable events in `scope` until the relay drops a
+    /// subscriber too slow for its queue. Big frames fill a non-reading
+    /// client's socket buffers quickly; after that its queue fills. A
+    /// `reader` given here reads along, so it is never the one dropped.
+    pub async fn flood_until_a_slow_subscriber_is_dropped(
+        &self,
+        db: &TestDb,
+        scope: &str,
+        mut reader: Option<&mut SseStream>,
+    ) {
+        use eventrelay::publisher::{NewEvent, Publisher};
+        let payload = "x".repeat(60_000);
+        let publisher = Publisher::new(db.schema.as_str()).unwrap();
+        let client = db.connect().await;
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while self
+            .metric("eventrelay_slow_subscribers_dropped_total")
+            .await
+            < 1.0
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "slow subscriber never dropped"
+            );
+            for _ in 0..16 {
+                publisher
+                    .emit(
+                        &client,
+                        NewEvent::durable("bulk", scope, serde_json::json!({"pad": payload})),
+                    )
+                    .await
+                    .unwrap();
+            }
+            if let Some(reader) = reader.as_deref_mut() {
+                reader.events(16).await;
+            }
+        }
+    }
+}
+
+impl TestServer {
     /// Stops the relay but keeps its actix system running, as in an
     /// application that embeds the relay and goes on afterwards.
     pub fn stop_keeping_the_runtime(&mut self) {

@@ -29,6 +29,13 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Layout
+//!
+//! `client.rs` holds [`ClientBuilder`] and the connection loop; [`sse`]
+//! parses the event stream; [`seen`] remembers envelope ids to drop
+//! duplicates; `backoff.rs` computes the reconnect delays; `error.rs` holds
+//! [`ClientError`].
 
 mod backoff;
 mod client;

@@ -17,6 +17,19 @@
 //!
 //! The tables and SQL functions come from the migrations the `eventrelay`
 //! service applies (`eventrelay migrate`).
+//!
+//! # Layout
+//!
+//! - [`Publisher`] (`publisher.rs`): `emit` and `emit_batch` in the caller's
+//!   transaction, through any [`PgExecutor`] (tokio-postgres, deadpool,
+//!   sqlx behind the `sqlx` feature); [`SchemaRegistry`] validates data
+//!   against per-type JSON Schemas.
+//! - [`connect`]: connections from a URL with libpq's TLS settings and TCP
+//!   keepalive; [`listen`]: the one LISTEN driver (bounded start-up, health
+//!   check after silence), used by the service and by [`broadcast`].
+//! - [`broadcast`]: typed channels over plain `NOTIFY`, with their own
+//!   reconnecting subscriptions; [`backoff`]: full-jitter backoff.
+//! - Webhook [`verify`], re-exported from the wire crate.
 
 pub mod backoff;
 pub mod broadcast;

@@ -3,6 +3,14 @@
 //! SSE framing, the audience predicate and Standard Webhooks signing.
 //!
 //! This crate does no I/O; it depends on serde and small pure crates only.
+//!
+//! # Layout
+//!
+//! [`envelope`] (the event and its rules), [`notification`] (the `NOTIFY`
+//! payloads: pointers, inline events and batches), [`sse`] (frames),
+//! [`audience`] (the one predicate every delivery path applies), [`webhook`]
+//! (Standard Webhooks signing and verifying), and `schema` (the JSON
+//! Schemas, behind the `json-schema` feature).
 
 pub mod audience;
 pub mod envelope;
