@@ -1,5 +1,15 @@
 //! Prometheus metrics: one registry per service instance, passed to the parts
 //! that count. Counters are atomics, so counting never takes a lock.
+//!
+//! Besides what flows through (connections, events, replays, latency), the
+//! load on each pool an operator sizes: actor mailboxes and handling time
+//! per actor kind, hubs and busy time per hub arbiter, the database pool,
+//! outbox reads, session queues and the webhook dispatcher. No metric is
+//! labelled by scope or subscriber, so their number stays bounded however
+//! many scopes exist.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -18,6 +28,114 @@ pub struct OutcomeLabel {
 pub struct SourceLabel {
     /// `memory` (the hub's tail) or `outbox`.
     pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `applied` or `failed`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActorLabel {
+    /// `listener`, `relay`, `hub` or `dispatcher`.
+    pub actor: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ArbiterLabel {
+    /// The hub arbiter's index, from 0 to `hub.arbiters - 1`.
+    pub arbiter: String,
+}
+
+/// The actor kinds whose load is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActorKind {
+    Listener,
+    Relay,
+    Hub,
+    Dispatcher,
+}
+
+impl ActorKind {
+    const ALL: [ActorKind; 4] = [
+        ActorKind::Listener,
+        ActorKind::Relay,
+        ActorKind::Hub,
+        ActorKind::Dispatcher,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            ActorKind::Listener => "listener",
+            ActorKind::Relay => "relay",
+            ActorKind::Hub => "hub",
+            ActorKind::Dispatcher => "dispatcher",
+        }
+    }
+}
+
+/// One actor kind's load: messages waiting in its actors' mailboxes, and
+/// the time their handlers take.
+#[derive(Clone)]
+pub struct ActorLoad {
+    depth: Gauge,
+    handling: Histogram,
+}
+
+impl ActorLoad {
+    /// A message was sent to an actor of this kind. Every send of a
+    /// message whose handler calls [`ActorLoad::handling`] must call this.
+    pub fn queued(&self) {
+        self.depth.inc();
+    }
+
+    /// A message left the mailbox and is being handled; the time is
+    /// recorded when the returned guard is dropped.
+    pub fn handling(&self) -> Handling {
+        self.depth.dec();
+        self.timed()
+    }
+
+    /// Times one unit of work that did not come through a mailbox.
+    pub fn timed(&self) -> Handling {
+        Handling {
+            handling: self.handling.clone(),
+            busy: None,
+            started: Instant::now(),
+        }
+    }
+
+    /// For an actor fed by a queue of its own rather than its mailbox
+    /// (the listener's notifications): what is waiting there now.
+    pub fn set_waiting(&self, waiting: usize) {
+        self.depth.set(i64::try_from(waiting).unwrap_or(i64::MAX));
+    }
+}
+
+/// Times one message's handling; see [`ActorLoad::handling`].
+pub struct Handling {
+    handling: Histogram,
+    busy: Option<Counter<f64, AtomicU64>>,
+    started: Instant,
+}
+
+impl Handling {
+    /// Also counts the time as busy time of a hub arbiter.
+    pub fn on_arbiter(mut self, busy: &Counter<f64, AtomicU64>) -> Handling {
+        self.busy = Some(busy.clone());
+        self
+    }
+}
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        self.handling.observe(seconds);
+        if let Some(busy) = &self.busy {
+            busy.inc_by(seconds);
+        }
+    }
 }
 
 /// Every metric the relay exports.
@@ -40,6 +158,33 @@ pub struct Metrics {
     pub publish_group_requests: Histogram,
     pub outbox_rows_pruned: Counter,
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
+    /// 1 while the relay has a live LISTEN connection (or feed).
+    pub listener_connected: Gauge,
+    actor_mailbox_depth: Family<ActorLabel, Gauge>,
+    actor_handling_seconds: Family<ActorLabel, Histogram, fn() -> Histogram>,
+    actors: Vec<ActorLoad>,
+    arbiter_hubs: Family<ArbiterLabel, Gauge>,
+    arbiter_busy_seconds: Family<ArbiterLabel, Counter<f64, AtomicU64>>,
+    pub database_pool_size: Gauge,
+    pub database_pool_in_use: Gauge,
+    pub database_pool_waiting: Gauge,
+    pub database_pool_wait_seconds: Histogram,
+    pub outbox_read_seconds: Histogram,
+    pub outbox_read_rows: Histogram,
+    pub session_queue_fill_ratio: Histogram,
+    pub frames_dropped: Counter,
+    pub webhook_workers_busy: Gauge,
+    pub webhook_due_backlog: Gauge,
+    pub webhook_oldest_due_age_seconds: Gauge<f64, AtomicU64>,
+    /// Configuration reloads, applied or refused.
+    pub config_reloads_applied: Counter,
+    pub config_reloads_failed: Counter,
+}
+
+fn latency_buckets() -> Histogram {
+    Histogram::new([
+        0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
+    ])
 }
 
 impl Metrics {
@@ -67,6 +212,27 @@ impl Metrics {
             ]),
             outbox_rows_pruned: Counter::default(),
             webhook_deliveries: Family::default(),
+            listener_connected: Gauge::default(),
+            actor_mailbox_depth: Family::default(),
+            actor_handling_seconds: Family::new_with_constructor(latency_buckets),
+            actors: Vec::new(),
+            arbiter_hubs: Family::default(),
+            arbiter_busy_seconds: Family::default(),
+            database_pool_size: Gauge::default(),
+            database_pool_in_use: Gauge::default(),
+            database_pool_waiting: Gauge::default(),
+            database_pool_wait_seconds: latency_buckets(),
+            outbox_read_seconds: latency_buckets(),
+            outbox_read_rows: Histogram::new([
+                0.0, 1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0,
+            ]),
+            session_queue_fill_ratio: Histogram::new([0.0, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]),
+            frames_dropped: Counter::default(),
+            webhook_workers_busy: Gauge::default(),
+            webhook_due_backlog: Gauge::default(),
+            webhook_oldest_due_age_seconds: Gauge::default(),
+            config_reloads_applied: Counter::default(),
+            config_reloads_failed: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -154,10 +320,148 @@ impl Metrics {
             "Webhook attempts, by outcome",
             metrics.webhook_deliveries.clone(),
         );
+        let actors = ActorKind::ALL
+            .iter()
+            .map(|kind| {
+                let label = ActorLabel {
+                    actor: kind.label(),
+                };
+                ActorLoad {
+                    depth: metrics.actor_mailbox_depth.get_or_create(&label).clone(),
+                    handling: metrics.actor_handling_seconds.get_or_create(&label).clone(),
+                }
+            })
+            .collect();
+        registry.register(
+            "listener_connected",
+            "1 while the LISTEN connection (or the embedded feed) is live",
+            metrics.listener_connected.clone(),
+        );
+        registry.register(
+            "actor_mailbox_depth",
+            "Messages waiting for actors of each kind",
+            metrics.actor_mailbox_depth.clone(),
+        );
+        registry.register(
+            "actor_handling_seconds",
+            "Time actors of each kind take to handle one message",
+            metrics.actor_handling_seconds.clone(),
+        );
+        registry.register(
+            "arbiter_hubs",
+            "Hubs (active scopes) held by each hub arbiter",
+            metrics.arbiter_hubs.clone(),
+        );
+        registry.register(
+            "arbiter_busy_seconds",
+            "Time each hub arbiter spent handling hub messages; its rate is the arbiter's busy fraction",
+            metrics.arbiter_busy_seconds.clone(),
+        );
+        registry.register(
+            "database_pool_size",
+            "Connections the database pool holds (database.pool_size at most)",
+            metrics.database_pool_size.clone(),
+        );
+        registry.register(
+            "database_pool_in_use",
+            "Pool connections checked out",
+            metrics.database_pool_in_use.clone(),
+        );
+        registry.register(
+            "database_pool_waiting",
+            "Tasks waiting for a pool connection",
+            metrics.database_pool_waiting.clone(),
+        );
+        registry.register(
+            "database_pool_wait_seconds",
+            "Time taken to get a pool connection",
+            metrics.database_pool_wait_seconds.clone(),
+        );
+        registry.register(
+            "outbox_read_seconds",
+            "Time the relay takes to read a scope's new outbox rows",
+            metrics.outbox_read_seconds.clone(),
+        );
+        registry.register(
+            "outbox_read_rows",
+            "Rows per relay outbox read",
+            metrics.outbox_read_rows.clone(),
+        );
+        registry.register(
+            "session_queue_fill_ratio",
+            "How full a session's queue is when it takes frames (1 is full: the next frame drops the subscriber)",
+            metrics.session_queue_fill_ratio.clone(),
+        );
+        registry.register(
+            "frames_dropped",
+            "Frames discarded with subscribers dropped for being too slow",
+            metrics.frames_dropped.clone(),
+        );
+        registry.register(
+            "webhook_workers_busy",
+            "Webhook workers sending a delivery",
+            metrics.webhook_workers_busy.clone(),
+        );
+        registry.register(
+            "webhook_due_backlog",
+            "Pending webhook deliveries that are due",
+            metrics.webhook_due_backlog.clone(),
+        );
+        registry.register(
+            "webhook_oldest_due_age_seconds",
+            "How long the oldest due webhook delivery has been due",
+            metrics.webhook_oldest_due_age_seconds.clone(),
+        );
+        // Both series exist from the start, so a rule on `failed` has a
+        // series to watch before the first failure.
+        let reloads = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Configuration reloads (SIGHUP, `eventrelay reload`), by result",
+            reloads.clone(),
+        );
+        // One statement each: a family's guard must be gone before the
+        // next series is created.
+        let config_reloads_applied = reloads
+            .get_or_create(&ResultLabel { result: "applied" })
+            .clone();
+        let config_reloads_failed = reloads
+            .get_or_create(&ResultLabel { result: "failed" })
+            .clone();
         Metrics {
             registry,
+            actors,
+            config_reloads_applied,
+            config_reloads_failed,
             ..metrics
         }
+    }
+
+    /// The load of one actor kind.
+    pub fn actor(&self, kind: ActorKind) -> &ActorLoad {
+        let index = ActorKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or_default();
+        &self.actors[index]
+    }
+
+    /// Hubs held by hub arbiter `arbiter`.
+    pub fn arbiter_hubs(&self, arbiter: usize) -> Gauge {
+        self.arbiter_hubs
+            .get_or_create(&ArbiterLabel {
+                arbiter: arbiter.to_string(),
+            })
+            .clone()
+    }
+
+    /// Busy time of hub arbiter `arbiter`.
+    pub fn arbiter_busy(&self, arbiter: usize) -> Counter<f64, AtomicU64> {
+        self.arbiter_busy_seconds
+            .get_or_create(&ArbiterLabel {
+                arbiter: arbiter.to_string(),
+            })
+            .clone()
     }
 
     /// The Prometheus text exposition.

@@ -200,12 +200,15 @@ pub async fn run(
         );
     }
     let backend = open_backend(&config).await?;
-    let db = backend.db.clone();
+    let metrics = Arc::new(Metrics::new());
+    let db = backend
+        .db
+        .clone()
+        .with_wait_histogram(metrics.database_pool_wait_seconds.clone());
     let mut publisher = Publisher::new(schema.as_str())?;
     if let Some(dir) = &config.publish.schemas_dir {
         publisher = publisher.with_registry(load_schemas(Path::new(dir))?);
     }
-    let metrics = Arc::new(Metrics::new());
     let outbox = Outbox::new(&schema);
 
     let arbiters: Vec<Arbiter> = (0..config.hub.arbiters).map(|_| Arbiter::new()).collect();

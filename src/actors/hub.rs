@@ -19,8 +19,10 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use super::encoded::EncodedEvent;
 use super::tail::{Bound, Tail};
 use super::tail_budget::{ShrinkTail, TailBudget};
-use crate::metrics::Metrics;
+use crate::metrics::{ActorKind, Handling, Metrics};
 use crate::store::Snapshot;
+use prometheus_client::metrics::counter::Counter;
+use std::sync::atomic::AtomicU64;
 
 /// A subscriber's outgoing queue, as the hub sees it.
 pub type FrameSender = mpsc::Sender<Arc<EncodedEvent>>;
@@ -33,6 +35,10 @@ pub struct Hub {
     /// Open streams per subscriber id, for the connection cap.
     streams: HashMap<String, usize>,
     metrics: Arc<Metrics>,
+    /// The arbiter this hub runs on, for its load metrics.
+    arbiter: usize,
+    /// That arbiter's busy time, taken once rather than per message.
+    busy: Counter<f64, AtomicU64>,
 }
 
 struct Member {
@@ -68,8 +74,25 @@ impl Hub {
             budget,
             members: HashMap::new(),
             streams: HashMap::new(),
+            busy: metrics.arbiter_busy(0),
             metrics,
+            arbiter: 0,
         }
+    }
+
+    /// Runs on hub arbiter `arbiter` (for the per-arbiter load metrics).
+    pub fn on_arbiter(mut self, arbiter: usize) -> Self {
+        self.arbiter = arbiter;
+        self.busy = self.metrics.arbiter_busy(arbiter);
+        self
+    }
+
+    /// Times one message's handling, as this kind's and this arbiter's load.
+    fn handling(&self) -> Handling {
+        self.metrics
+            .actor(ActorKind::Hub)
+            .handling()
+            .on_arbiter(&self.busy)
     }
 
     fn fan_out(&mut self, event: &Arc<EncodedEvent>) {
@@ -95,6 +118,9 @@ impl Hub {
                 }
                 Err(TrySendError::Full(_)) => {
                     metrics.slow_subscribers_dropped.inc();
+                    // Its queued frames go with it, and this one.
+                    let queued = member.queue.max_capacity() - member.queue.capacity();
+                    metrics.frames_dropped.inc_by(queued as u64 + 1);
                     tracing::info!(
                         scope_key,
                         session = id,
@@ -140,6 +166,11 @@ impl Actor for Hub {
     fn started(&mut self, ctx: &mut Context<Self>) {
         let lease = self.budget.join(ctx.address().downgrade().recipient());
         self.tail.join_budget(lease);
+        self.metrics.arbiter_hubs(self.arbiter).inc();
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.metrics.arbiter_hubs(self.arbiter).dec();
     }
 }
 
@@ -165,6 +196,7 @@ impl Handler<PublishDurable> for Hub {
     type Result = ();
 
     fn handle(&mut self, msg: PublishDurable, _: &mut Context<Self>) {
+        let _handling = self.handling();
         self.tail.publish(msg.read_after, &msg.events);
         for event in &msg.events {
             self.fan_out(event);
@@ -181,6 +213,7 @@ impl Handler<PublishEphemeral> for Hub {
     type Result = ();
 
     fn handle(&mut self, msg: PublishEphemeral, _: &mut Context<Self>) {
+        let _handling = self.handling();
         self.fan_out(&msg.0);
     }
 }
@@ -212,6 +245,7 @@ impl Handler<Attach> for Hub {
     type Result = MessageResult<Attach>;
 
     fn handle(&mut self, msg: Attach, _: &mut Context<Self>) -> Self::Result {
+        let _handling = self.handling();
         let open = self
             .streams
             .get(&msg.subscriber.subscriber_id)
@@ -255,6 +289,7 @@ impl Handler<Detach> for Hub {
     type Result = ();
 
     fn handle(&mut self, msg: Detach, _: &mut Context<Self>) {
+        let _handling = self.handling();
         if let Some(member) = self.members.remove(&msg.session) {
             stream_closed(&mut self.streams, &member.subscriber.subscriber_id);
         }

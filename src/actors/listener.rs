@@ -31,7 +31,7 @@ use eventrelay_wire::{EventNotification, decode_notification};
 use tokio::sync::mpsc;
 
 use super::relay::{Ephemeral, ListenerConnected, Pointer, Relay};
-use crate::metrics::Metrics;
+use crate::metrics::{ActorKind, Metrics};
 use crate::store::Database;
 
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
@@ -232,6 +232,7 @@ impl Link<'_> {
             metrics.listener_reconnects.inc();
         }
         tracing::info!(%channel, "listening for notifications");
+        metrics.actor(ActorKind::Relay).queued();
         relay.do_send(ListenerConnected);
         let check = HealthCheck::new(health, (health / 2).max(Duration::from_millis(100)));
         loop {
@@ -249,6 +250,9 @@ impl Link<'_> {
             if notification.channel() != PROBE_CHANNEL {
                 forward(notification.payload(), relay, metrics);
             }
+            metrics
+                .actor(ActorKind::Listener)
+                .set_waiting(connection.backlog());
         }
     }
 }
@@ -325,22 +329,35 @@ async fn follow_feed(
     metrics: Arc<Metrics>,
 ) {
     connected.store(true, Ordering::Relaxed);
+    metrics.actor(ActorKind::Relay).queued();
     relay.do_send(ListenerConnected);
     while let Some(payload) = payloads.recv().await {
         forward(&payload, &relay, &metrics);
+        metrics
+            .actor(ActorKind::Listener)
+            .set_waiting(payloads.len());
     }
     connected.store(false, Ordering::Relaxed);
     tracing::warn!("the embedded database's notification feed ended");
 }
 
+/// Decodes one notification and hands it to the relay: the listener's
+/// unit of work, timed as its handling.
 fn forward(payload: &str, relay: &Addr<Relay>, metrics: &Metrics) {
+    let _handling = metrics.actor(ActorKind::Listener).timed();
+    let to_relay = metrics.actor(ActorKind::Relay);
     match decode_notification(payload.as_bytes()) {
         Ok(EventNotification::Pointer { scope_key, seq }) => {
+            to_relay.queued();
             relay.do_send(Pointer { scope_key, seq });
         }
-        Ok(EventNotification::Inline { envelope }) => relay.do_send(Ephemeral(envelope)),
+        Ok(EventNotification::Inline { envelope }) => {
+            to_relay.queued();
+            relay.do_send(Ephemeral(envelope));
+        }
         Ok(EventNotification::InlineBatch { envelopes, .. }) => {
             for envelope in envelopes {
+                to_relay.queued();
                 relay.do_send(Ephemeral(envelope));
             }
         }

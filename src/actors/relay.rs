@@ -26,7 +26,7 @@ use super::hub::{
 use super::scope::{History, ScopeState};
 use super::tail::Bound;
 use super::tail_budget::TailBudget;
-use crate::metrics::Metrics;
+use crate::metrics::{ActorKind, Metrics};
 use crate::store::{Database, Outbox, Snapshot, StoreError, StoredEvent};
 use crate::webhooks::DeliveriesDue;
 
@@ -94,14 +94,16 @@ impl Relay {
         match self.scopes.entry(scope_key.to_owned()) {
             Entry::Occupied(entry) => entry.into_mut(),
             Entry::Vacant(entry) => {
+                let arbiter = arbiter_for(&self.arbiters, scope_key);
                 let hub = Hub::new(
                     scope_key.to_owned(),
                     Arc::clone(&self.tails.max_events),
                     Arc::clone(&self.tails.max_bytes),
                     Arc::clone(&self.tails.budget),
                     Arc::clone(&self.metrics),
-                );
-                let hub = Hub::start_in_arbiter(arbiter_for(&self.arbiters, scope_key), |_| hub);
+                )
+                .on_arbiter(arbiter);
+                let hub = Hub::start_in_arbiter(&self.arbiters[arbiter], |_| hub);
                 self.metrics.active_scopes.set(active as i64 + 1);
                 entry.insert(ActiveScope {
                     hub,
@@ -126,8 +128,17 @@ impl Relay {
         let outbox = self.outbox.clone();
         let relay = ctx.address();
         let scope_key = scope_key.to_owned();
+        let metrics = Arc::clone(&self.metrics);
         actix::spawn(async move {
+            let started = std::time::Instant::now();
             let result = read_all_after(&db, &outbox, &scope_key, from).await;
+            metrics
+                .outbox_read_seconds
+                .observe(started.elapsed().as_secs_f64());
+            if let Ok(rows) = &result {
+                metrics.outbox_read_rows.observe(rows.len() as f64);
+            }
+            metrics.actor(ActorKind::Relay).queued();
             relay.do_send(ReadDone {
                 scope_key,
                 from,
@@ -145,11 +156,12 @@ pub struct JoinPoint {
     pub scope_newest: i64,
 }
 
-/// The hub arbiter for a scope: always the same one, spreading scopes evenly.
-fn arbiter_for<'a>(arbiters: &'a [ArbiterHandle], scope_key: &str) -> &'a ArbiterHandle {
+/// The hub arbiter for a scope, by index: always the same one, spreading
+/// scopes evenly.
+fn arbiter_for(arbiters: &[ArbiterHandle], scope_key: &str) -> usize {
     let mut hasher = DefaultHasher::new();
     scope_key.hash(&mut hasher);
-    &arbiters[hasher.finish() as usize % arbiters.len()]
+    hasher.finish() as usize % arbiters.len()
 }
 
 async fn read_all_after(
@@ -190,7 +202,9 @@ impl Handler<Pointer> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: Pointer, ctx: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
         if let Some(dispatcher) = &self.deliveries_due {
+            self.metrics.actor(ActorKind::Dispatcher).queued();
             dispatcher.do_send(DeliveriesDue);
         }
         let Some(scope) = self.scopes.get(&msg.scope_key) else {
@@ -210,7 +224,9 @@ impl Handler<Ephemeral> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: Ephemeral, _: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
         if let Some(scope) = self.scopes.get(&msg.0.scope_key) {
+            self.metrics.actor(ActorKind::Hub).queued();
             scope
                 .hub
                 .do_send(PublishEphemeral(Arc::new(EncodedEvent::new(msg.0))));
@@ -227,6 +243,7 @@ impl Handler<ListenerConnected> for Relay {
     type Result = ();
 
     fn handle(&mut self, _: ListenerConnected, ctx: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
         let reads: Vec<(String, i64)> = self
             .scopes
             .iter()
@@ -250,12 +267,14 @@ impl Handler<ReadDone> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: ReadDone, ctx: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
         let Some(scope) = self.scopes.get_mut(&msg.scope_key) else {
             return;
         };
         match msg.result {
             Ok(rows) => {
                 for batch in scope.state.read_done(msg.from, rows, PAGE as usize) {
+                    self.metrics.actor(ActorKind::Hub).queued();
                     scope.hub.do_send(PublishDurable {
                         read_after: batch.read_after,
                         events: batch.events,
@@ -319,8 +338,10 @@ impl Handler<Subscribe> for Relay {
     type Result = ResponseFuture<Result<Attached, SubscribeError>>;
 
     fn handle(&mut self, msg: Subscribe, ctx: &mut Context<Self>) -> Self::Result {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
         self.next_session += 1;
         let session = self.next_session;
+        let metrics = Arc::clone(&self.metrics);
         let relay = ctx.address();
         let scope_key = msg.subscriber.scope_key.clone();
         let scope = self.activate(&msg.subscriber.scope_key, &msg.joined);
@@ -329,6 +350,7 @@ impl Handler<Subscribe> for Relay {
             .replay_after
             .is_none()
             .then(|| Arc::clone(&msg.joined.snapshot));
+        metrics.actor(ActorKind::Hub).queued();
         let attach = scope.hub.send(Attach {
             session,
             subscriber: msg.subscriber,
@@ -345,6 +367,7 @@ impl Handler<Subscribe> for Relay {
             };
             // Counted above, but no session will ever unsubscribe: undo
             // it, or the scope stays active for ever.
+            metrics.actor(ActorKind::Relay).queued();
             relay.do_send(Unsubscribe { scope_key, session });
             Err(refused)
         })
@@ -363,9 +386,11 @@ impl Handler<Unsubscribe> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: Unsubscribe, _: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
         let Some(scope) = self.scopes.get_mut(&msg.scope_key) else {
             return;
         };
+        self.metrics.actor(ActorKind::Hub).queued();
         scope.hub.do_send(Detach {
             session: msg.session,
         });

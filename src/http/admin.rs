@@ -26,6 +26,7 @@ use super::AppState;
 use super::body::read_body;
 use super::error::{ApiError, ErrorCode};
 use super::token::Guard;
+use crate::metrics::ActorKind;
 use crate::store::{Connection, StoreError};
 use crate::webhooks::{
     DeliveriesDue, DeliveryFilter, MAX_PAGE, Subscription, SubscriptionPatch, ensure_changeable,
@@ -367,6 +368,7 @@ pub async fn redeliver(state: Admin, id: web::Path<String>) -> Result<HttpRespon
     // The dispatcher may be asleep until its next known due time; the
     // redelivered row is due now.
     if let Some(dispatcher) = &state.dispatcher {
+        state.metrics.actor(ActorKind::Dispatcher).queued();
         dispatcher.do_send(DeliveriesDue);
     }
     delivery_with_attempts(&state, &conn, &id).await

@@ -46,6 +46,15 @@ const READY_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 
 /// Prometheus text exposition.
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    // Gauges read from their owners when scraped, not kept up to date.
+    let metrics = &state.metrics;
+    let pool = state.db.status();
+    metrics.database_pool_size.set(pool.size as i64);
+    metrics.database_pool_in_use.set(pool.in_use as i64);
+    metrics.database_pool_waiting.set(pool.waiting as i64);
+    metrics
+        .listener_connected
+        .set(i64::from(state.listener_connected.load(Ordering::Relaxed)));
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(state.metrics.render())

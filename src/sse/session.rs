@@ -19,7 +19,7 @@ use tokio::time::{Instant, Interval};
 use super::peer::{PEEK_EVERY, PeerSocket};
 use crate::actors::EncodedEvent;
 use crate::actors::relay::{Relay, Unsubscribe};
-use crate::metrics::{Metrics, SourceLabel};
+use crate::metrics::{ActorKind, Metrics, SourceLabel};
 use crate::store::{Database, Outbox, StoreError};
 
 /// Rows per page when replaying from the outbox.
@@ -81,7 +81,7 @@ pub struct Session {
     /// When an idle stream next peeks at its socket; reset by every write,
     /// since a write to a closed peer fails by itself.
     peek: Interval,
-    _registration: Registration,
+    registration: Registration,
 }
 
 /// Undoes a session's registrations when its stream is dropped, however it
@@ -115,6 +115,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        self.metrics.actor(ActorKind::Relay).queued();
         self.relay.do_send(Unsubscribe {
             scope_key: std::mem::take(&mut self.scope_key),
             session: self.session,
@@ -145,7 +146,7 @@ impl Session {
             live_batch: Vec::new(),
             heartbeat,
             peek,
-            _registration: registration,
+            registration,
         }
     }
 
@@ -222,6 +223,10 @@ impl Session {
                     };
                     let mut batch = std::mem::take(&mut self.live_batch);
                     batch.push(first);
+                    // How full the queue was when this write began: near 1,
+                    // the subscriber is about to be dropped as too slow.
+                    let fill = (self.queue.len() + 1) as f64 / self.queue.max_capacity() as f64;
+                    self.registration.metrics.session_queue_fill_ratio.observe(fill);
                     while batch.len() < MAX_FRAMES_PER_CHUNK {
                         match self.queue.try_recv() {
                             Ok(event) => batch.push(event),

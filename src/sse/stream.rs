@@ -26,6 +26,7 @@ use crate::auth::Credentials;
 use crate::config::SessionModel;
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
+use crate::metrics::ActorKind;
 use crate::store::{JoinView, StoreError};
 
 #[derive(Debug, Deserialize)]
@@ -128,6 +129,7 @@ pub async fn stream_events(
             .map_err(failed)?
     };
     let (queue, receiver) = mpsc::channel(sse.queue_capacity);
+    state.metrics.actor(ActorKind::Relay).queued();
     let attached = state
         .relay
         .send(Subscribe {

@@ -26,10 +26,22 @@ pub enum DatabaseError {
 
 #[derive(Clone)]
 pub enum Database {
-    /// A pool of connections to a Postgres server.
-    Pool(Pool),
+    /// A pool of connections to a Postgres server, and where to record how
+    /// long each checkout waited.
+    Pool(
+        Pool,
+        Option<prometheus_client::metrics::histogram::Histogram>,
+    ),
     /// The one session of an embedded database, taken in turn.
     Single(Arc<Mutex<Client>>),
+}
+
+/// A snapshot of a [`Database`]'s connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub size: usize,
+    pub in_use: usize,
+    pub waiting: usize,
 }
 
 /// A connection checked out of a [`Database`].
@@ -65,8 +77,39 @@ impl Database {
                 recycle: Some(check_within),
             })
             .build()
-            .map(Database::Pool)
+            .map(|pool| Database::Pool(pool, None))
             .map_err(DatabaseError::Build)
+    }
+
+    /// Records every checkout's wait in `waits`.
+    pub fn with_wait_histogram(
+        self,
+        waits: prometheus_client::metrics::histogram::Histogram,
+    ) -> Self {
+        match self {
+            Database::Pool(pool, _) => Database::Pool(pool, Some(waits)),
+            single => single,
+        }
+    }
+
+    /// The pool's size, connections in use, and tasks waiting for one. The
+    /// embedded database's single connection counts as a pool of one.
+    pub fn status(&self) -> PoolStatus {
+        match self {
+            Database::Pool(pool, _) => {
+                let status = pool.status();
+                PoolStatus {
+                    size: status.size,
+                    in_use: status.size.saturating_sub(status.available),
+                    waiting: status.waiting,
+                }
+            }
+            Database::Single(client) => PoolStatus {
+                size: 1,
+                in_use: usize::from(client.try_lock().is_err()),
+                waiting: 0,
+            },
+        }
     }
 
     /// Shares one connection; callers take turns.
@@ -76,11 +119,16 @@ impl Database {
 
     pub async fn get(&self) -> Result<Connection, DatabaseError> {
         match self {
-            Database::Pool(pool) => pool
-                .get()
-                .await
-                .map(|client| Connection::Pooled(Box::new(client)))
-                .map_err(DatabaseError::Unavailable),
+            Database::Pool(pool, waits) => {
+                let started = std::time::Instant::now();
+                let client = pool.get().await;
+                if let Some(waits) = waits {
+                    waits.observe(started.elapsed().as_secs_f64());
+                }
+                client
+                    .map(|client| Connection::Pooled(Box::new(client)))
+                    .map_err(DatabaseError::Unavailable)
+            }
             Database::Single(client) => {
                 Ok(Connection::Single(Arc::clone(client).lock_owned().await))
             }

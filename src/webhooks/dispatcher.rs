@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use super::model::{AttemptRecord, Claimed};
 use super::settings::{MIN_RETRY_AFTER, WebhooksConfig};
 use super::store::WebhookStore;
-use crate::metrics::{Metrics, OutcomeLabel};
+use crate::metrics::{ActorKind, Metrics, OutcomeLabel};
 use crate::store::{Database, StoreError};
 
 /// Longest a worker sleeps without looking, in case a wake-up was missed.
@@ -107,6 +107,37 @@ impl Actor for Dispatcher {
             };
             ctx.spawn(work.run(worker).into_actor(self).map(|_, _, _| ()));
         }
+        let watch = watch_backlog(
+            self.db.clone(),
+            self.store.clone(),
+            Arc::clone(&self.metrics),
+        );
+        ctx.spawn(watch.into_actor(self));
+    }
+}
+
+/// How often the due backlog is measured.
+const BACKLOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps the backlog gauges current: how many deliveries are due and not
+/// being sent, and how long the oldest has waited. A backlog that grows
+/// while every worker is busy means `webhooks.workers` is too small.
+async fn watch_backlog(db: Database, store: WebhookStore, metrics: Arc<Metrics>) {
+    let mut ticks = tokio::time::interval(BACKLOG_EVERY);
+    loop {
+        ticks.tick().await;
+        let backlog: Result<_, StoreError> = async {
+            let conn = db.get().await?;
+            store.due_backlog(&*conn).await
+        }
+        .await;
+        match backlog {
+            Ok((due, oldest)) => {
+                metrics.webhook_due_backlog.set(due);
+                metrics.webhook_oldest_due_age_seconds.set(oldest);
+            }
+            Err(error) => tracing::debug!(%error, "cannot measure the webhook backlog"),
+        }
     }
 }
 
@@ -121,6 +152,7 @@ impl actix::Handler<DeliveriesDue> for Dispatcher {
     type Result = ();
 
     fn handle(&mut self, _: DeliveriesDue, _: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Dispatcher).handling();
         self.wake.due.notify_waiters();
     }
 }
@@ -163,7 +195,11 @@ impl Worker {
             }
             .await;
             match claimed {
-                Ok(Some(claimed)) => self.deliver(claimed).await,
+                Ok(Some(claimed)) => {
+                    self.metrics.webhook_workers_busy.inc();
+                    self.deliver(claimed).await;
+                    self.metrics.webhook_workers_busy.dec();
+                }
                 Ok(None) => {
                     let pause = self.until_next_due().await;
                     let until = tokio::time::Instant::now() + pause;

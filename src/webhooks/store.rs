@@ -328,6 +328,26 @@ impl WebhookStore {
         Ok(rows.first().and_then(|row| row.get(0)))
     }
 
+    /// Pending deliveries that are due and not leased to a worker, and
+    /// how many seconds the oldest of them has been due (0 when none is).
+    pub async fn due_backlog(&self, db: &impl PgExecutor) -> Result<(i64, f64), StoreError> {
+        let rows = self
+            .rows(
+                db,
+                "SELECT count(*),
+                        coalesce(extract(epoch FROM now() - min(next_attempt_at))::float8, 0)
+                 FROM {schema}.webhook_deliveries
+                 WHERE status = 'pending' AND next_attempt_at <= now()
+                   AND (lease_expires_at IS NULL OR lease_expires_at <= now())",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .first()
+            .map(|row| (row.get(0), row.get(1)))
+            .unwrap_or((0, 0.0)))
+    }
+
     pub async fn list_deliveries(
         &self,
         db: &impl PgExecutor,

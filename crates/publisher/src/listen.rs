@@ -231,11 +231,18 @@ impl ListenConnection {
         self.execute("SELECT 1", Some(answer_within)).await
     }
 
+    /// Notifications received and not yet taken with [`ListenConnection::next`]:
+    /// a backlog that grows means the reader cannot keep up.
+    pub fn backlog(&self) -> usize {
+        self.notifications.len()
+    }
+
     /// The next notification. With `health`, a silence of `health.after`
     /// is answered by a [`check`](Self::check), and the wait goes on if the
     /// server answers.
     ///
     /// Cancel-safe: nothing is lost when the returned future is dropped.
+    /// See [`ListenConnection::backlog`] for what is already waiting.
     /// Once the connection has ended, every notification it received has
     /// been returned before the error.
     pub async fn next(&mut self, health: Option<HealthCheck>) -> Result<Notification, ListenError> {
