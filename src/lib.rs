@@ -35,6 +35,7 @@ pub mod config;
 pub mod group_commit;
 pub mod http;
 pub mod metrics;
+pub mod reload;
 pub mod secret;
 pub mod server;
 pub mod sse;

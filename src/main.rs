@@ -15,7 +15,8 @@ async fn main() -> ExitCode {
     // `serve` logs as its configuration says, so it starts logging once the
     // configuration is read; one-off commands log with the defaults.
     if !matches!(args.command, cli::Command::Serve(_)) {
-        cli::init_logging(&eventrelay::config::LogConfig::default());
+        // One-off commands keep the default filter for their whole run.
+        let _filter = cli::init_logging(&eventrelay::config::LogConfig::default());
     }
     match cli::run(args).await {
         Ok(()) => ExitCode::SUCCESS,

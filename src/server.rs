@@ -21,9 +21,13 @@ use crate::auth::SubscriberResolver;
 use crate::config::Config;
 use crate::group_commit::{GroupSettings, Publishing};
 use crate::http::AppState;
+use crate::metrics::ActorKind;
 use crate::metrics::Metrics;
+use crate::reload::{ReloadError, ReloadReport, Reloading};
+use crate::store::StoreError;
 use crate::store::{Database, DatabaseError, MigrateError, Outbox, migrate};
-use crate::webhooks::{Dispatcher, StopDispatcher, WebhookStore};
+use crate::webhooks::{Dispatcher, SetWorkers, StopDispatcher, WebhookStore};
+use tokio::sync::watch;
 
 /// How long open connections get to finish when the service stops.
 const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -175,11 +179,24 @@ pub fn load_schemas(dir: &Path) -> Result<SchemaRegistry, SchemaLoadError> {
 
 /// Runs the service on `listener` until `shutdown` resolves. Must be called
 /// inside an actix system (`#[actix_web::main]` or `actix_web::rt::System`).
+/// Its configuration stays as given; see [`run_with`] for live reload.
 pub async fn run(
     config: Config,
     resolver: Arc<dyn SubscriberResolver>,
     listener: std::net::TcpListener,
     shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    run_with(config, resolver, listener, shutdown, None).await
+}
+
+/// As [`run`], reloading the configuration on each request `reloading`
+/// receives (see [`crate::reload`]).
+pub async fn run_with(
+    config: Config,
+    resolver: Arc<dyn SubscriberResolver>,
+    listener: std::net::TcpListener,
+    shutdown: impl Future<Output = ()>,
+    reloading: Option<Reloading>,
 ) -> Result<(), ServeError> {
     // A library caller may build its Config by hand: checked here as
     // `Config::load` checks a file.
@@ -212,8 +229,9 @@ pub async fn run(
     let outbox = Outbox::new(&schema);
 
     let arbiters: Vec<Arbiter> = (0..config.hub.arbiters).map(|_| Arbiter::new()).collect();
-    let tail_events = config.hub.tail_events;
-    let tail_bytes = config.hub.tail_bytes;
+    // What reloads change; read where each setting is used.
+    let (live_config, live) = watch::channel(Arc::clone(&config));
+    let (events_bound, bytes_bound) = (live.clone(), live.clone());
     let webhooks = WebhookStore::new(&schema);
     {
         let conn = db.get().await?;
@@ -242,8 +260,8 @@ pub async fn run(
         outbox.clone(),
         arbiters.iter().map(Arbiter::handle).collect(),
         TailSettings {
-            max_events: Arc::new(move || tail_events),
-            max_bytes: Arc::new(move || tail_bytes),
+            max_events: Arc::new(move || events_bound.borrow().hub.tail_events),
+            max_bytes: Arc::new(move || bytes_bound.borrow().hub.tail_bytes),
             budget: TailBudget::new(config.hub.tails_max_bytes, metrics.tails_bytes.clone()),
         },
         Arc::clone(&metrics),
@@ -275,8 +293,22 @@ pub async fn run(
         },
         Arc::clone(&metrics),
     );
+    let reload_handle = reloading.as_ref().map(|r| r.requests.handle());
+    let reloader = reloading.map(|reloading| {
+        actix::spawn(reload_forever(
+            reloading,
+            live_config,
+            Reloaders {
+                db: db.clone(),
+                webhooks: webhooks.clone(),
+                dispatcher: dispatcher.clone(),
+                metrics: Arc::clone(&metrics),
+            },
+        ))
+    });
     let state = web::Data::new(AppState {
-        config: Arc::clone(&config),
+        config: live,
+        reload: reload_handle,
         relay: relay.clone(),
         resolver,
         db,
@@ -332,6 +364,9 @@ pub async fn run(
         }
     };
     janitor.abort();
+    if let Some(reloader) = reloader {
+        reloader.abort();
+    }
     listener_actor.do_send(StopListener);
     if let Some(dispatcher) = dispatcher {
         dispatcher.do_send(StopDispatcher);
@@ -345,6 +380,77 @@ pub async fn run(
         embedded.shutdown().await;
     }
     result.map_err(ServeError::Http)
+}
+
+/// What a reload reaches beyond the live configuration.
+struct Reloaders {
+    db: Database,
+    webhooks: WebhookStore,
+    dispatcher: Option<actix::Addr<Dispatcher>>,
+    metrics: Arc<Metrics>,
+}
+
+/// Answers reload requests until the service stops.
+async fn reload_forever(
+    mut reloading: Reloading,
+    live: watch::Sender<Arc<Config>>,
+    reach: Reloaders,
+) {
+    while let Some(reply) = reloading.requests.next().await {
+        let outcome = reload_once(&reloading, &live, &reach).await;
+        match &outcome {
+            Ok(report) => {
+                reach.metrics.config_reloads_applied.inc();
+                tracing::info!(applied = ?report.applied, "configuration reloaded");
+                if !report.needs_restart.is_empty() {
+                    tracing::warn!(
+                        settings = ?report.needs_restart,
+                        "changed settings take effect only after a restart"
+                    );
+                }
+            }
+            Err(error) => {
+                reach.metrics.config_reloads_failed.inc();
+                tracing::error!(%error, "configuration reload refused; the one in force stays");
+            }
+        }
+        let _ = reply.send(outcome.map_err(Arc::new));
+    }
+}
+
+/// Reads, checks and applies the configuration once.
+async fn reload_once(
+    reloading: &Reloading,
+    live: &watch::Sender<Arc<Config>>,
+    reach: &Reloaders,
+) -> Result<ReloadReport, ReloadError> {
+    let new = (reloading.load)()?;
+    let current = Arc::clone(&live.borrow());
+    let (merged, report) = crate::reload::merge(&current, &new);
+    if merged.log.level != current.log.level {
+        (reloading.set_log_level)(&merged.log.level).map_err(ReloadError::LogLevel)?;
+    }
+    if merged.webhooks.subscriptions != current.webhooks.subscriptions {
+        // As at start: configured subscriptions are added or updated,
+        // never removed (see `eventrelay subscriptions remove-unlisted`).
+        let synced: Result<(), StoreError> = async {
+            let conn = reach.db.get().await?;
+            reach
+                .webhooks
+                .sync_config_subscriptions(&*conn, &merged.webhooks.subscriptions)
+                .await
+        }
+        .await;
+        synced.map_err(ReloadError::Subscriptions)?;
+    }
+    if merged.webhooks.workers != current.webhooks.workers {
+        if let Some(dispatcher) = &reach.dispatcher {
+            reach.metrics.actor(ActorKind::Dispatcher).queued();
+            dispatcher.do_send(SetWorkers(merged.webhooks.workers));
+        }
+    }
+    live.send_replace(Arc::new(merged));
+    Ok(report)
 }
 
 /// The janitor: removes outbox rows older than the retention, on an interval.

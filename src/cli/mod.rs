@@ -32,7 +32,7 @@ use tracing_subscriber::EnvFilter;
 
 pub use deliveries::DeliveriesCommand;
 pub use migrate::EmitArgs;
-pub use serve::HealthArgs;
+pub use serve::{HealthArgs, ReloadArgs};
 pub use subscriptions::SubscriptionsCommand;
 pub use token::TokenArgs;
 
@@ -55,6 +55,8 @@ pub enum Command {
     CheckConfig(ConfigArgs),
     /// Mint a development token for the configured HMAC secret.
     Token(TokenArgs),
+    /// Ask a running relay to re-read its configuration (also done on SIGHUP).
+    Reload(ReloadArgs),
     /// Exit 0 when the relay at --url answers 200 (for container health checks).
     Health(HealthArgs),
     /// Create or upgrade eventrelay's tables and SQL functions.
@@ -158,6 +160,12 @@ pub enum CliError {
     },
     #[error(transparent)]
     Tls(#[from] eventrelay::http::tls::TlsError),
+    #[error("{url} refused the reload ({status}): {message}")]
+    ReloadRefused {
+        url: String,
+        status: reqwest::StatusCode,
+        message: String,
+    },
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
@@ -189,6 +197,7 @@ pub enum CliError {
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Serve(args) => serve::serve(args).await,
+        Command::Reload(args) => serve::reload(args).await,
         Command::Health(args) => serve::health(args).await,
         Command::CheckConfig(args) => serve::check_config(args),
         Command::Token(args) => token::token(args),
@@ -236,16 +245,43 @@ fn owner_only(path: &Path) -> std::io::Result<std::fs::File> {
 
 /// Logs to stderr with `log.level` as the filter (`RUST_LOG`, when set,
 /// overrides it) in `log.format`, text or JSON lines.
-pub fn init_logging(log: &LogConfig) {
+///
+/// Returns a handle that swaps the filter, for a reloaded `log.level`.
+pub fn init_logging(log: &LogConfig) -> LogFilter {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&log.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if log.format == "json" {
-        subscriber.json().init();
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let output = if log.format == "json" {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .boxed()
     } else {
-        subscriber.init();
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed()
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(output)
+        .init();
+    LogFilter(handle)
+}
+
+/// Swaps the log filter of a running process.
+pub struct LogFilter(tracing_subscriber::reload::Handle<EnvFilter, tracing_subscriber::Registry>);
+
+impl LogFilter {
+    /// Puts `level` (a tracing filter such as `info` or `eventrelay=debug`)
+    /// in force.
+    pub fn set(&self, level: &str) -> Result<(), eventrelay::reload::BoxError> {
+        let filter = EnvFilter::try_new(level)?;
+        self.0.reload(filter)?;
+        Ok(())
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use eventrelay::auth::{Algorithm, AuthConfig, JwtConfig, SubscriberResolver, build_resolver};
 use eventrelay::config::Config;
+use eventrelay::reload::Reloading;
 
 use super::{CliError, ConfigArgs, DEV_DIR, dev_secret, init_logging};
 
@@ -56,7 +57,7 @@ pub fn check_config(args: ConfigArgs) -> Result<(), CliError> {
 
 pub async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     let mut config = Config::load(args.config.as_deref())?;
-    init_logging(&config.log);
+    let log_filter = init_logging(&config.log);
     raise_file_limit();
     let development = config.auth.is_none();
     let resolver: Arc<dyn SubscriberResolver> = match &config.auth {
@@ -75,6 +76,7 @@ pub async fn serve(args: ConfigArgs) -> Result<(), CliError> {
         config.publish.token = Some(dev_secret(Path::new(DEV_DIR), "publish-token")?);
     }
     let shutdown = shutdown_signal()?;
+    let reloading = reloading(args.config.clone(), &config, log_filter)?;
     let listener = std::net::TcpListener::bind(config.http.bind)?;
     // The banner is best effort: a closed stdout must not stop the service.
     let mut out = std::io::stdout();
@@ -112,7 +114,92 @@ pub async fn serve(args: ConfigArgs) -> Result<(), CliError> {
             let _ = writeln!(out, "  inspector:        {scheme}://{address}/inspector");
         }
     }
-    eventrelay::server::run(config, resolver, listener, shutdown).await?;
+    eventrelay::server::run_with(config, resolver, listener, shutdown, Some(reloading)).await?;
+    Ok(())
+}
+
+/// Reloads from the same file and environment as at start, on SIGHUP and
+/// on `POST /v1/admin/reload`. Development mode's generated publish token
+/// is kept, so a reload does not report it as changed.
+fn reloading(
+    file: Option<std::path::PathBuf>,
+    started: &Config,
+    log_filter: super::LogFilter,
+) -> Result<Reloading, CliError> {
+    let (handle, requests) = eventrelay::reload::channel();
+    let generated_token = started
+        .auth
+        .is_none()
+        .then(|| started.publish.token.clone());
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangups = signal(SignalKind::hangup())?;
+        actix_web::rt::spawn(async move {
+            while hangups.recv().await.is_some() {
+                // The relay logs the outcome.
+                let _ = handle.reload().await;
+            }
+        });
+    }
+    Ok(Reloading {
+        load: Box::new(move || {
+            let mut config = Config::load(file.as_deref())?;
+            if let Some(token) = &generated_token {
+                if config.auth.is_none() && config.publish.token.is_none() {
+                    config.publish.token.clone_from(token);
+                }
+            }
+            Ok(config)
+        }),
+        set_log_level: Box::new(move |level| log_filter.set(level)),
+        requests,
+    })
+}
+
+#[derive(Args)]
+pub struct ReloadArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The running relay.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+}
+
+/// Asks the relay at `--url` to reload, with the configured admin token,
+/// and prints what it applied and what needs a restart.
+pub async fn reload(args: ReloadArgs) -> Result<(), CliError> {
+    let config = Config::load(args.config.config.as_deref())?;
+    let token = config.admin.token.ok_or_else(|| {
+        CliError::Usage(
+            "admin.token is not set: `eventrelay reload` uses the admin API; send SIGHUP to the relay's process instead".into(),
+        )
+    })?;
+    let url = format!("{}/v1/admin/reload", args.url.trim_end_matches('/'));
+    let unreachable = |source| CliError::Unreachable {
+        url: url.clone(),
+        source,
+    };
+    let response = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth(token.expose())
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .map_err(unreachable)?;
+    let status = response.status();
+    let body: serde_json::Value = response.json().await.map_err(unreachable)?;
+    if !status.is_success() {
+        return Err(CliError::ReloadRefused {
+            url,
+            status,
+            message: body["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        });
+    }
+    println!("{body}");
     Ok(())
 }
 

@@ -27,6 +27,7 @@ use super::body::read_body;
 use super::error::{ApiError, ErrorCode};
 use super::token::Guard;
 use crate::metrics::ActorKind;
+use crate::reload::ReloadError;
 use crate::store::{Connection, StoreError};
 use crate::webhooks::{
     DeliveriesDue, DeliveryFilter, MAX_PAGE, Subscription, SubscriptionPatch, ensure_changeable,
@@ -65,7 +66,7 @@ impl FromRequest for Admin {
         };
         ready(
             ADMIN
-                .check(request, state.config.admin.token.as_deref())
+                .check(request, state.config().admin.token.as_deref())
                 .map(|()| Admin(state)),
         )
     }
@@ -84,7 +85,7 @@ async fn json_body<T: DeserializeOwned>(
     payload: web::Payload,
     state: &AppState,
 ) -> Result<T, ApiError> {
-    let body = read_body(payload, state.config.http.max_body_bytes).await?;
+    let body = read_body(payload, state.config().http.max_body_bytes).await?;
     serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, format!("invalid body: {e}")))
 }
@@ -230,7 +231,7 @@ pub async fn rotate_secret(state: Admin, id: web::Path<String>) -> Result<HttpRe
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
     let secret = generate_secret();
-    let grace = Duration::from_secs(state.config.webhooks.rotation_grace_secs);
+    let grace = Duration::from_secs(state.config().webhooks.rotation_grace_secs);
     let rotated = state
         .webhooks
         .rotate_secret(&*conn, &id, &secret, grace)
@@ -394,6 +395,30 @@ pub async fn prune_deliveries(
     Ok(HttpResponse::Ok().json(json!({ "pruned": pruned })))
 }
 
+/// `POST /v1/admin/reload`: reads the configuration again and applies the
+/// live settings (see [`crate::reload`]). A configuration that fails
+/// validation is refused with 422 and the one in force stays.
+pub async fn reload(state: Admin) -> Result<HttpResponse, ApiError> {
+    let Some(handle) = &state.reload else {
+        return Err(conflict(ReloadError::NotSetUp.to_string()));
+    };
+    match handle.reload().await {
+        Ok(report) => Ok(HttpResponse::Ok().json(&report)),
+        Err(error) => Err(match &*error {
+            ReloadError::Config(_) | ReloadError::LogLevel(_) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorCode::InvalidConfig,
+                format!("{error}; the configuration in force stays"),
+            ),
+            ReloadError::NotSetUp => conflict(error.to_string()),
+            ReloadError::Subscriptions(_) => {
+                ApiError::failed("the webhook subscriptions could not be written", &*error)
+            }
+            ReloadError::Stopping => ApiError::unavailable(error.to_string()),
+        }),
+    }
+}
+
 /// Registers the admin routes under `/v1/admin`.
 pub fn routes(config: &mut web::ServiceConfig) {
     config.service(
@@ -407,6 +432,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 "/subscriptions/{id}/rotate-secret",
                 web::post().to(rotate_secret),
             )
+            .route("/reload", web::post().to(reload))
             .route("/deliveries", web::get().to(list_deliveries))
             // Registered before `{id}` so `prune` is never taken for an id.
             .route("/deliveries/prune", web::post().to(prune_deliveries))

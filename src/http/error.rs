@@ -38,11 +38,12 @@ pub enum ErrorCode {
     CorsMethodNotAllowed,
     CorsHeaderNotAllowed,
     MintingDisabled,
+    InvalidConfig,
 }
 
 impl ErrorCode {
     /// Every code, in the order the OpenAPI document lists them.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::InvalidLastEventId,
         ErrorCode::InvalidQuery,
         ErrorCode::InvalidHeader,
@@ -63,6 +64,7 @@ impl ErrorCode {
         ErrorCode::CorsMethodNotAllowed,
         ErrorCode::CorsHeaderNotAllowed,
         ErrorCode::MintingDisabled,
+        ErrorCode::InvalidConfig,
     ];
 
     /// The code as clients see it.
@@ -88,6 +90,7 @@ impl ErrorCode {
             ErrorCode::CorsMethodNotAllowed => "cors_method_not_allowed",
             ErrorCode::CorsHeaderNotAllowed => "cors_header_not_allowed",
             ErrorCode::MintingDisabled => "minting_disabled",
+            ErrorCode::InvalidConfig => "invalid_config",
         }
     }
 }

@@ -26,7 +26,11 @@ use error::{ApiError, ErrorCode};
 
 /// What every handler can reach.
 pub struct AppState {
-    pub config: Arc<Config>,
+    /// The configuration in force, with the live settings of the last
+    /// reload; read it once per request with [`AppState::config`].
+    pub config: crate::reload::LiveConfig,
+    /// Asks the service to reload its configuration, when it can.
+    pub reload: Option<crate::reload::ReloadHandle>,
     pub relay: Addr<Relay>,
     pub resolver: Arc<dyn SubscriberResolver>,
     pub db: Database,
@@ -47,6 +51,13 @@ pub struct AppState {
     /// Turns true when the service starts stopping: every stream then ends
     /// cleanly, so clients reconnect (to another replica) at once.
     pub closing: tokio::sync::watch::Receiver<bool>,
+}
+
+impl AppState {
+    /// The configuration in force now.
+    pub fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.config.borrow())
+    }
 }
 
 /// Registers every route.

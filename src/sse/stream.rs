@@ -76,14 +76,11 @@ pub async fn stream_events(
     query: web::Query<StreamQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    // Read once: a reload meanwhile applies to the next connection.
+    let config = state.config();
     let mut credentials = Credentials::from_headers(request.headers())
         .map_err(|e| ApiError::bad_request(ErrorCode::InvalidHeader, e.to_string()))?;
-    if let Some(name) = state
-        .config
-        .auth
-        .as_ref()
-        .and_then(|auth| auth.query_param())
-    {
+    if let Some(name) = config.auth.as_ref().and_then(|auth| auth.query_param()) {
         credentials = credentials.or_query_token(request.query_string(), name);
     }
     let last_event_id =
@@ -113,7 +110,7 @@ pub async fn stream_events(
         })?;
     let subscriber = resolved.subscriber;
 
-    let sse = &state.config.sse;
+    let sse = &config.sse;
     let replay_from = last_event_id.map(|id| (id - sse.replay_lookback).max(0));
     // Taken before the subscription exists, so whatever it saw committed
     // is history to this subscriber and everything after it is live.

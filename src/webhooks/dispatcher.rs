@@ -53,6 +53,9 @@ pub struct Dispatcher {
     wake: WakeUps,
     metrics: Arc<Metrics>,
     http: reqwest::Client,
+    /// One stop flag per running worker; a worker whose flag is set
+    /// finishes its delivery, then ends.
+    workers: Vec<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Dispatcher {
@@ -74,6 +77,7 @@ impl Dispatcher {
             },
             metrics,
             http,
+            workers: Vec::new(),
         })
     }
 }
@@ -96,17 +100,7 @@ impl Actor for Dispatcher {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        for worker in 0..self.config.workers {
-            let work = Worker {
-                db: self.db.clone(),
-                store: self.store.clone(),
-                config: Arc::clone(&self.config),
-                wake: self.wake.clone(),
-                metrics: Arc::clone(&self.metrics),
-                http: self.http.clone(),
-            };
-            ctx.spawn(work.run(worker).into_actor(self).map(|_, _, _| ()));
-        }
+        self.resize(self.config.workers, ctx);
         let watch = watch_backlog(
             self.db.clone(),
             self.store.clone(),
@@ -138,6 +132,49 @@ async fn watch_backlog(db: Database, store: WebhookStore, metrics: Arc<Metrics>)
             }
             Err(error) => tracing::debug!(%error, "cannot measure the webhook backlog"),
         }
+    }
+}
+
+impl Dispatcher {
+    /// Runs `workers` workers: starts more, or lets the surplus finish
+    /// their delivery and end.
+    fn resize(&mut self, workers: usize, ctx: &mut Context<Self>) {
+        while self.workers.len() > workers {
+            if let Some(stop) = self.workers.pop() {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        // Idle workers look at their stop flag when woken.
+        self.wake.due.notify_waiters();
+        while self.workers.len() < workers {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let work = Worker {
+                db: self.db.clone(),
+                store: self.store.clone(),
+                config: Arc::clone(&self.config),
+                wake: self.wake.clone(),
+                metrics: Arc::clone(&self.metrics),
+                http: self.http.clone(),
+                stop: Arc::clone(&stop),
+            };
+            let worker = self.workers.len();
+            ctx.spawn(work.run(worker).into_actor(self).map(|_, _, _| ()));
+            self.workers.push(stop);
+        }
+    }
+}
+
+/// Runs this many webhook workers (a reloaded `webhooks.workers`).
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+pub struct SetWorkers(pub usize);
+
+impl actix::Handler<SetWorkers> for Dispatcher {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetWorkers, ctx: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Dispatcher).handling();
+        self.resize(msg.0, ctx);
     }
 }
 
@@ -179,12 +216,17 @@ struct Worker {
     wake: WakeUps,
     metrics: Arc<Metrics>,
     http: reqwest::Client,
+    stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Worker {
     async fn run(self, worker: usize) {
         let lease = Duration::from_millis(self.config.lease_ms);
         loop {
+            if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tracing::debug!(worker, "webhook worker stopped");
+                return;
+            }
             // Register for wake-ups before looking, so none is missed.
             let woken = self.wake.due.notified();
             tokio::pin!(woken);

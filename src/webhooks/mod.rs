@@ -15,7 +15,7 @@ pub mod store;
 
 pub use crate::store::StoreError;
 pub use admin::{ConfiguredSubscription, ensure_changeable, generate_secret, prepare_subscription};
-pub use dispatcher::{DeliveriesDue, Dispatcher, StopDispatcher};
+pub use dispatcher::{DeliveriesDue, Dispatcher, SetWorkers, StopDispatcher};
 pub use model::{
     Attempt, AttemptRecord, Claimed, Delivery, DeliveryFilter, InvalidSubscription, MAX_PAGE,
     NewSubscription, Subscription, SubscriptionPatch, validate_subscription,

@@ -140,6 +140,22 @@ impl RelayProcess {
     }
 
     /// The relay's log (stderr) so far.
+    /// Replaces the configuration file the relay was started with (what a
+    /// reload reads).
+    pub fn rewrite_config(&self, contents: &str) {
+        std::fs::write(&self._config.path, contents).unwrap();
+    }
+
+    /// Sends the relay a signal, such as `HUP`.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} failed");
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }

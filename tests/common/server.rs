@@ -40,6 +40,52 @@ impl TestServer {
         tweak: impl FnOnce(&mut Config),
         resolver: Option<Arc<dyn SubscriberResolver>>,
     ) -> TestServer {
+        Self::start_inner(db, tweak, resolver, None)
+    }
+
+    /// Starts a relay that reloads on `POST /v1/admin/reload` (admin token
+    /// [`ADMIN_TOKEN`]) from the configuration the returned handle holds.
+    pub fn start_reloadable(
+        db: &TestDb,
+        tweak: impl FnOnce(&mut Config),
+    ) -> (TestServer, Reloadable) {
+        let next = Arc::new(std::sync::Mutex::new(None::<Config>));
+        let levels = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let (_, requests) = eventrelay::reload::channel();
+        let (load_from, record) = (Arc::clone(&next), Arc::clone(&levels));
+        let reloading = eventrelay::reload::Reloading {
+            load: Box::new(move || {
+                let config = load_from.lock().unwrap().clone().unwrap();
+                config.validate()?;
+                Ok(config)
+            }),
+            set_log_level: Box::new(move |level| {
+                record.lock().unwrap().push(level.to_owned());
+                Ok(())
+            }),
+            requests,
+        };
+        let mut started = None;
+        let server = Self::start_inner(
+            db,
+            |c| {
+                c.admin.token = Some(ADMIN_TOKEN.into());
+                tweak(c);
+                started = Some(c.clone());
+            },
+            None,
+            Some(reloading),
+        );
+        *next.lock().unwrap() = started;
+        (server, Reloadable { next, levels })
+    }
+
+    fn start_inner(
+        db: &TestDb,
+        tweak: impl FnOnce(&mut Config),
+        resolver: Option<Arc<dyn SubscriberResolver>>,
+        reloading: Option<eventrelay::reload::Reloading>,
+    ) -> TestServer {
         let mut config = Config::default();
         config.database.url = Some(db.url.clone().into());
         config.database.schema = db.schema.to_string();
@@ -68,7 +114,8 @@ impl TestServer {
                     let _ = stopped.await;
                 };
                 if let Err(error) =
-                    eventrelay::server::run(config, resolver, listener, shutdown).await
+                    eventrelay::server::run_with(config, resolver, listener, shutdown, reloading)
+                        .await
                 {
                     panic!("relay failed: {error}");
                 }
@@ -225,6 +272,45 @@ impl TestServer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// The admin token of a reloadable test relay.
+pub const ADMIN_TOKEN: &str = "test-admin-token-long-enough";
+
+/// The configuration a reloadable test relay reads on its next reload,
+/// and the log filters it was asked to apply.
+pub struct Reloadable {
+    next: Arc<std::sync::Mutex<Option<Config>>>,
+    levels: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Reloadable {
+    /// Changes what the next reload reads.
+    pub fn change(&self, edit: impl FnOnce(&mut Config)) {
+        let mut next = self.next.lock().unwrap();
+        if let Some(config) = next.as_mut() {
+            edit(config);
+        }
+    }
+
+    /// The `log.level` filters applied so far.
+    pub fn log_levels(&self) -> Vec<String> {
+        self.levels.lock().unwrap().clone()
+    }
+}
+
+impl TestServer {
+    /// `POST /v1/admin/reload`: the status and the answer.
+    pub async fn reload(&self) -> (u16, Value) {
+        let response = reqwest::Client::new()
+            .post(self.url("/v1/admin/reload"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
     }
 }
 
