@@ -176,6 +176,7 @@ pub struct Metrics {
     pub webhook_workers_busy: Gauge,
     pub webhook_due_backlog: Gauge,
     pub webhook_oldest_due_age_seconds: Gauge<f64, AtomicU64>,
+    actor_restarts: Family<ActorLabel, Counter>,
     /// Configuration reloads, applied or refused.
     pub config_reloads_applied: Counter,
     pub config_reloads_failed: Counter,
@@ -231,6 +232,7 @@ impl Metrics {
             webhook_workers_busy: Gauge::default(),
             webhook_due_backlog: Gauge::default(),
             webhook_oldest_due_age_seconds: Gauge::default(),
+            actor_restarts: Family::default(),
             config_reloads_applied: Counter::default(),
             config_reloads_failed: Counter::default(),
             registry: Registry::default(),
@@ -412,6 +414,16 @@ impl Metrics {
             "How long the oldest due webhook delivery has been due",
             metrics.webhook_oldest_due_age_seconds.clone(),
         );
+        for kind in ActorKind::ALL {
+            let _ = metrics.actor_restarts.get_or_create(&ActorLabel {
+                actor: kind.label(),
+            });
+        }
+        registry.register(
+            "actor_restarts",
+            "Actors that failed (panicked) and were restarted, by kind",
+            metrics.actor_restarts.clone(),
+        );
         // Both series exist from the start, so a rule on `failed` has a
         // series to watch before the first failure.
         let reloads = Family::<ResultLabel, Counter>::default();
@@ -444,6 +456,15 @@ impl Metrics {
             .position(|k| *k == kind)
             .unwrap_or_default();
         &self.actors[index]
+    }
+
+    /// Counts a restart of a failed actor of this kind.
+    pub fn restarted(&self, kind: ActorKind) {
+        self.actor_restarts
+            .get_or_create(&ActorLabel {
+                actor: kind.label(),
+            })
+            .inc();
     }
 
     /// Hubs held by hub arbiter `arbiter`.

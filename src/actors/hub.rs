@@ -150,6 +150,27 @@ impl Hub {
     }
 }
 
+impl Hub {
+    /// Runs `work`; if it panics, restarts the hub in place: every
+    /// subscriber's queue is dropped, so each stream ends cleanly and its
+    /// client reconnects and replays (nothing durable is lost), and the
+    /// tail, which may be half updated, is forgotten.
+    fn supervised(&mut self, work: impl FnOnce(&mut Hub)) {
+        let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(self)));
+        if failed.is_err() {
+            self.metrics.restarted(ActorKind::Hub);
+            tracing::error!(
+                scope_key = %self.scope_key,
+                subscribers = self.members.len(),
+                "a hub failed; restarting it: its streams end and their clients reconnect"
+            );
+            self.members.clear();
+            self.streams.clear();
+            self.tail.forget();
+        }
+    }
+}
+
 /// Counts one stream of `subscriber_id` as closed.
 fn stream_closed(streams: &mut HashMap<String, usize>, subscriber_id: &str) {
     if let Some(open) = streams.get_mut(subscriber_id) {
@@ -197,10 +218,12 @@ impl Handler<PublishDurable> for Hub {
 
     fn handle(&mut self, msg: PublishDurable, _: &mut Context<Self>) {
         let _handling = self.handling();
-        self.tail.publish(msg.read_after, &msg.events);
-        for event in &msg.events {
-            self.fan_out(event);
-        }
+        self.supervised(|hub| {
+            hub.tail.publish(msg.read_after, &msg.events);
+            for event in &msg.events {
+                hub.fan_out(event);
+            }
+        });
     }
 }
 
@@ -214,7 +237,7 @@ impl Handler<PublishEphemeral> for Hub {
 
     fn handle(&mut self, msg: PublishEphemeral, _: &mut Context<Self>) {
         let _handling = self.handling();
-        self.fan_out(&msg.0);
+        self.supervised(|hub| hub.fan_out(&msg.0));
     }
 }
 
@@ -293,5 +316,21 @@ impl Handler<Detach> for Hub {
         if let Some(member) = self.members.remove(&msg.session) {
             stream_closed(&mut self.streams, &member.subscriber.subscriber_id);
         }
+    }
+}
+
+/// Makes the hub fail, to test its supervision.
+#[cfg(feature = "fault-injection")]
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct InjectFault;
+
+#[cfg(feature = "fault-injection")]
+impl Handler<InjectFault> for Hub {
+    type Result = ();
+
+    fn handle(&mut self, _: InjectFault, _: &mut Context<Self>) {
+        let _handling = self.handling();
+        self.supervised(|_| panic!("fault injected into a hub"));
     }
 }

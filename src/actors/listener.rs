@@ -52,6 +52,8 @@ enum ListenError {
          pooler), never through a transaction-mode pooler"
     )]
     NotDelivered,
+    #[error("the listener failed while forwarding a notification; reconnecting")]
+    Failed,
     #[error("could not send the delivery probe through the pool; retrying")]
     ProbeNotSent,
     #[error(transparent)]
@@ -247,8 +249,10 @@ impl Link<'_> {
             };
             // A probe from another relay, in the moment before the probe
             // channel was left, is not an event.
-            if notification.channel() != PROBE_CHANNEL {
-                forward(notification.payload(), relay, metrics);
+            if notification.channel() != PROBE_CHANNEL
+                && !supervised_forward(notification.payload(), relay, metrics)
+            {
+                return Err(ListenError::Failed);
             }
             metrics
                 .actor(ActorKind::Listener)
@@ -307,8 +311,8 @@ async fn prove_delivery(
                     if notification.payload() == token {
                         break;
                     }
-                } else {
-                    forward(notification.payload(), relay, metrics);
+                } else if !supervised_forward(notification.payload(), relay, metrics) {
+                    return Err(ListenError::Failed);
                 }
             }
         }
@@ -332,7 +336,9 @@ async fn follow_feed(
     metrics.actor(ActorKind::Relay).queued();
     relay.do_send(ListenerConnected);
     while let Some(payload) = payloads.recv().await {
-        forward(&payload, &relay, &metrics);
+        // The feed is not the listener's to reopen: after a failure it
+        // just goes on with the next payload.
+        supervised_forward(&payload, &relay, &metrics);
         metrics
             .actor(ActorKind::Listener)
             .set_waiting(payloads.len());
@@ -341,10 +347,47 @@ async fn follow_feed(
     tracing::warn!("the embedded database's notification feed ended");
 }
 
+/// [`forward`] under supervision: false when it panicked, after which the
+/// listener restarts (a new connection, and the relay re-reads every active
+/// scope), which is counted.
+fn supervised_forward(payload: &str, relay: &Addr<Relay>, metrics: &Metrics) -> bool {
+    let forwarded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        forward(payload, relay, metrics);
+    }));
+    if forwarded.is_err() {
+        metrics.restarted(ActorKind::Listener);
+        tracing::error!("the listener failed on a notification; restarting it");
+    }
+    forwarded.is_ok()
+}
+
+/// The prefix of the test suite's fault notifications (with the
+/// `fault-injection` feature only).
+#[cfg(feature = "fault-injection")]
+const FAULT_PREFIX: &str = "eventrelay-fault:";
+
 /// Decodes one notification and hands it to the relay: the listener's
 /// unit of work, timed as its handling.
 fn forward(payload: &str, relay: &Addr<Relay>, metrics: &Metrics) {
     let _handling = metrics.actor(ActorKind::Listener).timed();
+    #[cfg(feature = "fault-injection")]
+    if let Some(target) = payload.strip_prefix(FAULT_PREFIX) {
+        use super::relay::InjectFault;
+        match target {
+            "listener" => panic!("fault injected into the listener"),
+            "relay" => {
+                metrics.actor(ActorKind::Relay).queued();
+                relay.do_send(InjectFault::Relay);
+            }
+            _ => {
+                if let Some(scope_key) = target.strip_prefix("hub:") {
+                    metrics.actor(ActorKind::Relay).queued();
+                    relay.do_send(InjectFault::Hub(scope_key.to_owned()));
+                }
+            }
+        }
+        return;
+    }
     let to_relay = metrics.actor(ActorKind::Relay);
     match decode_notification(payload.as_bytes()) {
         Ok(EventNotification::Pointer { scope_key, seq }) => {

@@ -60,7 +60,9 @@ pub struct Relay {
 
 struct ActiveScope {
     hub: Addr<Hub>,
-    subscribers: usize,
+    /// The sessions subscribed here: an unsubscribe from a session this
+    /// scope never had (its scope was dropped by a restart) changes nothing.
+    sessions: std::collections::HashSet<u64>,
     state: ScopeState,
 }
 
@@ -107,13 +109,64 @@ impl Relay {
                 self.metrics.active_scopes.set(active as i64 + 1);
                 entry.insert(ActiveScope {
                     hub,
-                    subscribers: 0,
+                    sessions: std::collections::HashSet::new(),
                     state: ScopeState::new(History::new(
                         Arc::clone(&joined.snapshot),
                         joined.scope_newest,
                     )),
                 })
             }
+        }
+    }
+
+    /// Runs `work`; if it panics, restarts the relay in place: every scope
+    /// is dropped, so its hub stops and its streams end cleanly; their
+    /// clients reconnect and replay from their `Last-Event-ID`, so nothing
+    /// durable is lost.
+    fn supervised(&mut self, work: impl FnOnce(&mut Relay)) {
+        let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(self)));
+        if failed.is_err() {
+            self.metrics.restarted(ActorKind::Relay);
+            tracing::error!(
+                scopes = self.scopes.len(),
+                "the relay failed; restarting it: every stream ends and its client reconnects"
+            );
+            self.scopes.clear();
+            self.metrics.active_scopes.set(0);
+        }
+    }
+
+    /// A scope's outbox read finished: hand its new events to the hub.
+    fn read_done(&mut self, msg: ReadDone, ctx: &mut Context<Self>) {
+        let Some(scope) = self.scopes.get_mut(&msg.scope_key) else {
+            return;
+        };
+        match msg.result {
+            Ok(rows) => {
+                for batch in scope.state.read_done(msg.from, rows, PAGE as usize) {
+                    self.metrics.actor(ActorKind::Hub).queued();
+                    scope.hub.do_send(PublishDurable {
+                        read_after: batch.read_after,
+                        events: batch.events,
+                    });
+                }
+            }
+            Err(error) => {
+                scope.state.read_failed();
+                tracing::warn!(scope_key = %msg.scope_key, %error, "outbox read failed; retrying");
+                let scope_key = msg.scope_key.clone();
+                let from = msg.from;
+                ctx.run_later(READ_RETRY, move |relay, ctx| {
+                    relay.schedule_read(&scope_key, from, ctx)
+                });
+            }
+        }
+        if let Some(next) = self
+            .scopes
+            .get_mut(&msg.scope_key)
+            .and_then(|scope| scope.state.take_pending())
+        {
+            self.schedule_read(&msg.scope_key, next, ctx);
         }
     }
 
@@ -268,36 +321,7 @@ impl Handler<ReadDone> for Relay {
 
     fn handle(&mut self, msg: ReadDone, ctx: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        let Some(scope) = self.scopes.get_mut(&msg.scope_key) else {
-            return;
-        };
-        match msg.result {
-            Ok(rows) => {
-                for batch in scope.state.read_done(msg.from, rows, PAGE as usize) {
-                    self.metrics.actor(ActorKind::Hub).queued();
-                    scope.hub.do_send(PublishDurable {
-                        read_after: batch.read_after,
-                        events: batch.events,
-                    });
-                }
-            }
-            Err(error) => {
-                scope.state.read_failed();
-                tracing::warn!(scope_key = %msg.scope_key, %error, "outbox read failed; retrying");
-                let scope_key = msg.scope_key.clone();
-                let from = msg.from;
-                ctx.run_later(READ_RETRY, move |relay, ctx| {
-                    relay.schedule_read(&scope_key, from, ctx)
-                });
-            }
-        }
-        if let Some(next) = self
-            .scopes
-            .get_mut(&msg.scope_key)
-            .and_then(|scope| scope.state.take_pending())
-        {
-            self.schedule_read(&msg.scope_key, next, ctx);
-        }
+        self.supervised(|relay| relay.read_done(msg, ctx));
     }
 }
 
@@ -345,7 +369,7 @@ impl Handler<Subscribe> for Relay {
         let relay = ctx.address();
         let scope_key = msg.subscriber.scope_key.clone();
         let scope = self.activate(&msg.subscriber.scope_key, &msg.joined);
-        scope.subscribers += 1;
+        scope.sessions.insert(session);
         let hide_committed_before = msg
             .replay_after
             .is_none()
@@ -390,12 +414,14 @@ impl Handler<Unsubscribe> for Relay {
         let Some(scope) = self.scopes.get_mut(&msg.scope_key) else {
             return;
         };
+        if !scope.sessions.remove(&msg.session) {
+            return;
+        }
         self.metrics.actor(ActorKind::Hub).queued();
         scope.hub.do_send(Detach {
             session: msg.session,
         });
-        scope.subscribers = scope.subscribers.saturating_sub(1);
-        if scope.subscribers == 0 {
+        if scope.sessions.is_empty() {
             // Dropping the last address stops the hub once its mailbox drains.
             self.scopes.remove(&msg.scope_key);
             self.metrics.active_scopes.set(self.scopes.len() as i64);
@@ -413,5 +439,32 @@ impl Handler<StopRelay> for Relay {
 
     fn handle(&mut self, _: StopRelay, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+/// Makes the relay, or one scope's hub, fail, to test their supervision.
+#[cfg(feature = "fault-injection")]
+#[derive(Message)]
+#[rtype(result = "()")]
+pub enum InjectFault {
+    Relay,
+    Hub(String),
+}
+
+#[cfg(feature = "fault-injection")]
+impl Handler<InjectFault> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, msg: InjectFault, _: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
+        match msg {
+            InjectFault::Relay => self.supervised(|_| panic!("fault injected into the relay")),
+            InjectFault::Hub(scope_key) => {
+                if let Some(scope) = self.scopes.get(&scope_key) {
+                    self.metrics.actor(ActorKind::Hub).queued();
+                    scope.hub.do_send(super::hub::InjectFault);
+                }
+            }
+        }
     }
 }

@@ -63,6 +63,17 @@ impl Tail {
         }
     }
 
+    /// Drops everything and claims to cover nothing, for a hub restarted
+    /// after a failure: what it held may be half updated.
+    pub fn forget(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+        self.covers_after = None;
+        if let Some(lease) = &self.lease {
+            lease.shrunk(0);
+        }
+    }
+
     /// Adds a batch read from the outbox after `read_after`, in seq order.
     pub fn publish(&mut self, read_after: i64, batch: &[Arc<EncodedEvent>]) {
         let last_known = self
