@@ -19,7 +19,7 @@ use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 use eventrelay_bench::report::{Table, ms, size, verdict};
 use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
 use eventrelay_bench::scenarios::{
-    emit_cost, publish_throughput, replay, tail_memory, tails_budget, webhooks,
+    emit_cost, pools, publish_throughput, replay, tail_memory, tails_budget, webhooks,
 };
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::{BenchResult, proc_stats};
@@ -48,7 +48,7 @@ struct Args {
     #[arg(long, default_value = "/tmp/eventrelay-bench")]
     work_dir: PathBuf,
     /// Run only these scenarios (comma separated: tail, emit, publish,
-    /// fanout, sessions, http2, scopes, replay, webhooks).
+    /// fanout, sessions, pools, http2, scopes, replay, webhooks).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -166,6 +166,9 @@ async fn run_scenarios(
     }
     if wanted("sessions") {
         session_rows(args, schema, &scale, table).await?;
+    }
+    if wanted("pools") {
+        pool_rows(args, schema, &scale, table).await?;
     }
     if wanted("http2") {
         http2_rows(args, schema, &scale, table).await?;
@@ -526,6 +529,105 @@ fn fanout_target(subscribers: usize, pace: Pace, http: bool, f: &FanoutFigures) 
         }
         _ => format!("all received: {}", verdict(all)),
     }
+}
+
+/// Each pool varied on its own, for `docs/operations.md`.
+async fn pool_rows(args: &Args, schema: &str, scale: &Scale, table: &mut Table) -> BenchResult<()> {
+    let db = args.database_url.as_str();
+    // Hub arbiters: many busy scopes.
+    let rate = 1_000.0;
+    for arbiters in [1, 2, 4] {
+        let mut settings = RelaySettings::new(db, schema);
+        settings.arbiters = arbiters;
+        let relay = start_relay(args, settings).await?;
+        eprintln!("pools: hub.arbiters = {arbiters}");
+        let plan = FanoutPlan {
+            subscribers: scale.scopes * scale.per_scope,
+            scopes: scale.scopes,
+            scope_prefix: format!("arbiters-{arbiters}"),
+            pace: Pace::PerSecond(rate),
+            duration: scale.fixed_run,
+            writers: 4,
+            source: emit_source(db, schema),
+        };
+        let before = pools::arbiter_busy(&relay, arbiters).await;
+        let started = std::time::Instant::now();
+        let f = fanout::run(&plan, &relay_server(&relay)).await?;
+        let busiest =
+            pools::busiest_arbiter(&relay, arbiters, &before, started.elapsed().as_secs_f64())
+                .await;
+        table.add(
+            format!(
+                "hub.arbiters = {arbiters}: {} scopes × {} subscribers, {rate:.0} ev/s, emit",
+                scale.scopes, scale.per_scope
+            ),
+            format!(
+                "busiest arbiter {:.0}% busy · {}",
+                busiest * 100.0,
+                fanout_summary(&f)
+            ),
+            format!("all received: {}", verdict(f.delivered == f.expected)),
+        );
+    }
+    // Webhook workers: a receiver that takes 50 ms per request.
+    let delay = Duration::from_millis(50);
+    for workers in [1, 4, 16] {
+        let receiver = WebhookReceiver::start_slow(delay).await?;
+        let mut settings = RelaySettings::new(db, schema);
+        settings.webhook_url = Some(receiver.url.clone());
+        settings.webhook_workers = workers;
+        let relay = start_relay(args, settings).await?;
+        eprintln!("pools: webhooks.workers = {workers}");
+        let events = (workers * 40).min(scale.webhook_events);
+        let f = webhooks::run(&receiver, 1, db, schema, events).await?;
+        let backlog_age = relay.metric("webhook_oldest_due_age_seconds").await;
+        table.add(
+            format!("webhooks.workers = {workers}: receiver answers in 50 ms, {events} deliveries"),
+            format!(
+                "{:.0} deliveries/s ({:.1} per worker) · {} of {} delivered · oldest due at the end {backlog_age:.1} s",
+                f.deliveries_per_second,
+                f.deliveries_per_second / workers as f64,
+                f.delivered,
+                f.events
+            ),
+            format!("all delivered: {}", verdict(f.delivered == f.events as u64)),
+        );
+        drop(relay);
+    }
+    // Database pool: a replay storm from the outbox.
+    let subscribers = scale.small_fanout / 2;
+    for pool_size in [2, 8, 32] {
+        let mut settings = RelaySettings::new(db, schema);
+        settings.pool_size = pool_size;
+        let relay = start_relay(args, settings).await?;
+        eprintln!("pools: database.pool_size = {pool_size}");
+        let f = pools::replay_storm(
+            &relay,
+            db,
+            schema,
+            &format!("storm-{pool_size}"),
+            subscribers,
+            500,
+        )
+        .await?;
+        table.add(
+            format!(
+                "database.pool_size = {pool_size}: {} subscribers replay {} events each from the outbox at once",
+                f.subscribers, f.events
+            ),
+            format!(
+                "all live after {:.2} s · mean pool wait {:.1} ms · {} events replayed",
+                f.took.as_secs_f64(),
+                f.mean_pool_wait.as_secs_f64() * 1000.0,
+                f.received
+            ),
+            format!(
+                "all replayed: {}",
+                verdict(f.received == (f.subscribers * f.events) as u64)
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// The stream session against the actor session: idle memory per

@@ -27,6 +27,9 @@ pub struct RelaySettings {
     pub group_commit_ms: u64,
     /// `sse.session`: `stream` or `actor`.
     pub session: &'static str,
+    pub arbiters: usize,
+    pub pool_size: usize,
+    pub webhook_workers: usize,
 }
 
 impl RelaySettings {
@@ -42,6 +45,9 @@ impl RelaySettings {
             tls: None,
             group_commit_ms: 2,
             session: "stream",
+            arbiters: 2,
+            pool_size: 16,
+            webhook_workers: 4,
         }
     }
 
@@ -63,7 +69,7 @@ impl RelaySettings {
 url = "{url}"
 schema = "{schema}"
 channel = "{schema}"
-pool_size = 16
+pool_size = {pool_size}
 
 [http]
 bind = "127.0.0.1:{port}"
@@ -77,7 +83,7 @@ replay_lookback = {lookback}
 session = "{session}"
 
 [hub]
-arbiters = 2
+arbiters = {arbiters}
 tail_events = {tail_events}
 tail_bytes = {tail_bytes}
 
@@ -95,6 +101,7 @@ level = "warn"
 
 [webhooks]
 allow_private_networks = true
+workers = {webhook_workers}
 "#,
             url = self.database_url,
             schema = self.schema,
@@ -106,6 +113,9 @@ allow_private_networks = true
             token = PUBLISH_TOKEN,
             group = self.group_commit_ms,
             session = self.session,
+            arbiters = self.arbiters,
+            pool_size = self.pool_size,
+            webhook_workers = self.webhook_workers,
         );
         if let Some((cert, key)) = &self.tls {
             text.push_str(&format!(

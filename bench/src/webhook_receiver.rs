@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -18,13 +19,18 @@ pub struct WebhookReceiver {
 
 impl WebhookReceiver {
     pub async fn start() -> BenchResult<WebhookReceiver> {
+        Self::start_slow(Duration::ZERO).await
+    }
+
+    /// A receiver that takes `delay` to answer each request.
+    pub async fn start_slow(delay: Duration) -> BenchResult<WebhookReceiver> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}/hook", listener.local_addr()?);
         let received = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&received);
         let accept = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, Arc::clone(&counter)));
+                tokio::spawn(serve(stream, Arc::clone(&counter), delay));
             }
         });
         Ok(WebhookReceiver {
@@ -47,7 +53,7 @@ impl Drop for WebhookReceiver {
 
 /// Serves keep-alive requests on one connection: reads the head and the
 /// `content-length` body, answers 200.
-async fn serve(mut stream: TcpStream, received: Arc<AtomicU64>) {
+async fn serve(mut stream: TcpStream, received: Arc<AtomicU64>, delay: Duration) {
     let mut buffer = Vec::with_capacity(8192);
     let mut chunk = vec![0u8; 8192];
     loop {
@@ -74,6 +80,9 @@ async fn serve(mut stream: TcpStream, received: Arc<AtomicU64>) {
         }
         buffer.drain(..head_end + body_length);
         received.fetch_add(1, Ordering::Relaxed);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         if stream.write_all(OK_RESPONSE).await.is_err() {
             return;
         }

@@ -3,6 +3,7 @@
 
 pub mod emit_cost;
 pub mod fanout;
+pub mod pools;
 pub mod publish_throughput;
 pub mod replay;
 pub mod tail_memory;

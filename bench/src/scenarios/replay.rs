@@ -22,7 +22,12 @@ pub struct ReplayFigures {
     pub served_from: &'static str,
 }
 
-fn target(relay: &RelayProcess, subscriber: &str, scope: &str, after: Option<i64>) -> StreamTarget {
+pub fn target(
+    relay: &RelayProcess,
+    subscriber: &str,
+    scope: &str,
+    after: Option<i64>,
+) -> StreamTarget {
     StreamTarget {
         address: relay.address(),
         path: "/v1/events".to_owned(),
