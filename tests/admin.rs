@@ -833,6 +833,7 @@ async fn the_openapi_document_lists_every_admin_endpoint() {
         ("/v1/admin/deliveries/{id}", "get"),
         ("/v1/admin/deliveries/{id}/redeliver", "post"),
         ("/v1/admin/deliveries/prune", "post"),
+        ("/v1/admin/reload", "post"),
     ];
     for (path, method) in expected {
         assert!(
