@@ -17,28 +17,8 @@ use std::time::Duration;
 use common::process::{RelayProcess, relay_config};
 use common::server::{TestServer, token};
 use common::{DEADLINE, TestDb};
-use eventrelay::publisher::{NewEvent, Publisher};
+use eventrelay::publisher::NewEvent;
 use serde_json::json;
-
-async fn emit(db: &TestDb, event: NewEvent) -> eventrelay::publisher::EventEnvelope {
-    let client = db.connect().await;
-    Publisher::new(db.schema.as_str())
-        .unwrap()
-        .emit(&client, event)
-        .await
-        .unwrap()
-}
-
-async fn wait_for(server: &TestServer, name: &str, wanted: f64) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while server.metric(name).await != wanted {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} never reached {wanted}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test]
 async fn sse_settings_apply_to_new_connections_and_open_ones_stay() {
@@ -75,7 +55,9 @@ async fn sse_settings_apply_to_new_connections_and_open_ones_stay() {
     );
 
     // The stream opened before the reload still delivers.
-    let event = emit(&db, NewEvent::durable("after.reload", "org-1", json!({}))).await;
+    let event = db
+        .emit(NewEvent::durable("after.reload", "org-1", json!({})))
+        .await;
     assert_eq!(open.next_event().await.json()["id"], event.id.to_string());
 
     // The cap is now 1, and alice already holds a stream.
@@ -84,7 +66,9 @@ async fn sse_settings_apply_to_new_connections_and_open_ones_stay() {
     };
     assert_eq!(status, 429);
     drop(open);
-    wait_for(&server, "eventrelay_sse_connections", 0.0).await;
+    server
+        .wait_for_metric("eventrelay_sse_connections", |v| v == 0.0)
+        .await;
 
     // A new stream gets the new heartbeat and the new age cap.
     let mut fresh = server.connect(Some(&alice), None, "").await.unwrap();
@@ -117,7 +101,10 @@ async fn tail_bounds_and_queue_capacity_change_live() {
     let (mut live, _) = server.subscribe(&alice, None, "").await;
     let mut emitted = Vec::new();
     for n in 0..5 {
-        emitted.push(emit(&db, NewEvent::durable("n", "org-1", json!({"n": n}))).await);
+        emitted.push(
+            db.emit(NewEvent::durable("n", "org-1", json!({"n": n})))
+                .await,
+        );
     }
     live.events(5).await;
     let after = emitted[0].seq.unwrap().to_string();
@@ -165,9 +152,12 @@ async fn webhook_workers_and_subscriptions_change_live() {
     });
     server.ready().await;
     for n in 0..4 {
-        emit(&db, NewEvent::durable("n", "org-1", json!({"n": n}))).await;
+        db.emit(NewEvent::durable("n", "org-1", json!({"n": n})))
+            .await;
     }
-    wait_for(&server, "eventrelay_webhook_workers_busy", 1.0).await;
+    server
+        .wait_for_metric("eventrelay_webhook_workers_busy", |v| v == 1.0)
+        .await;
 
     let second = subscription("second");
     reloadable.change(|c| {
@@ -180,7 +170,9 @@ async fn webhook_workers_and_subscriptions_change_live() {
         report["applied"],
         json!(["webhooks.subscriptions", "webhooks.workers"])
     );
-    wait_for(&server, "eventrelay_webhook_workers_busy", 3.0).await;
+    server
+        .wait_for_metric("eventrelay_webhook_workers_busy", |v| v == 3.0)
+        .await;
     let added = reqwest::Client::new()
         .get(server.url("/v1/admin/subscriptions/second"))
         .bearer_auth(common::server::ADMIN_TOKEN)

@@ -12,27 +12,10 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::TestDb;
 use common::server::{TestServer, token};
-use common::{DEADLINE, TestDb};
 use eventrelay::publisher::{NewEvent, Publisher};
 use serde_json::json;
-
-async fn wait_for(server: &TestServer, name: &str, wanted: impl Fn(f64) -> bool) -> f64 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let value = server.metric(name).await;
-        if wanted(value) {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} stayed at {value}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test]
 async fn every_pool_reports_its_load() {
@@ -68,12 +51,12 @@ async fn every_pool_reports_its_load() {
     // Every message counted into a mailbox is counted out: the depths
     // settle at exactly zero, never below.
     for actor in ["listener", "relay", "hub", "dispatcher"] {
-        wait_for(
-            &server,
-            &format!("eventrelay_actor_mailbox_depth{{actor=\"{actor}\"}}"),
-            |depth| depth == 0.0,
-        )
-        .await;
+        server
+            .wait_for_metric(
+                &format!("eventrelay_actor_mailbox_depth{{actor=\"{actor}\"}}"),
+                |depth| depth == 0.0,
+            )
+            .await;
     }
     let mut hubs = 0.0;
     for arbiter in [0, 1] {
@@ -111,14 +94,16 @@ async fn every_pool_reports_its_load() {
 
     // The scope's hub goes away with its last subscriber.
     drop(stream);
-    wait_for(&server, "eventrelay_active_scopes", |n| n == 0.0).await;
-    for arbiter in [0, 1] {
-        wait_for(
-            &server,
-            &format!("eventrelay_arbiter_hubs{{arbiter=\"{arbiter}\"}}"),
-            |n| n == 0.0,
-        )
+    server
+        .wait_for_metric("eventrelay_active_scopes", |n| n == 0.0)
         .await;
+    for arbiter in [0, 1] {
+        server
+            .wait_for_metric(
+                &format!("eventrelay_arbiter_hubs{{arbiter=\"{arbiter}\"}}"),
+                |n| n == 0.0,
+            )
+            .await;
     }
 }
 
@@ -164,12 +149,13 @@ async fn the_webhook_backlog_shows_deliveries_waiting_for_a_worker() {
             .await
             .unwrap();
     }
-    wait_for(&server, "eventrelay_webhook_workers_busy", |n| n == 1.0).await;
-    wait_for(&server, "eventrelay_webhook_due_backlog", |n| n == 2.0).await;
-    wait_for(
-        &server,
-        "eventrelay_webhook_oldest_due_age_seconds",
-        |age| age > 0.0,
-    )
-    .await;
+    server
+        .wait_for_metric("eventrelay_webhook_workers_busy", |n| n == 1.0)
+        .await;
+    server
+        .wait_for_metric("eventrelay_webhook_due_backlog", |n| n == 2.0)
+        .await;
+    server
+        .wait_for_metric("eventrelay_webhook_oldest_due_age_seconds", |age| age > 0.0)
+        .await;
 }

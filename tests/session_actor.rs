@@ -12,25 +12,14 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::TestDb;
 use common::server::{Frame, TestServer, token};
-use common::{DEADLINE, TestDb};
 use eventrelay::config::{Config, SessionModel};
-use eventrelay::publisher::{NewEvent, Publisher};
+use eventrelay::publisher::NewEvent;
 use serde_json::json;
 
 fn actor_sessions(config: &mut Config) {
     config.sse.session = SessionModel::Actor;
-}
-
-async fn emit(db: &TestDb, event: NewEvent) -> eventrelay::publisher::EventEnvelope {
-    let client = db.connect().await;
-    Publisher::new(db.schema.as_str())
-        .unwrap()
-        .emit(&client, event)
-        .await
-        .unwrap()
 }
 
 fn durable(event_type: &str) -> NewEvent {
@@ -42,17 +31,6 @@ fn ids(frames: &[Frame]) -> Vec<String> {
         .iter()
         .map(|f| f.json()["id"].as_str().unwrap().to_owned())
         .collect()
-}
-
-async fn wait_for_metric(server: &TestServer, name: &str, wanted: f64) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while server.metric(name).await != wanted {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} never reached {wanted}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]
@@ -75,7 +53,7 @@ async fn frames_events_and_heartbeats_like_the_stream_session() {
         stream.next_frame().await.unwrap().event.as_deref(),
         Some("ready")
     );
-    let committed = emit(&db, durable("order.created")).await;
+    let committed = db.emit(durable("order.created")).await;
     let frame = stream.next_event().await;
     assert_eq!(frame.id, Some(committed.seq.unwrap().to_string()));
     assert_eq!(frame.json()["id"], committed.id.to_string());
@@ -98,16 +76,16 @@ async fn replays_from_memory_and_from_the_outbox_then_goes_live() {
     server.ready().await;
     let alice = token("alice", "org-1", json!({}));
     let (live, _) = server.subscribe(&alice, None, "").await;
-    let first = emit(&db, durable("a")).await;
+    let first = db.emit(durable("a")).await;
     let mut expected = Vec::new();
     for _ in 0..4 {
-        expected.push(emit(&db, durable("b")).await.id.to_string());
+        expected.push(db.emit(durable("b")).await.id.to_string());
     }
     let after = first.seq.unwrap().to_string();
     let (mut from_memory, resync) = server.subscribe(&alice, Some(&after), "").await;
     assert!(!resync);
     assert_eq!(ids(&from_memory.replayed), expected);
-    let next = emit(&db, durable("c")).await;
+    let next = db.emit(durable("c")).await;
     assert_eq!(
         from_memory.next_event().await.json()["id"],
         next.id.to_string()
@@ -116,7 +94,9 @@ async fn replays_from_memory_and_from_the_outbox_then_goes_live() {
     drop(from_memory);
     drop(live);
 
-    wait_for_metric(&server, "eventrelay_active_scopes", 0.0).await;
+    server
+        .wait_for_metric("eventrelay_active_scopes", |v| v == 0.0)
+        .await;
     let (from_outbox, resync) = server.subscribe(&alice, Some(&after), "").await;
     assert!(!resync);
     assert_eq!(ids(&from_outbox.replayed), expected);
@@ -142,9 +122,9 @@ async fn until_and_the_age_cap_end_the_stream_cleanly() {
     let (mut aged, _) = server
         .subscribe(&token("bob", "org-2", json!({})), None, "")
         .await;
-    emit(&db, durable("job.progress")).await;
-    emit(&db, durable("job.done")).await;
-    emit(&db, durable("job.after")).await;
+    db.emit(durable("job.progress")).await;
+    db.emit(durable("job.done")).await;
+    db.emit(durable("job.after")).await;
     assert_eq!(
         until.next_event().await.event.as_deref(),
         Some("job.progress")
@@ -168,7 +148,9 @@ async fn a_closed_client_is_released_and_a_slow_one_dropped() {
     assert_eq!(server.metric("eventrelay_sse_connections").await, 1.0);
     drop(closing);
     // The default heartbeat is 20 s: only the peek can notice this soon.
-    wait_for_metric(&server, "eventrelay_sse_connections", 0.0).await;
+    server
+        .wait_for_metric("eventrelay_sse_connections", |v| v == 0.0)
+        .await;
 
     let (_never_reads, _) = server
         .subscribe(&token("slow", "org-1", json!({})), None, "")
@@ -176,5 +158,7 @@ async fn a_closed_client_is_released_and_a_slow_one_dropped() {
     server
         .flood_until_a_slow_subscriber_is_dropped(&db, "org-1", None)
         .await;
-    wait_for_metric(&server, "eventrelay_sse_connections", 0.0).await;
+    server
+        .wait_for_metric("eventrelay_sse_connections", |v| v == 0.0)
+        .await;
 }

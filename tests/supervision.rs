@@ -13,10 +13,8 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::TestDb;
 use common::server::{TestServer, token};
-use common::{DEADLINE, TestDb};
 use eventrelay::publisher::{NewEvent, Publisher};
 use serde_json::json;
 
@@ -40,17 +38,6 @@ async fn inject(db: &TestDb, target: &str) {
         .unwrap();
 }
 
-async fn wait_for(server: &TestServer, name: &str, wanted: f64) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while server.metric(name).await != wanted {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} never reached {wanted}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Subscribes, sees 3 events, lets `target` fail, checks the stream ends
 /// cleanly, emits 3 more, and reconnects from the last id seen: all 6
 /// events arrive, each once.
@@ -72,12 +59,12 @@ async fn a_failure_loses_nothing(target: &str, actor: &str) {
     }
 
     inject(&db, target).await;
-    wait_for(
-        &server,
-        &format!("eventrelay_actor_restarts_total{{actor=\"{actor}\"}}"),
-        1.0,
-    )
-    .await;
+    server
+        .wait_for_metric(
+            &format!("eventrelay_actor_restarts_total{{actor=\"{actor}\"}}"),
+            |v| v == 1.0,
+        )
+        .await;
     if actor != "listener" {
         assert!(stream.ends().await, "the stream must end cleanly");
     }

@@ -104,6 +104,19 @@ impl TestDb {
         }
     }
 
+    /// Emits one event with the publisher crate, in its own transaction.
+    pub async fn emit(
+        &self,
+        event: eventrelay::publisher::NewEvent,
+    ) -> eventrelay::publisher::EventEnvelope {
+        let client = self.connect().await;
+        eventrelay::publisher::Publisher::new(self.schema.as_str())
+            .unwrap()
+            .emit(&client, event)
+            .await
+            .unwrap()
+    }
+
     pub async fn connect(&self) -> Client {
         eventrelay::connect(&self.url).await.unwrap_or_else(|e| {
             panic!(

@@ -275,6 +275,25 @@ impl TestServer {
     }
 }
 
+impl TestServer {
+    /// Waits, up to the deadline, until metric `name` satisfies `wanted`;
+    /// returns its value then.
+    pub async fn wait_for_metric(&self, name: &str, wanted: impl Fn(f64) -> bool) -> f64 {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let value = self.metric(name).await;
+            if wanted(value) {
+                return value;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} stayed at {value}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 /// The admin token of a reloadable test relay.
 pub const ADMIN_TOKEN: &str = "test-admin-token-long-enough";
 
