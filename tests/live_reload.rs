@@ -239,11 +239,11 @@ async fn sighup_reloads_the_running_binary() {
     let port = common::process::free_port();
     let relay = RelayProcess::spawn(&relay_config(&db, port, ""));
     relay.ready().await;
-    relay.rewrite_config(&relay_config(
-        &db,
-        port,
-        "[sse]\nmax_connections_per_subscriber = 1\n",
-    ));
+    // The relay logs at `warn`; the reload turns `info` on, so its own
+    // "configuration reloaded" line shows that the log filter changed.
+    let reloaded = relay_config(&db, port, "[sse]\nmax_connections_per_subscriber = 1\n")
+        .replace("level = \"warn\"", "level = \"info\"");
+    relay.rewrite_config(&reloaded);
     relay.signal("HUP");
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while relay
@@ -268,5 +268,14 @@ async fn sighup_reloads_the_running_binary() {
     assert_eq!(first.status(), 200);
     let second = open(&relay).await.unwrap();
     assert_eq!(second.status(), 429);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !relay.log().contains("configuration reloaded") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reloaded log.level did not take effect: {}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     relay.kill();
 }
