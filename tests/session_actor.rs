@@ -75,12 +75,14 @@ async fn replays_from_memory_and_from_the_outbox_then_goes_live() {
     });
     server.ready().await;
     let alice = token("alice", "org-1", json!({}));
-    let (live, _) = server.subscribe(&alice, None, "").await;
+    let (mut live, _) = server.subscribe(&alice, None, "").await;
     let first = db.emit(durable("a")).await;
     let mut expected = Vec::new();
     for _ in 0..4 {
         expected.push(db.emit(durable("b")).await.id.to_string());
     }
+    // Once the live subscriber has them all, so has the hub's tail.
+    live.events(5).await;
     let after = first.seq.unwrap().to_string();
     let (mut from_memory, resync) = server.subscribe(&alice, Some(&after), "").await;
     assert!(!resync);
