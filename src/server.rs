@@ -335,6 +335,9 @@ pub async fn run_with(
     if config.http.workers > 0 {
         server = server.workers(config.http.workers);
     }
+    // A second handle on the listening socket, to stop listening at once
+    // when shutting down (see `stop_listening`).
+    let listening = listener.try_clone()?;
     let server = match tls {
         Some(tls) => server.listen_rustls_0_23(listener, tls)?,
         None => server.listen(listener)?,
@@ -344,13 +347,22 @@ pub async fn run_with(
     let stopped = actix::spawn(server);
     shutdown.await;
     tracing::info!("shutting down");
-    // Streams end first, each with its closing chunk, so the graceful stop
-    // below has no open response left to wait for.
+    // The order matters to clients: first nothing new is accepted, then
+    // every stream ends with its closing chunk. A client reconnecting at
+    // once is refused here and goes to another replica (or retries until
+    // the next process listens), instead of landing on this one while it
+    // winds down or being reset from its accept queue. With no open
+    // response left, the graceful stop below has nothing to wait for.
+    let http_stopping = handle.stop(true);
+    // Let the server task take the stop command, so its accept thread is
+    // told to stop before the socket stops listening under it.
+    tokio::task::yield_now().await;
+    stop_listening(&listening);
     closing_streams.send_replace(true);
     // Bounded: the rest of the shutdown (actors, arbiters, the embedded
     // database) must run even if the HTTP server never reports back.
     let http_stopped = async {
-        handle.stop(true).await;
+        http_stopping.await;
         stopped.await.unwrap_or(Ok(()))
     };
     let result = match tokio::time::timeout(HTTP_SHUTDOWN_GRACE * 3, http_stopped).await {
@@ -380,6 +392,15 @@ pub async fn run_with(
         embedded.shutdown().await;
     }
     result.map_err(ServeError::Http)
+}
+
+/// Makes the listening socket refuse new connections now, rather than when
+/// the HTTP server's accept thread gets round to closing it: a shut-down
+/// read side takes a TCP socket out of the listening state at once (Linux).
+fn stop_listening(listening: &std::net::TcpListener) {
+    if let Err(error) = socket2::SockRef::from(listening).shutdown(std::net::Shutdown::Read) {
+        tracing::debug!(%error, "could not stop listening early; the server stops it");
+    }
 }
 
 /// What a reload reaches beyond the live configuration.

@@ -153,10 +153,23 @@ impl RelayProcess {
         work_dir: &Path,
         settings: &RelaySettings,
     ) -> BenchResult<RelayProcess> {
-        let port = free_port()?;
+        Self::start_on(binary, work_dir, settings, free_port()?).await
+    }
+
+    /// Like [`RelayProcess::start`], on a given loopback port (a restart
+    /// takes over the port its predecessor listened on).
+    pub async fn start_on(
+        binary: &Path,
+        work_dir: &Path,
+        settings: &RelaySettings,
+        port: u16,
+    ) -> BenchResult<RelayProcess> {
         let config_path: PathBuf = work_dir.join(format!("relay-{port}.toml"));
         std::fs::write(&config_path, settings.toml(port))?;
-        let log = std::fs::File::create(work_dir.join(format!("relay-{port}.log")))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(work_dir.join(format!("relay-{port}.log")))?;
         let child = Command::new(binary)
             .arg("serve")
             .arg("--config")
@@ -183,6 +196,31 @@ impl RelayProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Stops the relay with SIGTERM, as a deploy does, and waits until the
+    /// process has exited (killing it after `patience`); answers how long
+    /// the shutdown took.
+    pub async fn terminate(&mut self, patience: Duration) -> BenchResult<Duration> {
+        let started = std::time::Instant::now();
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status()?;
+        if !status.success() {
+            return Err(format!("kill -TERM {} failed", self.pid()).into());
+        }
+        while self.child.try_wait()?.is_none() {
+            if started.elapsed() > patience {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return Err(
+                    format!("the relay did not exit within {patience:?} of SIGTERM").into(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(started.elapsed())
     }
 
     pub fn address(&self) -> std::net::SocketAddr {

@@ -334,29 +334,39 @@ async fn read_stream_tls(
     }
 }
 
-/// Splits the byte stream into lines and picks out status, readiness and
-/// event numbers.
-struct FrameParser {
+/// Splits the byte stream into lines and picks out status, readiness,
+/// event ids and event numbers.
+pub(crate) struct FrameParser {
     ready_when: ReadyWhen,
     pending: Vec<u8>,
     in_headers: bool,
     status_seen: bool,
     ready: bool,
+    /// The response's status code, once its first line is in.
+    pub(crate) status: Option<u16>,
+    /// The last `id:` seen: what a reconnect sends as `Last-Event-ID`.
+    pub(crate) last_id: Option<i64>,
+    /// The closing chunk of a chunked response arrived: the server ended
+    /// the stream.
+    pub(crate) ended: bool,
 }
 
 impl FrameParser {
-    fn new(ready_when: ReadyWhen) -> Self {
+    pub(crate) fn new(ready_when: ReadyWhen) -> Self {
         FrameParser {
             ready_when,
             pending: Vec::new(),
             in_headers: true,
             status_seen: false,
             ready: false,
+            status: None,
+            last_id: None,
+            ended: false,
         }
     }
 
     /// Consumes `bytes`; true when the stream became ready in them.
-    fn feed(
+    pub(crate) fn feed(
         &mut self,
         bytes: &[u8],
         now: u64,
@@ -385,6 +395,9 @@ impl FrameParser {
         if self.in_headers {
             if !self.status_seen {
                 self.status_seen = true;
+                self.status = std::str::from_utf8(line)
+                    .ok()
+                    .and_then(|text| text.split_whitespace().nth(1)?.parse().ok());
                 if !line.windows(5).any(|w| w == b" 200 ") && !line.ends_with(b" 200") {
                     return Err(format!("refused: {}", String::from_utf8_lossy(line)));
                 }
@@ -400,6 +413,16 @@ impl FrameParser {
             if let Some(number) = event_number(line) {
                 receipts.push(Receipt { number, at: now });
             }
+        } else if let Some(id) = line.strip_prefix(b"id:") {
+            if let Some(id) = std::str::from_utf8(id)
+                .ok()
+                .and_then(|id| id.trim().parse().ok())
+            {
+                self.last_id = Some(id);
+            }
+        } else if line == b"0" {
+            // A chunk-size line of zero: no SSE line is a bare `0`.
+            self.ended = true;
         } else if line == b"event: ready" && self.ready_when == ReadyWhen::ReadyEvent {
             self.ready = true;
         }
@@ -438,6 +461,11 @@ mod tests {
         assert!(parser.feed(second, 2, &mut receipts).unwrap());
         assert_eq!(receipts.len(), 1);
         assert_eq!(receipts[0].number, 17);
+        assert_eq!(parser.status, Some(200));
+        assert_eq!(parser.last_id, Some(4));
+        assert!(!parser.ended);
+        parser.feed(b"\r\n0\r\n\r\n", 3, &mut receipts).unwrap();
+        assert!(parser.ended);
     }
 
     #[test]
@@ -451,5 +479,6 @@ mod tests {
             )
             .unwrap_err();
         assert!(error.contains("429"));
+        assert_eq!(parser.status, Some(429));
     }
 }

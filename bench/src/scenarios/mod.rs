@@ -6,6 +6,7 @@ pub mod fanout;
 pub mod pools;
 pub mod publish_throughput;
 pub mod replay;
+pub mod storm;
 pub mod tail_memory;
 pub mod tails_budget;
 pub mod webhooks;
