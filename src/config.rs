@@ -100,6 +100,17 @@ pub struct HttpConfig {
     pub cors_publish: bool,
     /// Serve HTTPS (and HTTP/2) directly instead of plain HTTP/1.1.
     pub tls: TlsConfig,
+    /// How long a new connection has to send its request's headers before
+    /// it is answered 408 and closed: a client that never finishes them
+    /// holds a socket for no longer than this. Generous enough for the
+    /// moments after a deploy, when every client reconnects at once and the
+    /// relay reads thousands of requests together.
+    pub header_timeout_secs: u64,
+    /// Connections the kernel queues for the relay to accept (the `listen`
+    /// backlog, capped by `net.core.somaxconn`). A reconnect storm arrives
+    /// faster than any accept loop; a short queue drops the excess, and
+    /// those clients wait a second or more to retry their handshake.
+    pub listen_backlog: u32,
 }
 
 /// `[http.tls]`: both files or neither. The files are read at start and
@@ -249,6 +260,8 @@ impl Default for HttpConfig {
             allow_credentials: true,
             cors_publish: false,
             tls: TlsConfig::default(),
+            header_timeout_secs: 10,
+            listen_backlog: 4096,
         }
     }
 }
@@ -500,6 +513,12 @@ impl Config {
     /// files given in pairs. The files themselves are read at start.
     fn validate_http(&self) -> Result<(), ConfigError> {
         let http = &self.http;
+        if http.header_timeout_secs == 0 {
+            return Err(invalid("http.header_timeout_secs", "must be at least 1"));
+        }
+        if http.listen_backlog == 0 {
+            return Err(invalid("http.listen_backlog", "must be at least 1"));
+        }
         origins::OriginRules::parse(&http.allowed_origins, http.allow_credentials)
             .map_err(|e| invalid("http.allowed_origins", e.to_string()))?;
         let tls = &http.tls;

@@ -331,6 +331,7 @@ pub async fn run_with(
     })
     .on_connect(crate::sse::peer::on_connect)
     .disable_signals()
+    .client_request_timeout(Duration::from_secs(config.http.header_timeout_secs))
     .shutdown_timeout(HTTP_SHUTDOWN_GRACE.as_secs());
     if config.http.workers > 0 {
         server = server.workers(config.http.workers);
@@ -392,6 +393,19 @@ pub async fn run_with(
         embedded.shutdown().await;
     }
     result.map_err(ServeError::Http)
+}
+
+/// Binds the relay's HTTP address with the configured accept queue
+/// (`http.listen_backlog`); the standard library's is 128.
+pub fn bind(http: &crate::config::HttpConfig) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(http.bind), Type::STREAM, None)?;
+    // A restarted relay takes its port back while the old process's
+    // connections are still in TIME_WAIT.
+    socket.set_reuse_address(true)?;
+    socket.bind(&http.bind.into())?;
+    socket.listen(i32::try_from(http.listen_backlog).unwrap_or(i32::MAX))?;
+    Ok(socket.into())
 }
 
 /// Makes the listening socket refuse new connections now, rather than when

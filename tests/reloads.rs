@@ -16,38 +16,7 @@ use std::time::{Duration, Instant};
 use common::TestDb;
 use common::server::{TestServer, token};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// Opens a stream over raw TCP and reads until its `ready` frame; answers
-/// the status line.
-async fn open_stream(server: &TestServer, bearer: &str) -> (TcpStream, String) {
-    let address = server.base.trim_start_matches("http://");
-    let mut socket = TcpStream::connect(address).await.unwrap();
-    let request = format!(
-        "GET /v1/events HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {bearer}\r\nAccept: text/event-stream\r\n\r\n"
-    );
-    socket.write_all(request.as_bytes()).await.unwrap();
-    let mut seen = Vec::new();
-    let mut buffer = [0u8; 4096];
-    let deadline = Instant::now() + common::DEADLINE;
-    loop {
-        let text = String::from_utf8_lossy(&seen).into_owned();
-        if text.contains("event: ready")
-            || (text.contains("\r\n\r\n") && !text.starts_with("HTTP/1.1 200"))
-        {
-            let status = text.lines().next().unwrap_or_default().to_owned();
-            return (socket, status);
-        }
-        assert!(Instant::now() < deadline, "no ready frame: {text}");
-        let read = tokio::time::timeout(common::DEADLINE, socket.read(&mut buffer))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(read > 0, "the relay closed the stream early: {text}");
-        seen.extend_from_slice(&buffer[..read]);
-    }
-}
 
 #[tokio::test]
 async fn reloads_never_hit_the_connection_cap_and_closes_free_their_slot_at_once() {
@@ -62,7 +31,7 @@ async fn reloads_never_hit_the_connection_cap_and_closes_free_their_slot_at_once
     // 20 reloads in 10 s: each page closes its stream and opens a new one.
     let mut previous: Option<TcpStream> = None;
     for reload in 0..20 {
-        let (socket, status) = open_stream(&server, &bearer).await;
+        let (socket, status) = server.open_raw_stream(&bearer).await;
         assert_eq!(status, "HTTP/1.1 200 OK", "reload {reload}");
         drop(previous.replace(socket));
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -90,18 +59,9 @@ async fn a_stream_the_relay_ends_still_closes_the_connection() {
     let db = TestDb::new().await;
     let server = TestServer::start(&db, |c| c.sse.max_age_secs = 1);
     server.ready().await;
-    let (mut socket, status) = open_stream(&server, &token("alice", "org-1", json!({}))).await;
+    let (mut socket, status) = server.open_raw_stream(&token("alice", "org-1", json!({}))).await;
     assert_eq!(status, "HTTP/1.1 200 OK");
     // The age cap ends the stream; then the idle connection is closed by
     // the HTTP layer's keep-alive timeout, and the client must see EOF.
-    let mut buffer = [0u8; 4096];
-    let deadline = Instant::now() + common::DEADLINE;
-    loop {
-        assert!(Instant::now() < deadline, "the connection was never closed");
-        match tokio::time::timeout(common::DEADLINE, socket.read(&mut buffer)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => break,
-            Ok(Ok(_)) => continue,
-            Err(_) => panic!("the connection was never closed"),
-        }
-    }
+    common::server::read_until_closed(&mut socket).await;
 }

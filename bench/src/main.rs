@@ -19,8 +19,9 @@ use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 use eventrelay_bench::report::{Table, ms, size, verdict};
 use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
 use eventrelay_bench::scenarios::{
-    emit_cost, pools, publish_throughput, replay, tail_memory, tails_budget, webhooks,
+    emit_cost, pools, publish_throughput, replay, storm, tail_memory, tails_budget, webhooks,
 };
+use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::{BenchResult, proc_stats};
 
@@ -48,7 +49,7 @@ struct Args {
     #[arg(long, default_value = "/tmp/eventrelay-bench")]
     work_dir: PathBuf,
     /// Run only these scenarios (comma separated: tail, emit, publish,
-    /// fanout, sessions, pools, http2, scopes, replay, webhooks).
+    /// fanout, sessions, pools, http2, scopes, replay, webhooks, storm).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -172,6 +173,9 @@ async fn run_scenarios(
     }
     if wanted("http2") {
         http2_rows(args, schema, &scale, table).await?;
+    }
+    if wanted("storm") {
+        storm_rows(args, schema, &scale, table).await?;
     }
     if wanted("scopes") {
         let subscribers = scale.scopes * scale.per_scope;
@@ -831,6 +835,94 @@ async fn publish_rows(
             batched / one_by_one
         ),
         "–".to_owned(),
+    );
+    Ok(())
+}
+
+/// Reconnect storms: the large fan-out's subscriber count riding out a
+/// SIGTERM restart, then two more waves, each arriving while the previous
+/// one hangs up.
+async fn storm_rows(
+    args: &Args,
+    schema: &str,
+    scale: &Scale,
+    table: &mut Table,
+) -> BenchResult<()> {
+    let n = scale.large_fanout;
+    eprintln!("reconnect storm: {n} subscribers");
+    let plan = StormPlan {
+        subscribers: n,
+        scopes: 100,
+        events_per_sec: 20.0,
+        emitting: scale.fixed_run,
+        extra_waves: 2,
+    };
+    let settings = RelaySettings::new(&args.database_url, schema);
+    let f = storm::run(&plan, &args.relay_bin, &args.work_dir, &settings).await?;
+    let phase = |p: &storm::PhaseFigures| {
+        format!(
+            "{} · connect p50 {} · p99 {} · 408: {} · 5xx: {} · other refusals: {} · resets: {}",
+            p.all_streaming_after.map_or_else(
+                || format!("not all {n} streaming"),
+                |d| format!("all {n} streaming after {:.2} s", d.as_secs_f64())
+            ),
+            ms(p.connect.p50),
+            ms(p.connect.p99),
+            p.timeouts,
+            p.server_errors,
+            p.other_refusals,
+            p.resets
+        )
+    };
+    table.add(
+        format!("reconnect storm: {n} subscribers connect at once (100 scopes)"),
+        phase(&f.first),
+        format!("no 408, 5xx or reset: {}", verdict(f.first.clean())),
+    );
+    table.add(
+        format!(
+            "reconnect storm: SIGTERM and restart under {n} subscribers, 20 ev/s emitted throughout"
+        ),
+        format!(
+            "old process exited {:.2} s after SIGTERM · from the new process's start, {} · {} events, {} missed",
+            f.stopped_in.as_secs_f64(),
+            phase(&f.restart),
+            f.emitted,
+            f.missed
+        ),
+        format!(
+            "all back, no 408, 5xx or reset, none missed: {}",
+            verdict(f.restart.clean() && f.missed == 0)
+        ),
+    );
+    for (index, wave) in f.waves.iter().enumerate() {
+        table.add(
+            format!(
+                "reconnect storm: wave {} of {n} arrives while wave {} hangs up",
+                index + 2,
+                index + 1
+            ),
+            phase(wave),
+            format!("no 408, 5xx or reset: {}", verdict(wave.clean())),
+        );
+    }
+    let first = f.rss_streaming_kib.first().copied().unwrap_or(0) as f64;
+    let last = f.rss_streaming_kib.last().copied().unwrap_or(0) as f64;
+    table.add(
+        format!("reconnect storm: relay RSS with each wave of {n} streaming"),
+        format!(
+            "{} · after the last wave left: {}",
+            f.rss_streaming_kib
+                .iter()
+                .map(|kib| size(*kib as f64 * 1024.0))
+                .collect::<Vec<_>>()
+                .join(" → "),
+            size(f.rss_after_kib as f64 * 1024.0)
+        ),
+        format!(
+            "last wave within 10% of the first: {}",
+            verdict(last <= first * 1.10)
+        ),
     );
     Ok(())
 }

@@ -77,7 +77,7 @@ pub async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     }
     let shutdown = shutdown_signal()?;
     let reloading = reloading(args.config.clone(), &config, log_filter)?;
-    let listener = std::net::TcpListener::bind(config.http.bind)?;
+    let listener = eventrelay::server::bind(&config.http)?;
     // The banner is best effort: a closed stdout must not stop the service.
     let mut out = std::io::stdout();
     let address = listener.local_addr()?;

@@ -491,3 +491,66 @@ fn parse_frame(text: &str) -> Frame {
     frame.data = data_lines.join("\n");
     frame
 }
+
+impl TestServer {
+    /// Opens a stream over raw TCP and reads until its `ready` frame (or a
+    /// refusal's head); answers the socket and the status line.
+    pub async fn open_raw_stream(&self, bearer: &str) -> (tokio::net::TcpStream, String) {
+        let address = self.base.trim_start_matches("http://");
+        let socket = tokio::net::TcpStream::connect(address).await.unwrap();
+        self.open_raw_stream_on(socket, bearer).await
+    }
+
+    /// Like [`TestServer::open_raw_stream`], on a socket the test connected.
+    pub async fn open_raw_stream_on(
+        &self,
+        mut socket: tokio::net::TcpStream,
+        bearer: &str,
+    ) -> (tokio::net::TcpStream, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let address = self.base.trim_start_matches("http://");
+        let request = format!(
+            "GET /v1/events HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {bearer}\r\nAccept: text/event-stream\r\n\r\n"
+        );
+        socket.write_all(request.as_bytes()).await.unwrap();
+        let mut seen = Vec::new();
+        let mut buffer = [0u8; 4096];
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let text = String::from_utf8_lossy(&seen).into_owned();
+            if text.contains("event: ready")
+                || (text.contains("\r\n\r\n") && !text.starts_with("HTTP/1.1 200"))
+            {
+                let status = text.lines().next().unwrap_or_default().to_owned();
+                return (socket, status);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no ready frame: {text}"
+            );
+            let read = tokio::time::timeout(DEADLINE, socket.read(&mut buffer))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(read > 0, "the relay closed the stream early: {text}");
+            seen.extend_from_slice(&buffer[..read]);
+        }
+    }
+}
+
+/// Reads until the relay closes the connection (EOF or reset), within the
+/// deadline; answers everything read.
+pub async fn read_until_closed(socket: &mut tokio::net::TcpStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 16 * 1024];
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, socket.read(&mut buffer)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return seen,
+            Ok(Ok(read)) => seen.extend_from_slice(&buffer[..read]),
+            Err(_) => panic!("the connection was never closed"),
+        }
+    }
+}
