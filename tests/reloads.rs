@@ -59,7 +59,9 @@ async fn a_stream_the_relay_ends_still_closes_the_connection() {
     let db = TestDb::new().await;
     let server = TestServer::start(&db, |c| c.sse.max_age_secs = 1);
     server.ready().await;
-    let (mut socket, status) = server.open_raw_stream(&token("alice", "org-1", json!({}))).await;
+    let (mut socket, status) = server
+        .open_raw_stream(&token("alice", "org-1", json!({})))
+        .await;
     assert_eq!(status, "HTTP/1.1 200 OK");
     // The age cap ends the stream; then the idle connection is closed by
     // the HTTP layer's keep-alive timeout, and the client must see EOF.

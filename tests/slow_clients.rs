@@ -16,8 +16,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::TestDb;
-use eventrelay::publisher::NewEvent;
 use common::server::{TestServer, read_until_closed, token};
+use eventrelay::publisher::NewEvent;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};

@@ -18,10 +18,10 @@ use eventrelay_bench::publish::{Pace, Source};
 use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 use eventrelay_bench::report::{Table, ms, size, verdict};
 use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
+use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
     emit_cost, pools, publish_throughput, replay, storm, tail_memory, tails_budget, webhooks,
 };
-use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::{BenchResult, proc_stats};
 
@@ -861,7 +861,7 @@ async fn storm_rows(
     let f = storm::run(&plan, &args.relay_bin, &args.work_dir, &settings).await?;
     let phase = |p: &storm::PhaseFigures| {
         format!(
-            "{} · connect p50 {} · p99 {} · 408: {} · 5xx: {} · other refusals: {} · resets: {}",
+            "{} · connect p50 {} · p99 {} · 408: {} · 5xx: {} · other refusals: {} · resets: {}{}",
             p.all_streaming_after.map_or_else(
                 || format!("not all {n} streaming"),
                 |d| format!("all {n} streaming after {:.2} s", d.as_secs_f64())
@@ -871,7 +871,12 @@ async fn storm_rows(
             p.timeouts,
             p.server_errors,
             p.other_refusals,
-            p.resets
+            p.resets,
+            if p.reset_reasons.is_empty() {
+                String::new()
+            } else {
+                format!(" ({:?})", p.reset_reasons)
+            }
         )
     };
     table.add(
@@ -911,7 +916,8 @@ async fn storm_rows(
     table.add(
         format!("reconnect storm: relay RSS with each wave of {n} streaming"),
         format!(
-            "{} · after the last wave left: {}",
+            "before: {} · {} · after the last wave left: {}",
+            size(f.rss_before_kib as f64 * 1024.0),
             f.rss_streaming_kib
                 .iter()
                 .map(|kib| size(*kib as f64 * 1024.0))

@@ -13,6 +13,7 @@
 //! and the relay's RSS is read with each wave streaming and after the last
 //! one left.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,6 +32,8 @@ use crate::relay_process::{RelayProcess, RelaySettings};
 use crate::sse_load::{FrameParser, ReadyWhen};
 use crate::{BenchResult, subscriber_token};
 
+/// `errno` for a process out of file descriptors (Linux).
+const EMFILE: i32 = 24;
 /// How long a subscriber waits before retrying while nothing listens.
 const RETRY_WHILE_DOWN: Duration = Duration::from_millis(50);
 /// How long a subscriber waits after a refusal (a status other than 200).
@@ -62,8 +65,10 @@ struct Tally {
     other_refusals: AtomicU64,
     resets: AtomicU64,
     refused_while_down: AtomicU64,
+    out_of_descriptors: AtomicU64,
     streams_opened: AtomicU64,
     connect_nanos: Mutex<Vec<u64>>,
+    reset_reasons: Mutex<BTreeMap<String, u64>>,
 }
 
 /// One phase's figures.
@@ -84,8 +89,13 @@ pub struct PhaseFigures {
     /// Connections reset by the server, or failing any other way after
     /// the TCP connect.
     pub resets: u64,
+    /// How the resets happened.
+    pub reset_reasons: BTreeMap<String, u64>,
     /// Connection attempts refused while no relay listened.
     pub refused_while_down: u64,
+    /// Connection attempts the load tool could not make for want of a
+    /// file descriptor, retried 50 ms later.
+    pub out_of_descriptors: u64,
 }
 
 impl PhaseFigures {
@@ -112,7 +122,13 @@ impl PhaseFigures {
             server_errors: tally.server_errors.load(Ordering::Relaxed),
             other_refusals: tally.other_refusals.load(Ordering::Relaxed),
             resets: tally.resets.load(Ordering::Relaxed),
+            reset_reasons: tally
+                .reset_reasons
+                .lock()
+                .map(|reasons| reasons.clone())
+                .unwrap_or_default(),
             refused_while_down: tally.refused_while_down.load(Ordering::Relaxed),
+            out_of_descriptors: tally.out_of_descriptors.load(Ordering::Relaxed),
         }
     }
 }
@@ -132,6 +148,8 @@ pub struct StormFigures {
     pub missed: u64,
     /// Each further wave, connecting while the previous one hangs up.
     pub waves: Vec<PhaseFigures>,
+    /// Relay RSS before the first subscriber connected, in KiB.
+    pub rss_before_kib: u64,
     /// Relay RSS with all N of each wave streaming (the restart storm's
     /// first), in KiB.
     pub rss_streaming_kib: Vec<u64>,
@@ -221,9 +239,14 @@ impl Wave {
         Some(from.elapsed())
     }
 
+    /// Tells every subscriber to hang up, without waiting for them.
+    fn begin_hang_up(&self) {
+        self.stop.send_replace(true);
+    }
+
     /// Tells every subscriber to hang up and answers what each received.
     async fn hang_up(&self) -> Vec<Vec<bool>> {
-        self.stop.send_replace(true);
+        self.begin_hang_up();
         let tasks = self
             .tasks
             .lock()
@@ -249,10 +272,14 @@ enum Ended {
     Stopped,
     /// Nothing listened.
     Down,
+    /// This process had no descriptor left for another socket (the previous
+    /// wave's are still being closed): the load tool's limit, not the
+    /// relay's doing.
+    NoDescriptor,
     /// A status other than 200.
     Refused(u16),
-    /// Reset, or failed in another way after the connect.
-    Broken,
+    /// Reset, or failed in another way after the connect; says how.
+    Broken(String),
 }
 
 /// One reconnecting subscriber.
@@ -276,6 +303,10 @@ impl Subscriber {
                     tally.refused_while_down.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(RETRY_WHILE_DOWN).await;
                 }
+                Ended::NoDescriptor => {
+                    tally.out_of_descriptors.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
+                }
                 Ended::Refused(status) => {
                     let counter = match status {
                         408 => &tally.timeouts,
@@ -285,8 +316,12 @@ impl Subscriber {
                     counter.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(RETRY_AFTER_REFUSAL).await;
                 }
-                Ended::Broken => {
+                Ended::Broken(how) => {
                     tally.resets.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut reasons) = tally.reset_reasons.lock() {
+                        *reasons.entry(how).or_default() += 1;
+                    }
+                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
                 }
             }
         }
@@ -305,7 +340,8 @@ impl Subscriber {
             Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
                 return Ended::Down;
             }
-            Err(_) => return Ended::Broken,
+            Err(error) if error.raw_os_error() == Some(EMFILE) => return Ended::NoDescriptor,
+            Err(error) => return Ended::Broken(format!("connect: {}", error.kind())),
         };
         stream.set_nodelay(true).ok();
         let mut request = format!(
@@ -317,7 +353,7 @@ impl Subscriber {
         }
         request.push_str("\r\n");
         if stream.write_all(request.as_bytes()).await.is_err() {
-            return Ended::Broken;
+            return Ended::Broken("sending the request".to_owned());
         }
         let mut parser = FrameParser::new(ReadyWhen::ReadyEvent);
         let mut streaming = false;
@@ -330,7 +366,15 @@ impl Subscriber {
             };
             let read = match read {
                 Ok(0) if streaming => break Ended::ByServer,
-                Ok(0) | Err(_) => break Ended::Broken,
+                Ok(0) => break Ended::Broken("closed before ready".to_owned()),
+                Err(error) => {
+                    let phase = if streaming {
+                        "streaming"
+                    } else {
+                        "before ready"
+                    };
+                    break Ended::Broken(format!("read {phase}: {}", error.kind()));
+                }
                 Ok(read) => read,
             };
             let became_ready = parser.feed(&buffer[..read], 0, &mut receipts);
@@ -362,7 +406,7 @@ impl Subscriber {
                 break if streaming {
                     Ended::ByServer
                 } else {
-                    Ended::Broken
+                    Ended::Broken("ended before ready".to_owned())
                 };
             }
         };
@@ -383,6 +427,7 @@ pub async fn run(
     let n = plan.subscribers;
     let mut relay = RelayProcess::start(binary, work_dir, settings).await?;
     let address = relay.address();
+    let rss_before_kib = rss_kib(&relay);
     let start_after = max_seq(settings).await?;
 
     // The storm wave streams, resuming from the current end of the outbox.
@@ -456,6 +501,9 @@ pub async fn run(
     for number in 0..plan.extra_waves {
         let wave = Wave::new();
         let tally = wave.tally();
+        // The previous wave's clients close their sockets as the new one
+        // connects; the relay notices each close within its peek interval.
+        leaving.begin_hang_up();
         let arriving = Instant::now();
         wave.open(address, &format!("wave{number}"), n, plan.scopes, None);
         let received = leaving.hang_up().await;
@@ -490,6 +538,7 @@ pub async fn run(
         emitted,
         missed,
         waves,
+        rss_before_kib,
         rss_streaming_kib,
         rss_after_kib,
     })
