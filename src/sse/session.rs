@@ -28,6 +28,11 @@ const REPLAY_PAGE: i64 = 500;
 pub(super) const SENT_MEMORY: usize = 16_384;
 /// Frames gathered into one write when several are queued.
 const MAX_FRAMES_PER_CHUNK: usize = 64;
+/// One live write in this many records the queue's fill ratio. The
+/// histogram takes a lock shared by every connection, and a write per
+/// subscriber per event is the hottest path there is; a uniform sample
+/// keeps the distribution (and the first write of each stream is in it).
+const FILL_SAMPLE_EVERY: u32 = 32;
 
 /// Why a stream was cut short rather than ended.
 #[derive(Debug, thiserror::Error)]
@@ -77,10 +82,17 @@ pub struct Session {
     sent: SentSeqs,
     /// Frames taken from the queue for one write; kept to reuse its buffer.
     live_batch: Vec<Arc<EncodedEvent>>,
+    /// Due a heartbeat after the last write. Writes do not re-arm it (a
+    /// timer reset takes the runtime's timer lock, once per subscriber per
+    /// event); it notices a recent write when it fires and waits out the rest.
     heartbeat: Interval,
-    /// When an idle stream next peeks at its socket; reset by every write,
-    /// since a write to a closed peer fails by itself.
+    /// When an idle stream next peeks at its socket; like the heartbeat,
+    /// due an interval after the last write, since a write to a closed peer
+    /// fails by itself.
     peek: Interval,
+    last_write: Instant,
+    /// Live writes so far, for sampling the queue's fill ratio.
+    live_writes: u32,
     registration: Registration,
 }
 
@@ -146,6 +158,8 @@ impl Session {
             live_batch: Vec::new(),
             heartbeat,
             peek,
+            last_write: Instant::now(),
+            live_writes: 0,
             registration,
         }
     }
@@ -204,6 +218,10 @@ impl Session {
                     return None;
                 }
                 _ = self.peek.tick(), if peer.is_some() => {
+                    if let Some(due) = still_waiting(self.last_write, PEEK_EVERY) {
+                        self.peek.reset_at(due);
+                        continue;
+                    }
                     if peer.is_some_and(PeerSocket::is_closed) {
                         // Nobody is reading: end now, releasing the permit,
                         // the hub's place and the queue.
@@ -225,8 +243,12 @@ impl Session {
                     batch.push(first);
                     // How full the queue was when this write began: near 1,
                     // the subscriber is about to be dropped as too slow.
-                    let fill = (self.queue.len() + 1) as f64 / self.queue.max_capacity() as f64;
-                    self.registration.metrics.session_queue_fill_ratio.observe(fill);
+                    if self.live_writes % FILL_SAMPLE_EVERY == 0 {
+                        let fill =
+                            (self.queue.len() + 1) as f64 / self.queue.max_capacity() as f64;
+                        self.registration.metrics.session_queue_fill_ratio.observe(fill);
+                    }
+                    self.live_writes = self.live_writes.wrapping_add(1);
                     while batch.len() < MAX_FRAMES_PER_CHUNK {
                         match self.queue.try_recv() {
                             Ok(event) => batch.push(event),
@@ -240,6 +262,11 @@ impl Session {
                     }
                 }
                 _ = self.heartbeat.tick() => {
+                    if let Some(due) = still_waiting(self.last_write, self.params.heartbeat) {
+                        self.heartbeat.reset_at(due);
+                        continue;
+                    }
+                    self.last_write = Instant::now();
                     return Some(Bytes::from_static(sse::HEARTBEAT_FRAME.as_bytes()));
                 }
             }
@@ -255,10 +282,16 @@ impl Session {
             self.phase = Phase::Finished;
         }
         let chunk = chunk?;
-        self.heartbeat.reset();
-        self.peek.reset();
+        self.last_write = Instant::now();
         Some(chunk)
     }
+}
+
+/// When a timer of period `every` that fired should really fire, if a write
+/// since `last_write` postponed it; `None` when it is due now.
+fn still_waiting(last_write: Instant, every: Duration) -> Option<Instant> {
+    let due = last_write + every;
+    (due > Instant::now()).then_some(due)
 }
 
 /// The next page of a replay, filtered for `subscriber`; `None` once the
@@ -376,7 +409,20 @@ impl SentSeqs {
 
 #[cfg(test)]
 mod tests {
-    use super::SentSeqs;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{SentSeqs, still_waiting};
+
+    #[test]
+    fn a_recent_write_postpones_a_timer_to_an_interval_after_it() {
+        let every = Duration::from_secs(20);
+        let written = Instant::now() - Duration::from_secs(5);
+        assert_eq!(still_waiting(written, every), Some(written + every));
+        let long_ago = Instant::now() - Duration::from_secs(21);
+        assert_eq!(still_waiting(long_ago, every), None);
+    }
 
     #[test]
     fn a_seq_is_sent_once_in_order_or_late() {
