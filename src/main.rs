@@ -9,15 +9,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// The relay's connections come and go by the thousand, each allocating and
-/// freeing on whichever HTTP worker serves it. glibc's allocator keeps what
-/// such waves free in per-thread arenas, so resident memory ratchets up
-/// with every wave and stays up after the clients leave; mimalloc hands
-/// freed pages back to the system and keeps a steady footprint
-/// (`bench/README.md`, reconnect storms, has the figures).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[actix_web::main]
 async fn main() -> ExitCode {
     let args = cli::Cli::parse();

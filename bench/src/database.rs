@@ -26,3 +26,18 @@ pub async fn drop_schema(database_url: &str, schema: &str) {
         eprintln!("could not drop schema {schema}: {error}");
     }
 }
+
+/// `DATABASE_URL`, or the local server the test scripts provide.
+pub fn test_database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A schema name no concurrent run shares: `prefix`, the process id and the
+/// clock's nanoseconds.
+pub fn unique_schema(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    format!("{prefix}_{}_{nanos}", std::process::id())
+}

@@ -11,24 +11,15 @@
 
 use std::time::Duration;
 
-use eventrelay_bench::database::{create_schema, drop_schema};
+use eventrelay_bench::database::{create_schema, drop_schema, test_database_url, unique_schema};
 use eventrelay_bench::in_process::InProcessRelay;
 use eventrelay_bench::publish::{Pace, Source};
 use eventrelay_bench::scenarios::fanout::{self, FanoutPlan, Server};
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_fan_out_reaches_every_subscriber() {
-    let url = database_url();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let schema = format!("bench_smoke_{}_{nanos}", std::process::id());
+    let url = test_database_url();
+    let schema = unique_schema("bench_smoke");
     create_schema(&url, &schema).await.expect("schema migrates");
     let relay = InProcessRelay::start(&url, &schema)
         .await

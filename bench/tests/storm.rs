@@ -15,14 +15,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use eventrelay_bench::database::{create_schema, drop_schema};
+use eventrelay_bench::database::{create_schema, drop_schema, test_database_url, unique_schema};
 use eventrelay_bench::relay_process::RelaySettings;
 use eventrelay_bench::scenarios::storm::{self, StormPlan};
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
 
 /// The relay binary the workspace's test build made, next to this test's
 /// own directory (`target/<profile>/eventrelay`), or `EVENTRELAY_BIN`.
@@ -44,12 +39,8 @@ fn relay_binary() -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_subscribers_ride_out_a_restart_and_a_second_wave() {
-    let url = database_url();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let schema = format!("bench_storm_{}_{nanos}", std::process::id());
+    let url = test_database_url();
+    let schema = unique_schema("bench_storm");
     create_schema(&url, &schema).await.expect("schema migrates");
     let work_dir = std::env::temp_dir().join(&schema);
     std::fs::create_dir_all(&work_dir).unwrap();
