@@ -177,8 +177,9 @@ pub fn load_schemas(dir: &Path) -> Result<SchemaRegistry, SchemaLoadError> {
     Ok(registry)
 }
 
-/// Runs the service on `listener` until `shutdown` resolves. Must be called
-/// inside an actix system (`#[actix_web::main]` or `actix_web::rt::System`).
+/// Runs the service on `listener` (see [`bind`]) until `shutdown` resolves.
+/// Must be called inside an actix system (`#[actix_web::main]` or
+/// `actix_web::rt::System`).
 /// Its configuration stays as given; see [`run_with`] for live reload.
 pub async fn run(
     config: Config,
