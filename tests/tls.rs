@@ -311,6 +311,80 @@ async fn streams_over_http2_behave_as_over_http1() {
     }
 }
 
+/// The relay's `eventrelay_sse_connections` gauge, read over HTTPS.
+async fn open_streams(client: &reqwest::Client, base: &str) -> f64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix("eventrelay_sse_connections "))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("the connections gauge is exposed")
+}
+
+#[tokio::test]
+async fn a_client_closing_an_https_stream_is_released_at_once() {
+    let db = TestDb::new().await;
+    let ca = TestCa::new("eventrelay test CA");
+    let folder = Folder::new();
+    let (cert, key) = ca.leaf();
+    let (cert, key) = (
+        folder.write("cert.pem", &cert),
+        folder.write("key.pem", &key),
+    );
+    // The default 20 s heartbeat: only the peek can notice the close.
+    let server = TestServer::start(&db, |config| {
+        config.http.tls = tls(&cert, &key);
+        assert_eq!(config.sse.heartbeat_secs, 20);
+    });
+    let base = https(&server);
+    let http1 = ca.client_builder().http1_only().build().unwrap();
+    wait_ready(&http1, &base).await;
+
+    let mut response = http1
+        .get(format!("{base}/v1/events"))
+        .bearer_auth(token("alice", "org-1", json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (response.status(), response.version()),
+        (StatusCode::OK, Version::HTTP_11)
+    );
+    let mut seen = String::new();
+    while !seen.contains("event: ready") {
+        let chunk = tokio::time::timeout(DEADLINE, response.chunk())
+            .await
+            .expect("the stream starts")
+            .unwrap()
+            .expect("the stream stays open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let observer = ca.client();
+    assert_eq!(open_streams(&observer, &base).await, 1.0);
+
+    // Dropping an unfinished response closes its connection.
+    drop(response);
+    drop(http1);
+    let closed_at = Instant::now();
+    loop {
+        let open = open_streams(&observer, &base).await;
+        if open == 0.0 {
+            break;
+        }
+        assert!(
+            closed_at.elapsed() < Duration::from_secs(1),
+            "{open} HTTPS streams still counted a second after the client closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_renewed_certificate_is_served_without_a_restart() {
     let db = TestDb::new().await;

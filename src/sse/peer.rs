@@ -9,9 +9,12 @@
 //! ends as soon as the peer's side is closed (FIN) or reset (RST).
 //!
 //! Peeking uses the connection's own descriptor: a second descriptor per
-//! connection would double what 10,000 streams need. TLS connections are
-//! not peeked (their bytes are records, not the peer's end); their streams
-//! are still found by the heartbeat write.
+//! connection would double what 10,000 streams need. Under TLS the socket
+//! beneath the TLS layer is peeked: the HTTP layer keeps reading a
+//! connection while it streams, so a client's closing alert is consumed by
+//! TLS and the peek then sees the end of the TCP stream, as for plain TCP.
+//! Bytes not yet read (a record still in flight) count as alive; such a
+//! stream is found by the next peek or by the heartbeat write.
 
 use std::any::Any;
 use std::io::ErrorKind;
@@ -53,9 +56,14 @@ impl PeerSocket {
     }
 }
 
-/// `HttpServer::on_connect`: remembers the socket of plain TCP connections.
+/// `HttpServer::on_connect`: remembers the TCP socket of each connection,
+/// plain or under TLS.
 pub fn on_connect(connection: &dyn Any, data: &mut Extensions) {
+    type TlsOverTcp = actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>;
     if let Some(stream) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {
         data.insert(PeerSocket(stream.as_raw_fd()));
+    } else if let Some(stream) = connection.downcast_ref::<TlsOverTcp>() {
+        let (tcp, _) = stream.get_ref();
+        data.insert(PeerSocket(tcp.as_raw_fd()));
     }
 }
