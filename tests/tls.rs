@@ -226,9 +226,9 @@ async fn publish(client: &reqwest::Client, base: &str, event_type: &str) -> i64 
     body["events"][0]["seq"].as_i64().unwrap()
 }
 
-#[tokio::test]
-async fn streams_over_http2_behave_as_over_http1() {
-    let db = TestDb::new().await;
+/// A relay serving TLS with a leaf of a fresh test CA; the CA (for clients)
+/// and the folder holding the certificate live as long as the server.
+fn tls_server(db: &TestDb, configure: impl FnOnce(&mut Config)) -> (TestServer, TestCa, Folder) {
     let ca = TestCa::new("eventrelay test CA");
     let folder = Folder::new();
     let (cert, key) = ca.leaf();
@@ -236,8 +236,17 @@ async fn streams_over_http2_behave_as_over_http1() {
         folder.write("cert.pem", &cert),
         folder.write("key.pem", &key),
     );
-    let server = TestServer::start(&db, |config| {
+    let server = TestServer::start(db, |config| {
         config.http.tls = tls(&cert, &key);
+        configure(config);
+    });
+    (server, ca, folder)
+}
+
+#[tokio::test]
+async fn streams_over_http2_behave_as_over_http1() {
+    let db = TestDb::new().await;
+    let (server, ca, _folder) = tls_server(&db, |config| {
         config.sse.heartbeat_secs = 1;
         config.sse.replay_lookback = 0;
         config.sse.max_connections_per_subscriber = 3;
@@ -330,16 +339,8 @@ async fn open_streams(client: &reqwest::Client, base: &str) -> f64 {
 #[tokio::test]
 async fn a_client_closing_an_https_stream_is_released_at_once() {
     let db = TestDb::new().await;
-    let ca = TestCa::new("eventrelay test CA");
-    let folder = Folder::new();
-    let (cert, key) = ca.leaf();
-    let (cert, key) = (
-        folder.write("cert.pem", &cert),
-        folder.write("key.pem", &key),
-    );
     // The default 20 s heartbeat: only the peek can notice the close.
-    let server = TestServer::start(&db, |config| {
-        config.http.tls = tls(&cert, &key);
+    let (server, ca, _folder) = tls_server(&db, |config| {
         assert_eq!(config.sse.heartbeat_secs, 20);
     });
     let base = https(&server);
