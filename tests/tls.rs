@@ -320,22 +320,6 @@ async fn streams_over_http2_behave_as_over_http1() {
     }
 }
 
-/// The relay's `eventrelay_sse_connections` gauge, read over HTTPS.
-async fn open_streams(client: &reqwest::Client, base: &str) -> f64 {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix("eventrelay_sse_connections "))
-        .and_then(|value| value.trim().parse().ok())
-        .expect("the connections gauge is exposed")
-}
-
 #[tokio::test]
 async fn a_client_closing_an_https_stream_is_released_at_once() {
     let db = TestDb::new().await;
@@ -367,14 +351,17 @@ async fn a_client_closing_an_https_stream_is_released_at_once() {
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     let observer = ca.client();
-    assert_eq!(open_streams(&observer, &base).await, 1.0);
+    assert_eq!(
+        common::metric_with(&observer, &base, "eventrelay_sse_connections").await,
+        1.0
+    );
 
     // Dropping an unfinished response closes its connection.
     drop(response);
     drop(http1);
     let closed_at = Instant::now();
     loop {
-        let open = open_streams(&observer, &base).await;
+        let open = common::metric_with(&observer, &base, "eventrelay_sse_connections").await;
         if open == 0.0 {
             break;
         }

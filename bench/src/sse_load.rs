@@ -237,17 +237,12 @@ async fn read_stream(
         .await
         .map_err(|e| format!("connect: {e}"))?;
     stream.set_nodelay(true).ok();
-    let mut request = format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n",
-        target.path, target.address
+    let request = request_head(
+        target.address,
+        &target.path,
+        target.authorization.as_deref(),
+        target.last_event_id,
     );
-    if let Some(authorization) = &target.authorization {
-        request.push_str(&format!("Authorization: {authorization}\r\n"));
-    }
-    if let Some(id) = target.last_event_id {
-        request.push_str(&format!("Last-Event-ID: {id}\r\n"));
-    }
-    request.push_str("\r\n");
     stream
         .write_all(request.as_bytes())
         .await
@@ -332,6 +327,25 @@ async fn read_stream_tls(
             on_ready();
         }
     }
+}
+
+/// An HTTP/1.1 `GET` for an event stream, as the raw-socket clients send it.
+pub(crate) fn request_head(
+    address: SocketAddr,
+    path: &str,
+    authorization: Option<&str>,
+    last_event_id: Option<i64>,
+) -> String {
+    let mut request =
+        format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nAccept: text/event-stream\r\n");
+    if let Some(authorization) = authorization {
+        request.push_str(&format!("Authorization: {authorization}\r\n"));
+    }
+    if let Some(id) = last_event_id {
+        request.push_str(&format!("Last-Event-ID: {id}\r\n"));
+    }
+    request.push_str("\r\n");
+    request
 }
 
 /// Splits the byte stream into lines and picks out status, readiness,

@@ -46,7 +46,14 @@ pub async fn wait_ready(base: &str) {
 
 /// A metric's value from the relay's `/metrics` (0 when absent).
 pub async fn metric(base: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("{base}/metrics"))
+    metric_with(&reqwest::Client::new(), base, name).await
+}
+
+/// Like [`metric`], through `client` (one that trusts a test CA, say).
+pub async fn metric_with(client: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
         .await
         .unwrap()
         .text()

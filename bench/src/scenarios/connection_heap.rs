@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::alloc_counter::live_bytes;
 use crate::in_process::InProcessRelay;
+use crate::sse_load::request_head;
 use crate::{BenchResult, subscriber_token};
 
 /// Heap bytes per connection, measured two ways.
@@ -73,9 +74,8 @@ async fn bare_sockets(n: usize) -> BenchResult<f64> {
 async fn open_stream(address: std::net::SocketAddr, subscriber: &str) -> BenchResult<TcpStream> {
     let mut socket = TcpStream::connect(address).await?;
     let token = subscriber_token(subscriber, "heap");
-    let request = format!(
-        "GET /v1/events HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
-    );
+    let authorization = format!("Bearer {token}");
+    let request = request_head(address, "/v1/events", Some(&authorization), None);
     socket.write_all(request.as_bytes()).await?;
     let mut seen = [0u8; 2048];
     let mut filled = 0;

@@ -29,7 +29,7 @@ use crate::clock::{CommitLog, Percentiles};
 use crate::proc_stats;
 use crate::publish::{Pace, Source, publish_for};
 use crate::relay_process::{RelayProcess, RelaySettings};
-use crate::sse_load::{FrameParser, ReadyWhen};
+use crate::sse_load::{FrameParser, ReadyWhen, request_head};
 use crate::{BenchResult, subscriber_token};
 
 /// `errno` for a process out of file descriptors (Linux).
@@ -344,14 +344,12 @@ impl Subscriber {
             Err(error) => return Ended::Broken(format!("connect: {}", error.kind())),
         };
         stream.set_nodelay(true).ok();
-        let mut request = format!(
-            "GET /v1/events HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nAuthorization: {}\r\n",
-            self.address, self.authorization
+        let request = request_head(
+            self.address,
+            "/v1/events",
+            Some(&self.authorization),
+            self.last_event_id,
         );
-        if let Some(id) = self.last_event_id {
-            request.push_str(&format!("Last-Event-ID: {id}\r\n"));
-        }
-        request.push_str("\r\n");
         if stream.write_all(request.as_bytes()).await.is_err() {
             return Ended::Broken("sending the request".to_owned());
         }
