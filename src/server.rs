@@ -307,6 +307,7 @@ pub async fn run_with(
             },
         ))
     });
+    let open_streams = metrics.connections.clone();
     let state = web::Data::new(AppState {
         config: live,
         reload: reload_handle,
@@ -353,14 +354,19 @@ pub async fn run_with(
     // every stream ends with its closing chunk. A client reconnecting at
     // once is refused here and goes to another replica (or retries until
     // the next process listens), instead of landing on this one while it
-    // winds down or being reset from its accept queue. With no open
-    // response left, the graceful stop below has nothing to wait for.
-    let http_stopping = handle.stop(true);
-    // Let the server task take the stop command, so its accept thread is
-    // told to stop before the socket stops listening under it.
+    // winds down or being reset from its accept queue.
+    handle.pause().await;
+    // Let the accept thread take the pause before the socket stops
+    // listening under it; otherwise it reports a failed accept.
     tokio::task::yield_now().await;
     stop_listening(&listening);
     closing_streams.send_replace(true);
+    streams_ended(&open_streams, HTTP_SHUTDOWN_GRACE).await;
+    // Only now is the server stopped. Its workers may drop their
+    // connections at once rather than gracefully (a stopped accept thread
+    // can end a worker before the worker reads its own stop), so every
+    // stream must have written its closing chunk before this point.
+    let http_stopping = handle.stop(true);
     // Bounded: the rest of the shutdown (actors, arbiters, the embedded
     // database) must run even if the HTTP server never reports back.
     let http_stopped = async {
@@ -394,6 +400,15 @@ pub async fn run_with(
         embedded.shutdown().await;
     }
     result.map_err(ServeError::Http)
+}
+
+/// Waits until every stream has ended (the open-streams gauge reaches
+/// zero), or `grace` has passed for streams whose clients stopped reading.
+async fn streams_ended(open_streams: &prometheus_client::metrics::gauge::Gauge, grace: Duration) {
+    let deadline = tokio::time::Instant::now() + grace;
+    while open_streams.get() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// Binds the relay's HTTP address with the configured accept queue
