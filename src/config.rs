@@ -191,6 +191,9 @@ pub struct PublishConfig {
     pub group_commit_ms: u64,
     /// Most events written in one group.
     pub group_max_events: usize,
+    /// Most groups written at once, each on its own database connection
+    /// (never more than `database.pool_size`).
+    pub group_commit_writers: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -221,6 +224,7 @@ impl Default for Config {
                 max_batch: 100,
                 group_commit_ms: 2,
                 group_max_events: 2000,
+                group_commit_writers: 2,
                 ..PublishConfig::default()
             },
             outbox: OutboxConfig::default(),
@@ -421,6 +425,12 @@ impl Config {
             return Err(invalid(
                 "publish.group_max_events",
                 "must be at least publish.max_batch, so a whole request fits a group",
+            ));
+        }
+        if self.publish.group_commit_writers == 0 {
+            return Err(invalid(
+                "publish.group_commit_writers",
+                "must be at least 1",
             ));
         }
         if self.publish.group_commit_ms > 1000 {
@@ -634,6 +644,16 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .starts_with("sse.heartbeat_secs:")
+        );
+
+        let mut config = Config::default();
+        config.publish.group_commit_writers = 0;
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("publish.group_commit_writers:")
         );
 
         let mut config = Config::default();

@@ -3,12 +3,17 @@
 //! turn at the cluster-wide notification lock) instead of paying for one
 //! each.
 //!
-//! One committer task takes requests in arrival order. While a group is
-//! being written and committed, new requests queue; the next group is
-//! everything queued then (up to a bound on events), so the group size
-//! follows the load with no timer: a lone publisher's request is written at
-//! once, as before. When requests are arriving concurrently, the committer
-//! also waits up to `publish.group_commit_ms` for more before writing.
+//! Committer tasks take requests in arrival order, one of them gathering at
+//! a time. The gatherer takes everything queued (up to a bound on events),
+//! so the group size follows the load with no timer: a lone publisher's
+//! request is written at once, as before. When requests are arriving
+//! concurrently, it also waits up to `publish.group_commit_ms` for more.
+//! It then writes and commits its group while the next committer gathers
+//! the requests that arrive meanwhile, so up to
+//! `publish.group_commit_writers` groups are written at once, each on its
+//! own connection: a group's commit flush no longer holds up the next.
+//! Groups written at once may commit out of seq order, which readers
+//! already handle, as for any two concurrent transactions.
 //!
 //! A group is one `INSERT` for all its durable events, in request order, so
 //! each request's events keep their order and are not interleaved with
@@ -21,6 +26,7 @@
 //! them was written.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use eventrelay_publisher::{BatchError, EventEnvelope, NewEvent, PublishError, Publisher};
@@ -75,6 +81,8 @@ pub struct GroupSettings {
     pub window: Duration,
     /// Most events in one group.
     pub max_events: usize,
+    /// Most groups written at once.
+    pub writers: usize,
 }
 
 impl Publishing {
@@ -88,13 +96,17 @@ impl Publishing {
     ) -> Publishing {
         let committer = (!settings.window.is_zero()).then(|| {
             let (jobs, queue) = mpsc::channel(4096);
-            let committer = Committer {
+            let queue = Arc::new(tokio::sync::Mutex::new(queue));
+            let committer = Arc::new(Committer {
+                last_group: AtomicUsize::new(0),
                 db: db.clone(),
                 publisher: publisher.clone(),
                 settings,
                 metrics,
-            };
-            actix::spawn(committer.run(queue));
+            });
+            for _ in 0..settings.writers.max(1) {
+                actix::spawn(Arc::clone(&committer).run(Arc::clone(&queue)));
+            }
             jobs
         });
         Publishing {
@@ -173,6 +185,8 @@ async fn publish_one_by_one(
 }
 
 struct Committer {
+    /// How many requests the last group held.
+    last_group: AtomicUsize,
     db: Database,
     publisher: Publisher,
     settings: GroupSettings,
@@ -180,38 +194,59 @@ struct Committer {
 }
 
 impl Committer {
-    async fn run(self, mut queue: mpsc::Receiver<Job>) {
-        while let Some(first) = queue.recv().await {
-            let mut events = first.events.len();
-            let mut group = vec![first];
-            while events < self.settings.max_events {
-                match queue.try_recv() {
-                    Ok(job) => {
-                        events += job.events.len();
-                        group.push(job);
-                    }
-                    Err(_) => break,
+    /// Gathers a group while holding the queue, then writes it with the
+    /// queue released, so another committer gathers meanwhile.
+    async fn run(self: Arc<Self>, queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>) {
+        loop {
+            let group = {
+                let mut queue = queue.lock().await;
+                match self.gather(&mut queue).await {
+                    Some(group) => group,
+                    None => return,
                 }
-            }
-            // More than one request waiting means publishers are
-            // concurrent: a short wait gathers the ones just behind.
-            if group.len() > 1 {
-                let until = tokio::time::Instant::now() + self.settings.window;
-                while events < self.settings.max_events {
-                    match tokio::time::timeout_at(until, queue.recv()).await {
-                        Ok(Some(job)) => {
-                            events += job.events.len();
-                            group.push(job);
-                        }
-                        _ => break,
-                    }
-                }
-            }
+            };
             self.metrics
                 .publish_group_requests
                 .observe(group.len() as f64);
             self.commit(group).await;
         }
+    }
+
+    /// The next group: the first request to come, everything queued behind
+    /// it and, when that is more than one, what arrives within the window.
+    /// `None` once the service has stopped taking requests.
+    async fn gather(&self, queue: &mut mpsc::Receiver<Job>) -> Option<Vec<Job>> {
+        let first = queue.recv().await?;
+        let mut events = first.events.len();
+        let mut group = vec![first];
+        while events < self.settings.max_events {
+            match queue.try_recv() {
+                Ok(job) => {
+                    events += job.events.len();
+                    group.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        // Fewer requests waiting than the last group held means some of
+        // those publishers are still on their way (their answers just went
+        // out): a short wait gathers them, but no more than came last time,
+        // so a steady load is never held up by the timer.
+        let expected = self.last_group.load(Ordering::Relaxed);
+        if group.len() > 1 && group.len() < expected {
+            let until = tokio::time::Instant::now() + self.settings.window;
+            while events < self.settings.max_events && group.len() < expected {
+                match tokio::time::timeout_at(until, queue.recv()).await {
+                    Ok(Some(job)) => {
+                        events += job.events.len();
+                        group.push(job);
+                    }
+                    _ => break,
+                }
+            }
+        }
+        self.last_group.store(group.len(), Ordering::Relaxed);
+        Some(group)
     }
 
     /// Writes one group and answers each of its requests.

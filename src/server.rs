@@ -291,6 +291,10 @@ pub async fn run_with(
         GroupSettings {
             window: Duration::from_millis(config.publish.group_commit_ms),
             max_events: config.publish.group_max_events,
+            writers: config
+                .publish
+                .group_commit_writers
+                .min(config.database.pool_size),
         },
         Arc::clone(&metrics),
     );

@@ -86,6 +86,9 @@ async fn stored_ids(db: &TestDb) -> HashSet<String> {
 fn start(db: &TestDb) -> Arc<TestServer> {
     Arc::new(TestServer::start(db, |c| {
         c.publish.group_commit_ms = 50;
+        // One committer: the requests queued behind the slow one form
+        // exactly one group.
+        c.publish.group_commit_writers = 1;
         c.webhooks.enabled = false;
     }))
 }
@@ -236,4 +239,48 @@ async fn a_database_failure_answers_the_whole_group_with_503_and_writes_none() {
     }
     // Only the slow request before the group was written.
     assert_eq!(stored_ids(&db).await.len(), before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_writer_commits_while_the_first_group_is_still_being_written() {
+    let db = TestDb::new().await;
+    install_triggers(&db).await;
+    let server = Arc::new(TestServer::start(&db, |c| {
+        c.publish.group_commit_ms = 50;
+        c.publish.group_commit_writers = 2;
+        c.webhooks.enabled = false;
+    }));
+    server.ready().await;
+    let slow = {
+        let server = Arc::clone(&server);
+        tokio::spawn(async move { server.publish(event("test.slow", 0)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The slow insert holds one writer for half a second; these requests
+    // are written by the other one meanwhile.
+    let sends: Vec<_> = (1..=4)
+        .map(|n| {
+            let server = Arc::clone(&server);
+            tokio::spawn(async move { server.publish(event("fine", n)).await })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for send in sends {
+        let (status, body) = send.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        seqs.push(body["events"][0]["seq"].as_i64().unwrap());
+        assert!(
+            !slow.is_finished(),
+            "a request behind the slow one was answered only after it"
+        );
+    }
+    let (status, body) = slow.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let slow_seq = body["events"][0]["seq"].as_i64().unwrap();
+    // Every event has its own seq, and all of them were stored.
+    seqs.push(slow_seq);
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), 5);
+    assert_eq!(stored_ids(&db).await.len(), 5);
 }

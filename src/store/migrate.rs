@@ -43,6 +43,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "delivery_correctness",
         sql: include_str!("../../migrations/0004_delivery_correctness.sql"),
     },
+    Migration {
+        version: 5,
+        name: "statement_triggers",
+        sql: include_str!("../../migrations/0005_statement_triggers.sql"),
+    },
 ];
 
 /// Why the schema could not be brought up to date.

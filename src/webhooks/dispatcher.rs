@@ -179,8 +179,10 @@ impl actix::Handler<SetWorkers> for Dispatcher {
 }
 
 /// Deliveries may be due now: a durable event committed (the relay heard
-/// its pointer) or a delivery was put back in the queue. Wakes every idle
-/// worker to look.
+/// its pointer) or a delivery was put back in the queue. Wakes one idle
+/// worker to look; a worker that finds a delivery wakes the next before
+/// delivering it, so a burst spreads over the workers while an event with
+/// no webhook costs one look, not one per worker.
 #[derive(actix::Message)]
 #[rtype(result = "()")]
 pub struct DeliveriesDue;
@@ -190,7 +192,7 @@ impl actix::Handler<DeliveriesDue> for Dispatcher {
 
     fn handle(&mut self, _: DeliveriesDue, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Dispatcher).handling();
-        self.wake.due.notify_waiters();
+        self.wake.due.notify_one();
     }
 }
 
@@ -238,6 +240,8 @@ impl Worker {
             .await;
             match claimed {
                 Ok(Some(claimed)) => {
+                    // There may be more: let another worker look.
+                    self.wake.due.notify_one();
                     self.metrics.webhook_workers_busy.inc();
                     self.deliver(claimed).await;
                     self.metrics.webhook_workers_busy.dec();
