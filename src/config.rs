@@ -631,40 +631,20 @@ mod tests {
 
     #[test]
     fn errors_name_the_setting() {
-        let mut config = Config::default();
-        config.database.schema = "Bad-Name".into();
-        let error = config.validate().unwrap_err().to_string();
-        assert!(error.starts_with("database.schema:"), "{error}");
-
-        let mut config = Config::default();
-        config.sse.heartbeat_secs = 0;
-        assert!(
-            config
-                .validate()
-                .unwrap_err()
-                .to_string()
-                .starts_with("sse.heartbeat_secs:")
-        );
-
-        let mut config = Config::default();
-        config.publish.group_commit_writers = 0;
-        assert!(
-            config
-                .validate()
-                .unwrap_err()
-                .to_string()
-                .starts_with("publish.group_commit_writers:")
-        );
-
-        let mut config = Config::default();
-        config.database.url = Some("not a url at all".into());
-        assert!(
-            config
-                .validate()
-                .unwrap_err()
-                .to_string()
-                .starts_with("database.url:")
-        );
+        let refused_for = |setting: &str, change: fn(&mut Config)| {
+            let mut config = Config::default();
+            change(&mut config);
+            let error = config.validate().unwrap_err().to_string();
+            assert!(error.starts_with(&format!("{setting}:")), "{error}");
+        };
+        refused_for("database.schema", |c| c.database.schema = "Bad-Name".into());
+        refused_for("sse.heartbeat_secs", |c| c.sse.heartbeat_secs = 0);
+        refused_for("publish.group_commit_writers", |c| {
+            c.publish.group_commit_writers = 0
+        });
+        refused_for("database.url", |c| {
+            c.database.url = Some("not a url at all".into())
+        });
     }
 
     #[test]
