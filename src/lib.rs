@@ -21,6 +21,7 @@
 //! - [`auth`]: who a subscriber is (JWT or forward auth) and what it may see.
 //! - [`config`]: the settings, layered and validated; [`group_commit`]: the
 //!   publish API's shared transactions; [`metrics`]: `/metrics`;
+//!   [`memory`]: returning departed connections' memory to the system;
 //!   [`secret`]: values that never print; [`server`]: start and stop.
 //!
 //! Dependencies point one way: `config` knows the settings types of the
@@ -34,6 +35,7 @@ pub mod auth;
 pub mod config;
 pub mod group_commit;
 pub mod http;
+pub mod memory;
 pub mod metrics;
 pub mod reload;
 pub mod secret;

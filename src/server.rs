@@ -312,6 +312,7 @@ pub async fn run_with(
         ))
     });
     let open_streams = metrics.connections.clone();
+    let trimmer = actix::spawn(crate::memory::trim_after_departures(open_streams.clone()));
     let state = web::Data::new(AppState {
         config: live,
         reload: reload_handle,
@@ -388,6 +389,7 @@ pub async fn run_with(
         }
     };
     janitor.abort();
+    trimmer.abort();
     if let Some(reloader) = reloader {
         reloader.abort();
     }

@@ -945,14 +945,15 @@ async fn storm_rows(
     table.add(
         format!("reconnect storm: relay RSS with each wave of {n} streaming"),
         format!(
-            "before: {} · {} · after the last wave left: {}",
+            "before: {} · {} · after the last wave left: {} · 5 s later: {}",
             size(f.rss_before_kib as f64 * 1024.0),
             f.rss_streaming_kib
                 .iter()
                 .map(|kib| size(*kib as f64 * 1024.0))
                 .collect::<Vec<_>>()
                 .join(" → "),
-            size(f.rss_after_kib as f64 * 1024.0)
+            size(f.rss_after_kib as f64 * 1024.0),
+            size(f.rss_settled_kib as f64 * 1024.0)
         ),
         format!(
             "last wave within 10% of the first: {}",

@@ -36,6 +36,10 @@ use crate::{BenchResult, subscriber_token};
 const EMFILE: i32 = 24;
 /// How long a subscriber waits before retrying while nothing listens.
 const RETRY_WHILE_DOWN: Duration = Duration::from_millis(50);
+/// How long after the last connection left the relay's memory is read
+/// again: past the interval at which it returns freed memory.
+const SETTLE: Duration = Duration::from_secs(5);
+
 /// How long a subscriber waits after a refusal (a status other than 200).
 const RETRY_AFTER_REFUSAL: Duration = Duration::from_millis(250);
 /// Longest wait for all subscribers to stream, or for every event to arrive.
@@ -156,6 +160,9 @@ pub struct StormFigures {
     /// Relay RSS after the last wave hung up and its connections were
     /// released, in KiB.
     pub rss_after_kib: u64,
+    /// The same, a few seconds later: long enough for the relay to hand
+    /// the freed memory back to the system.
+    pub rss_settled_kib: u64,
 }
 
 /// State every subscriber of a wave shares.
@@ -529,6 +536,8 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let rss_after_kib = rss_kib(&relay);
+    tokio::time::sleep(SETTLE).await;
+    let rss_settled_kib = rss_kib(&relay);
     Ok(StormFigures {
         first,
         stopped_in,
@@ -539,6 +548,7 @@ pub async fn run(
         rss_before_kib,
         rss_streaming_kib,
         rss_after_kib,
+        rss_settled_kib,
     })
 }
 
