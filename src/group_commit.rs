@@ -6,9 +6,10 @@
 //! Committer tasks take requests in arrival order, one of them gathering at
 //! a time. The gatherer takes everything queued (up to a bound on events),
 //! so the group size follows the load with no timer: a lone publisher's
-//! request is written at once, as before. When requests are arriving
-//! concurrently, it also waits up to `publish.group_commit_ms` for more.
-//! It then writes and commits its group while the next committer gathers
+//! request is written at once, as before. When fewer requests are queued
+//! than the last group held (some publishers of a steady set are still on
+//! their way), it also waits up to `publish.group_commit_ms` for them, and
+//! no longer than until that many have come. It then writes and commits its group while the next committer gathers
 //! the requests that arrive meanwhile, so up to
 //! `publish.group_commit_writers` groups are written at once, each on its
 //! own connection: a group's commit flush no longer holds up the next.
@@ -213,7 +214,8 @@ impl Committer {
     }
 
     /// The next group: the first request to come, everything queued behind
-    /// it and, when that is more than one, what arrives within the window.
+    /// it and, when that is more than one but fewer than the last group
+    /// held, what arrives within the window, up to the last group's size.
     /// `None` once the service has stopped taking requests.
     async fn gather(&self, queue: &mut mpsc::Receiver<Job>) -> Option<Vec<Job>> {
         let first = queue.recv().await?;
