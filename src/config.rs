@@ -12,11 +12,19 @@ use std::time::Duration;
 use eventrelay_publisher::{
     ConnectError, DEFAULT_SCHEMA, Identifier, PgConnectOptions, TcpSettings,
 };
+use eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+pub use crate::store::WakeupMode;
+
 pub mod origins;
+
+/// The largest `publish.ephemeral_max_bytes` accepted: a logical message
+/// has no size limit of its own, but every relay holds a transaction's
+/// messages in memory until its commit is read.
+pub const MAX_LOGICAL_MESSAGE_BYTES: usize = 1024 * 1024;
 
 use crate::auth::AuthConfig;
 use crate::secret::{DatabaseUrl, Secret};
@@ -75,6 +83,11 @@ pub struct DatabaseConfig {
     /// Seconds sent data may stay unacknowledged before the kernel drops
     /// the connection (`TCP_USER_TIMEOUT`), on every connection.
     pub tcp_user_timeout_secs: u64,
+    /// How relays learn of commits: `notify` (a pointer NOTIFY at commit)
+    /// or `logical` (decoding the WAL on a temporary replication slot, so
+    /// emitting takes no cluster-wide lock). Recorded in the schema by
+    /// `migrate`; every relay of a schema runs in the recorded mode.
+    pub wakeup: WakeupMode,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -194,6 +207,10 @@ pub struct PublishConfig {
     /// Most groups written at once, each on its own database connection
     /// (never more than `database.pool_size`).
     pub group_commit_writers: usize,
+    /// Largest encoded ephemeral event. NOTIFY refuses 8000 bytes or more,
+    /// so above 7999 needs `database.wakeup = "logical"`, where ephemeral
+    /// events travel as logical replication messages.
+    pub ephemeral_max_bytes: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -225,6 +242,7 @@ impl Default for Config {
                 group_commit_ms: 2,
                 group_max_events: 2000,
                 group_commit_writers: 2,
+                ephemeral_max_bytes: MAX_NOTIFY_PAYLOAD_BYTES,
                 ..PublishConfig::default()
             },
             outbox: OutboxConfig::default(),
@@ -249,6 +267,7 @@ impl Default for DatabaseConfig {
             pool_size: 16,
             migrate: true,
             embedded_dir: ".eventrelay/pgdata".to_owned(),
+            wakeup: WakeupMode::Notify,
         }
     }
 }
@@ -376,6 +395,28 @@ impl Config {
                     .and_then(|options| options.tls().map(drop))
                     .map_err(|e| invalid(setting, e.to_string()))?;
             }
+        }
+        if self.database.wakeup == WakeupMode::Logical && self.database.url.is_none() {
+            return Err(invalid(
+                "database.wakeup",
+                "logical needs database.url: the embedded database has no replication; use notify",
+            ));
+        }
+        let ephemeral_max = self.publish.ephemeral_max_bytes;
+        if ephemeral_max == 0 || ephemeral_max > MAX_LOGICAL_MESSAGE_BYTES {
+            return Err(invalid(
+                "publish.ephemeral_max_bytes",
+                format!("must be 1 to {MAX_LOGICAL_MESSAGE_BYTES}"),
+            ));
+        }
+        if ephemeral_max > MAX_NOTIFY_PAYLOAD_BYTES && self.database.wakeup == WakeupMode::Notify {
+            return Err(invalid(
+                "publish.ephemeral_max_bytes",
+                format!(
+                    "above {MAX_NOTIFY_PAYLOAD_BYTES} needs database.wakeup = \"logical\" \
+                     (Postgres refuses larger NOTIFY payloads)"
+                ),
+            ));
         }
         if self.database.listen_health_secs == 0 {
             return Err(invalid("database.listen_health_secs", "must be at least 1"));
@@ -639,6 +680,18 @@ mod tests {
         };
         refused_for("database.schema", |c| c.database.schema = "Bad-Name".into());
         refused_for("sse.heartbeat_secs", |c| c.sse.heartbeat_secs = 0);
+        refused_for("database.wakeup", |c| {
+            c.database.url = None;
+            c.database.wakeup = WakeupMode::Logical;
+        });
+        refused_for("publish.ephemeral_max_bytes", |c| {
+            c.publish.ephemeral_max_bytes = 8000;
+        });
+        refused_for("publish.ephemeral_max_bytes", |c| {
+            c.database.url = Some("postgres://db/app".into());
+            c.database.wakeup = WakeupMode::Logical;
+            c.publish.ephemeral_max_bytes = MAX_LOGICAL_MESSAGE_BYTES + 1;
+        });
         refused_for("publish.group_commit_writers", |c| {
             c.publish.group_commit_writers = 0
         });

@@ -150,6 +150,14 @@ pub struct Metrics {
     pub listener_reconnects: Counter,
     pub database_connections_dead: Counter,
     pub notifications_malformed: Counter,
+    /// Logical wake-up mode: times the replication stream was re-established.
+    pub replication_reconnects: Counter,
+    /// Logical wake-up mode: WAL between the change last read and the
+    /// server's end of WAL when it was sent.
+    pub replication_lag_bytes: Gauge,
+    /// Logical wake-up mode: from a transaction's commit on the server to
+    /// the relay reading its commit record.
+    pub replication_lag_seconds: Gauge<f64, AtomicU64>,
     pub slow_subscribers_dropped: Counter,
     pub tails_bytes: Gauge,
     pub tails_shrunk: Counter,
@@ -201,6 +209,9 @@ impl Metrics {
             listener_reconnects: Counter::default(),
             database_connections_dead: Counter::default(),
             notifications_malformed: Counter::default(),
+            replication_reconnects: Counter::default(),
+            replication_lag_bytes: Gauge::default(),
+            replication_lag_seconds: Gauge::default(),
             slow_subscribers_dropped: Counter::default(),
             tails_bytes: Gauge::default(),
             tails_shrunk: Counter::default(),
@@ -281,6 +292,21 @@ impl Metrics {
             "notifications_malformed",
             "Notifications dropped because they did not decode",
             metrics.notifications_malformed.clone(),
+        );
+        registry.register(
+            "replication_reconnects",
+            "Times the logical replication stream was re-established (logical wake-up mode)",
+            metrics.replication_reconnects.clone(),
+        );
+        registry.register(
+            "replication_lag_bytes",
+            "WAL bytes between the change last read and the server's end of WAL (logical wake-up mode)",
+            metrics.replication_lag_bytes.clone(),
+        );
+        registry.register(
+            "replication_lag_seconds",
+            "Seconds from the last decoded transaction's commit to the relay reading it (logical wake-up mode)",
+            metrics.replication_lag_seconds.clone(),
         );
         registry.register(
             "slow_subscribers_dropped",

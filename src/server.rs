@@ -16,6 +16,7 @@ use crate::actors::listener::StopListener;
 use crate::actors::relay::StopRelay;
 use crate::actors::relay::TailSettings;
 use crate::actors::tail_budget::TailBudget;
+use crate::actors::wal_stream::LogicalSource;
 use crate::actors::{Listener, Relay};
 use crate::auth::SubscriberResolver;
 use crate::config::Config;
@@ -25,7 +26,9 @@ use crate::metrics::ActorKind;
 use crate::metrics::Metrics;
 use crate::reload::{ReloadError, ReloadReport, Reloading};
 use crate::store::StoreError;
-use crate::store::{Database, DatabaseError, MigrateError, Outbox, migrate};
+use crate::store::{
+    Database, DatabaseError, MigrateError, Outbox, WakeupError, WakeupMode, migrate_for,
+};
 use crate::webhooks::{Dispatcher, SetWorkers, StopDispatcher, WebhookStore};
 use tokio::sync::watch;
 
@@ -44,6 +47,8 @@ pub enum ServeError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Publisher(#[from] eventrelay_publisher::PublishError),
+    #[error(transparent)]
+    Wakeup(#[from] WakeupError),
     #[error(transparent)]
     Connect(#[from] eventrelay_publisher::ConnectError),
     #[error(transparent)]
@@ -100,26 +105,41 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
     };
     let options = config.connect_options(&url)?;
     let listen_options = config.connect_options(config.listen_url().unwrap_or(&url))?;
-    if config.database.migrate {
+    let wakeup = config.database.wakeup;
+    {
         let mut client = options.connect().await?;
-        let report = migrate(&mut client, &schema, &channel).await?;
-        if !report.applied.is_empty() {
-            tracing::info!(applied = ?report.applied, %schema, "migrations applied");
+        if config.database.migrate {
+            let report = migrate_for(&mut client, &schema, &channel, wakeup).await?;
+            if !report.applied.is_empty() {
+                tracing::info!(applied = ?report.applied, %schema, "migrations applied");
+            }
         }
+        crate::store::wakeup::check_ready(&client, &schema, wakeup).await?;
     }
     let db = Database::pool(
         &options,
         config.database.pool_size,
         (config.listen_health() / 2).clamp(Duration::from_millis(500), Duration::from_secs(5)),
     )?;
-    Ok(Backend {
-        db: db.clone(),
-        notifications: NotificationSource::Dedicated {
+    let notifications = match wakeup {
+        WakeupMode::Notify => NotificationSource::Dedicated {
             options: Box::new(listen_options),
             channel,
             health: config.listen_health(),
             probe_via: db.clone(),
         },
+        WakeupMode::Logical => NotificationSource::Logical(LogicalSource {
+            options: Box::new(listen_options),
+            schema,
+            channel,
+            health: config.listen_health(),
+            probe_via: db.clone(),
+            ephemeral_max_bytes: config.publish.ephemeral_max_bytes,
+        }),
+    };
+    Ok(Backend {
+        db: db.clone(),
+        notifications,
         #[cfg(feature = "embedded")]
         embedded: None,
     })
@@ -223,7 +243,8 @@ pub async fn run_with(
         .db
         .clone()
         .with_wait_histogram(metrics.database_pool_wait_seconds.clone());
-    let mut publisher = Publisher::new(schema.as_str())?;
+    let mut publisher = Publisher::new(schema.as_str())?
+        .with_ephemeral_max_bytes(config.publish.ephemeral_max_bytes);
     if let Some(dir) = &config.publish.schemas_dir {
         publisher = publisher.with_registry(load_schemas(Path::new(dir))?);
     }

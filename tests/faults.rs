@@ -29,6 +29,7 @@ use common::flaky_receiver::{FlakyReceiver, Mischief};
 use common::process::{RelayProcess, free_port, relay_config};
 use common::server::{TestServer, token};
 use eventrelay::publisher::{NewEvent, Publisher};
+use eventrelay::store::WakeupMode;
 use eventrelay_client::{ClientBuilder, ClientHandle, State};
 use serde_json::json;
 use uuid::Uuid;
@@ -256,8 +257,21 @@ async fn terminate_listener_until_done(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_listener_terminated_again_and_again_under_load() {
-    let started = Instant::now();
     let db = TestDb::new().await;
+    listener_terminated_under_load(db, "listener-terminated").await;
+}
+
+/// In the logical wake-up mode the "listener" is the WAL sender of the
+/// relay's replication stream, and each termination drops its temporary
+/// slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_wal_sender_terminated_again_and_again_under_load_in_logical_mode() {
+    let (db, _cluster) = TestDb::for_mode(WakeupMode::Logical).await;
+    listener_terminated_under_load(db, "wal-sender-terminated").await;
+}
+
+async fn listener_terminated_under_load(db: TestDb, scenario: &str) {
+    let started = Instant::now();
     let listener_tag = format!("{}_listener", db.schema);
     let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
     let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url.into()));
@@ -272,13 +286,7 @@ async fn the_listener_terminated_again_and_again_under_load() {
         subscribers.iter().map(Subscriber::received).collect()
     })
     .await;
-    report(
-        "listener-terminated",
-        &written,
-        &observed,
-        terminations,
-        started,
-    );
+    report(scenario, &written, &observed, terminations, started);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -328,11 +336,24 @@ async fn history_never_reaches_subscribers_across_listener_reconnects() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_restarted_under_load() {
-    let started = Instant::now();
     let Some(cluster) = Cluster::start() else {
         panic!("no Postgres server binaries (initdb, pg_ctl): install them or set PG_BINDIR");
     };
     let db = TestDb::new_on(&cluster.url()).await;
+    postgres_restarted_under_load_on(cluster, db, "postgres-restarted").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_restarted_under_load_in_logical_mode() {
+    let Some(cluster) = Cluster::start_logical() else {
+        panic!("no Postgres server binaries (initdb, pg_ctl): install them or set PG_BINDIR");
+    };
+    let db = TestDb::logical_on(&cluster.url()).await;
+    postgres_restarted_under_load_on(cluster, db, "postgres-restarted-logical").await;
+}
+
+async fn postgres_restarted_under_load_on(cluster: Cluster, db: TestDb, scenario: &str) {
+    let started = Instant::now();
     let server = TestServer::start(&db, |_| {});
     server.ready().await;
     let base = Arc::new(Mutex::new(server.base.clone()));
@@ -348,7 +369,7 @@ async fn postgres_restarted_under_load() {
     }
     let written = writing.await.unwrap();
     let observed = settle(&written.confirmed, || received_by(&subscribers)).await;
-    report("postgres-restarted", &written, &observed, restarts, started);
+    report(scenario, &written, &observed, restarts, started);
     drop(subscribers);
     drop(server);
 }

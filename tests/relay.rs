@@ -16,6 +16,7 @@ use std::time::Duration;
 use common::server::{Frame, TestServer, token, token_for};
 use common::{DEADLINE, TestDb};
 use eventrelay::publisher::{Audience, NewEvent, Publisher};
+use eventrelay::store::WakeupMode;
 use serde_json::{Value, json};
 
 fn publisher(db: &TestDb) -> Publisher {
@@ -40,7 +41,16 @@ fn ids(frames: &[Frame]) -> Vec<String> {
 
 #[tokio::test]
 async fn a_commit_reaches_the_subscriber_and_a_rollback_never_does() {
-    let db = TestDb::new().await;
+    a_commit_reaches_the_subscriber_and_a_rollback_never_does_in(WakeupMode::Notify).await;
+}
+
+#[tokio::test]
+async fn a_commit_reaches_the_subscriber_and_a_rollback_never_does_in_logical_mode() {
+    a_commit_reaches_the_subscriber_and_a_rollback_never_does_in(WakeupMode::Logical).await;
+}
+
+async fn a_commit_reaches_the_subscriber_and_a_rollback_never_does_in(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, |_| {});
     server.ready().await;
     let (mut stream, resync) = server
@@ -107,7 +117,16 @@ async fn the_stream_has_the_documented_framing_and_headers() {
 
 #[tokio::test]
 async fn audience_by_users_and_permission_fails_closed() {
-    let db = TestDb::new().await;
+    audience_by_users_and_permission_fails_closed_in(WakeupMode::Notify).await;
+}
+
+#[tokio::test]
+async fn audience_by_users_and_permission_fails_closed_in_logical_mode() {
+    audience_by_users_and_permission_fails_closed_in(WakeupMode::Logical).await;
+}
+
+async fn audience_by_users_and_permission_fails_closed_in(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, |_| {});
     server.ready().await;
     let (mut alice, _) = server
@@ -251,7 +270,16 @@ async fn refusals_are_401_429_and_400_with_stable_codes() {
 
 #[tokio::test]
 async fn replay_from_memory_and_from_the_outbox_agree() {
-    let db = TestDb::new().await;
+    replay_from_memory_and_from_the_outbox_agree_in(WakeupMode::Notify).await;
+}
+
+#[tokio::test]
+async fn replay_from_memory_and_from_the_outbox_agree_in_logical_mode() {
+    replay_from_memory_and_from_the_outbox_agree_in(WakeupMode::Logical).await;
+}
+
+async fn replay_from_memory_and_from_the_outbox_agree_in(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, |c| {
         c.sse.replay_lookback = 0;
         // A closed client is noticed at the next write.
@@ -318,7 +346,16 @@ async fn replay_from_memory_and_from_the_outbox_agree() {
 
 #[tokio::test]
 async fn replay_joins_live_without_gap_or_duplicate() {
-    let db = TestDb::new().await;
+    replay_joins_live_without_gap_or_duplicate_in(WakeupMode::Notify).await;
+}
+
+#[tokio::test]
+async fn replay_joins_live_without_gap_or_duplicate_in_logical_mode() {
+    replay_joins_live_without_gap_or_duplicate_in(WakeupMode::Logical).await;
+}
+
+async fn replay_joins_live_without_gap_or_duplicate_in(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, |c| c.sse.replay_lookback = 0);
     server.ready().await;
     let alice = token("alice", "org-1", json!({}));
@@ -365,7 +402,16 @@ async fn a_last_event_id_older_than_the_outbox_asks_for_a_resync() {
 
 #[tokio::test]
 async fn a_transaction_of_many_events_arrives_whole_from_one_wake_up() {
-    let db = TestDb::new().await;
+    a_transaction_of_many_events_arrives_whole_from_one_wake_up_in(WakeupMode::Notify).await;
+}
+
+#[tokio::test]
+async fn a_transaction_of_many_events_arrives_whole_from_one_wake_up_in_logical_mode() {
+    a_transaction_of_many_events_arrives_whole_from_one_wake_up_in(WakeupMode::Logical).await;
+}
+
+async fn a_transaction_of_many_events_arrives_whole_from_one_wake_up_in(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, |_| {});
     server.ready().await;
     let (mut stream, _) = server
@@ -387,7 +433,16 @@ async fn a_transaction_of_many_events_arrives_whole_from_one_wake_up() {
 
 #[tokio::test]
 async fn transactions_committing_out_of_seq_order_both_arrive() {
-    let db = TestDb::new().await;
+    transactions_committing_out_of_seq_order_both_arrive_in(WakeupMode::Notify).await;
+}
+
+#[tokio::test]
+async fn transactions_committing_out_of_seq_order_both_arrive_in_logical_mode() {
+    transactions_committing_out_of_seq_order_both_arrive_in(WakeupMode::Logical).await;
+}
+
+async fn transactions_committing_out_of_seq_order_both_arrive_in(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, |_| {});
     server.ready().await;
     let (mut stream, _) = server
@@ -414,7 +469,16 @@ async fn transactions_committing_out_of_seq_order_both_arrive() {
 
 #[tokio::test]
 async fn the_listener_losing_its_connection_loses_no_event() {
-    let db = TestDb::new().await;
+    the_listener_losing_its_connection_loses_no_event_in(WakeupMode::Notify).await;
+}
+
+#[tokio::test]
+async fn the_listener_losing_its_connection_loses_no_event_in_logical_mode() {
+    the_listener_losing_its_connection_loses_no_event_in(WakeupMode::Logical).await;
+}
+
+async fn the_listener_losing_its_connection_loses_no_event_in(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let listener_tag = format!("{}_listener", db.schema);
     let listen_url = db.url.replace(db.schema.as_str(), &listener_tag);
     let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url.into()));
@@ -447,12 +511,25 @@ async fn the_listener_losing_its_connection_loses_no_event() {
         received.insert(frame.json()["id"].as_str().unwrap().to_owned());
     }
     assert_eq!(received, expected);
-    assert!(server.metric("eventrelay_listener_reconnects_total").await >= 1.0);
+    let reconnects = match mode {
+        WakeupMode::Notify => "eventrelay_listener_reconnects_total",
+        WakeupMode::Logical => "eventrelay_replication_reconnects_total",
+    };
+    assert!(server.metric(reconnects).await >= 1.0);
 }
 
 #[tokio::test]
 async fn two_relays_on_one_database_both_deliver() {
-    let db = TestDb::new().await;
+    two_relays_on_one_database_both_deliver_in(WakeupMode::Notify).await;
+}
+
+#[tokio::test]
+async fn two_relays_on_one_database_both_deliver_in_logical_mode() {
+    two_relays_on_one_database_both_deliver_in(WakeupMode::Logical).await;
+}
+
+async fn two_relays_on_one_database_both_deliver_in(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let one = TestServer::start(&db, |c| c.database.migrate = false);
     let two = TestServer::start(&db, |c| c.database.migrate = false);
     one.ready().await;
@@ -523,7 +600,16 @@ async fn a_subscriber_too_slow_for_its_queue_is_disconnected() {
 
 #[tokio::test]
 async fn the_publish_api_writes_durable_and_ephemeral_events() {
-    let db = TestDb::new().await;
+    the_publish_api_writes_durable_and_ephemeral_events_in(WakeupMode::Notify).await;
+}
+
+#[tokio::test]
+async fn the_publish_api_writes_durable_and_ephemeral_events_in_logical_mode() {
+    the_publish_api_writes_durable_and_ephemeral_events_in(WakeupMode::Logical).await;
+}
+
+async fn the_publish_api_writes_durable_and_ephemeral_events_in(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, |_| {});
     server.ready().await;
     let (mut stream, _) = server

@@ -27,10 +27,11 @@ use eventrelay_publisher::Identifier;
 use eventrelay_publisher::backoff::Backoff;
 use eventrelay_publisher::listen::{self, HealthCheck, ListenConnection};
 use eventrelay_publisher::{ConnectError, PgConnectOptions};
-use eventrelay_wire::{EventNotification, decode_notification};
+use eventrelay_wire::{EventNotification, MAX_NOTIFY_PAYLOAD_BYTES, decode_notification_within};
 use tokio::sync::mpsc;
 
 use super::relay::{Ephemeral, ListenerConnected, Pointer, Relay};
+use super::wal_stream::{LogicalSource, stream_forever};
 use crate::metrics::{ActorKind, Metrics};
 use crate::store::Database;
 
@@ -86,6 +87,9 @@ pub enum NotificationSource {
     /// Payloads handed over by whoever owns the connection (the embedded
     /// database's single session, which already LISTENs).
     Feed(mpsc::UnboundedReceiver<String>),
+    /// No notifications at all: committed rows and ephemeral messages read
+    /// from a logical replication stream (`database.wakeup = "logical"`).
+    Logical(LogicalSource),
 }
 
 pub struct Listener {
@@ -132,6 +136,10 @@ impl Actor for Listener {
             }
             Some(NotificationSource::Feed(payloads)) => {
                 let run = follow_feed(payloads, relay, connected, metrics);
+                ctx.spawn(run.into_actor(self).map(|_, _, _| ()));
+            }
+            Some(NotificationSource::Logical(source)) => {
+                let run = stream_forever(source, relay, connected, metrics);
                 ctx.spawn(run.into_actor(self).map(|_, _, _| ()));
             }
             None => {}
@@ -250,7 +258,12 @@ impl Link<'_> {
             // A probe from another relay, in the moment before the probe
             // channel was left, is not an event.
             if notification.channel() != PROBE_CHANNEL
-                && !supervised_forward(notification.payload(), relay, metrics)
+                && !supervised_forward(
+                    notification.payload(),
+                    MAX_NOTIFY_PAYLOAD_BYTES,
+                    relay,
+                    metrics,
+                )
             {
                 return Err(ListenError::Failed);
             }
@@ -311,7 +324,12 @@ async fn prove_delivery(
                     if notification.payload() == token {
                         break;
                     }
-                } else if !supervised_forward(notification.payload(), relay, metrics) {
+                } else if !supervised_forward(
+                    notification.payload(),
+                    MAX_NOTIFY_PAYLOAD_BYTES,
+                    relay,
+                    metrics,
+                ) {
                     return Err(ListenError::Failed);
                 }
             }
@@ -338,7 +356,7 @@ async fn follow_feed(
     while let Some(payload) = payloads.recv().await {
         // The feed is not the listener's to reopen: after a failure it
         // just goes on with the next payload.
-        supervised_forward(&payload, &relay, &metrics);
+        supervised_forward(&payload, MAX_NOTIFY_PAYLOAD_BYTES, &relay, &metrics);
         metrics
             .actor(ActorKind::Listener)
             .set_waiting(payloads.len());
@@ -349,10 +367,16 @@ async fn follow_feed(
 
 /// [`forward`] under supervision: false when it panicked, after which the
 /// listener restarts (a new connection, and the relay re-reads every active
-/// scope), which is counted.
-fn supervised_forward(payload: &str, relay: &Addr<Relay>, metrics: &Metrics) -> bool {
+/// scope), which is counted. Payloads longer than `limit` bytes are
+/// malformed.
+pub(super) fn supervised_forward(
+    payload: &str,
+    limit: usize,
+    relay: &Addr<Relay>,
+    metrics: &Metrics,
+) -> bool {
     let forwarded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        forward(payload, relay, metrics);
+        forward(payload, limit, relay, metrics);
     }));
     if forwarded.is_err() {
         metrics.restarted(ActorKind::Listener);
@@ -368,7 +392,7 @@ const FAULT_PREFIX: &str = "eventrelay-fault:";
 
 /// Decodes one notification and hands it to the relay: the listener's
 /// unit of work, timed as its handling.
-fn forward(payload: &str, relay: &Addr<Relay>, metrics: &Metrics) {
+fn forward(payload: &str, limit: usize, relay: &Addr<Relay>, metrics: &Metrics) {
     let _handling = metrics.actor(ActorKind::Listener).timed();
     #[cfg(feature = "fault-injection")]
     if let Some(target) = payload.strip_prefix(FAULT_PREFIX) {
@@ -389,7 +413,7 @@ fn forward(payload: &str, relay: &Addr<Relay>, metrics: &Metrics) {
         return;
     }
     let to_relay = metrics.actor(ActorKind::Relay);
-    match decode_notification(payload.as_bytes()) {
+    match decode_notification_within(payload.as_bytes(), limit) {
         Ok(EventNotification::Pointer { scope_key, seq }) => {
             to_relay.queued();
             relay.do_send(Pointer { scope_key, seq });

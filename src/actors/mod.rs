@@ -1,5 +1,6 @@
-//! The actors that move events: the listener hears notifications, the relay
-//! reads the outbox for active scopes, and one hub per scope fans out to its
+//! The actors that move events: the listener hears notifications (or, in
+//! the logical wake-up mode, reads the replication stream), the relay reads
+//! the outbox for active scopes, and one hub per scope fans out to its
 //! subscribers. Messages are typed next to the actor that handles them.
 
 pub mod encoded;
@@ -9,6 +10,7 @@ pub mod relay;
 pub mod scope;
 pub mod tail;
 pub mod tail_budget;
+pub mod wal_stream;
 
 pub use encoded::EncodedEvent;
 pub use listener::Listener;

@@ -268,6 +268,53 @@ impl Handler<Pointer> for Relay {
     }
 }
 
+/// Committed outbox rows of one transaction, decoded from the replication
+/// stream (logical wake-up mode): the whole events, so nothing is read back.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Decoded(pub Vec<StoredEvent>);
+
+impl Handler<Decoded> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, msg: Decoded, _: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
+        if let Some(dispatcher) = &self.deliveries_due {
+            self.metrics.actor(ActorKind::Dispatcher).queued();
+            dispatcher.do_send(DeliveriesDue);
+        }
+        self.supervised(|relay| relay.decoded(msg.0));
+    }
+}
+
+impl Relay {
+    /// Hands each active scope its new rows. A scope whose read is running
+    /// leaves them to the read after it, which that read's end starts.
+    fn decoded(&mut self, rows: Vec<StoredEvent>) {
+        let mut by_scope: HashMap<String, Vec<StoredEvent>> = HashMap::new();
+        for row in rows {
+            if self.scopes.contains_key(&row.envelope.scope_key) {
+                by_scope
+                    .entry(row.envelope.scope_key.clone())
+                    .or_default()
+                    .push(row);
+            }
+        }
+        for (scope_key, rows) in by_scope {
+            let Some(scope) = self.scopes.get_mut(&scope_key) else {
+                continue;
+            };
+            for batch in scope.state.decoded(rows, PAGE as usize) {
+                self.metrics.actor(ActorKind::Hub).queued();
+                scope.hub.do_send(PublishDurable {
+                    read_after: batch.read_after,
+                    events: batch.events,
+                });
+            }
+        }
+    }
+}
+
 /// An ephemeral event from the channel.
 #[derive(Message)]
 #[rtype(result = "()")]

@@ -121,6 +121,29 @@ impl ScopeState {
     /// in `rows` is new, in batches of at most `batch` events.
     pub fn read_done(&mut self, from: i64, rows: Vec<StoredEvent>, batch: usize) -> Vec<Batch> {
         self.reading = false;
+        self.accept(from, rows, batch)
+    }
+
+    /// Committed rows decoded from the replication stream (logical wake-up
+    /// mode), in commit order: what is new, as a read from just below them
+    /// would hand it on. While a read runs they are left to the read that
+    /// follows it instead (they have committed, so it finds them), which
+    /// keeps one scope's deliveries in the order reads give them.
+    pub fn decoded(&mut self, rows: Vec<StoredEvent>, batch: usize) -> Vec<Batch> {
+        let Some(lowest) = rows.iter().filter_map(|row| row.envelope.seq).min() else {
+            return Vec::new();
+        };
+        let from = self.read_from_for_pointer(lowest);
+        if self.reading {
+            self.pending_from = Some(self.pending_from.map_or(from, |p| p.min(from)));
+            return Vec::new();
+        }
+        let mut rows = rows;
+        rows.sort_by_key(|row| row.envelope.seq);
+        self.accept(from, rows, batch)
+    }
+
+    fn accept(&mut self, from: i64, rows: Vec<StoredEvent>, batch: usize) -> Vec<Batch> {
         let mut fresh = Vec::new();
         for StoredEvent { envelope, txid } in rows {
             let Some(seq) = envelope.seq else { continue };
@@ -352,5 +375,38 @@ mod tests {
             handed_on(&batches),
             vec![(10, vec![11, 12]), (12, vec![13, 14]), (14, vec![15])]
         );
+    }
+
+    #[test]
+    fn decoded_rows_are_handed_on_once_in_commit_order_and_late_commits_slot_in() {
+        let mut state = activated_at(10);
+        // Seq 12's transaction commits before seq 11's.
+        assert_eq!(
+            handed_on(&state.decoded(rows(&[12]), 500)),
+            vec![(10, vec![12])]
+        );
+        assert_eq!(
+            handed_on(&state.decoded(rows(&[11]), 500)),
+            vec![(10, vec![11])]
+        );
+        assert_eq!(state.watermark(), 12);
+        assert!(
+            state.decoded(rows(&[11, 12]), 500).is_empty(),
+            "already delivered"
+        );
+        assert!(!state.is_reading(), "decoding never starts a read");
+        assert!(
+            state.decoded(vec![row(4, 101)], 500).is_empty(),
+            "history is never handed on"
+        );
+    }
+
+    #[test]
+    fn decoded_rows_during_a_read_are_left_to_the_read_after_it() {
+        let mut state = activated_at(10);
+        assert_eq!(state.start_read(10), Some(10));
+        assert!(state.decoded(rows(&[13, 14]), 500).is_empty());
+        assert_eq!(state.take_pending(), Some(10), "min(watermark, 13 - 1)");
+        assert!(state.is_reading());
     }
 }

@@ -3,7 +3,7 @@
 
 use clap::Args;
 use eventrelay::publisher::{Audience, NewEvent, Publisher};
-use eventrelay::store::migrate as apply_migrations;
+use eventrelay::store::migrate_for as apply_migrations;
 
 use super::{CliError, Database, Target, parse_json};
 
@@ -40,13 +40,20 @@ pub async fn migrate(database: Database) -> Result<(), CliError> {
         url,
         schema,
         channel,
+        wakeup,
     } = database.resolve()?;
     let mut client = eventrelay::connect(&url).await?;
-    let report = apply_migrations(&mut client, &schema, &channel).await?;
+    let report = apply_migrations(&mut client, &schema, &channel, wakeup).await?;
     println!(
-        "schema {schema}: applied {:?}, {} already in place; notifications on channel {channel}",
+        "schema {schema}: applied {:?}, {} already in place; relays woken by {wakeup} on channel {channel}",
         report.applied, report.already_applied
     );
+    if wakeup == eventrelay::store::WakeupMode::Logical {
+        // The schema is ready; say now if this server is not.
+        if let Err(error) = eventrelay::store::wakeup::check_logical_server(&client).await {
+            println!("warning: {error}");
+        }
+    }
     Ok(())
 }
 

@@ -86,6 +86,10 @@ pub struct Database {
     /// Notification channel relays LISTEN on (database.channel).
     #[arg(long)]
     channel: Option<String>,
+    /// How relays are woken, `notify` or `logical` (database.wakeup);
+    /// `migrate` records it in the schema.
+    #[arg(long)]
+    wakeup: Option<eventrelay::store::WakeupMode>,
 }
 
 /// The database settings a one-off command runs with.
@@ -93,6 +97,7 @@ pub struct Target {
     pub url: String,
     pub schema: Identifier,
     pub channel: Identifier,
+    pub wakeup: eventrelay::store::WakeupMode,
 }
 
 impl Database {
@@ -107,6 +112,9 @@ impl Database {
         if let Some(channel) = &self.channel {
             config.database.channel = channel.clone();
         }
+        if let Some(wakeup) = self.wakeup {
+            config.database.wakeup = wakeup;
+        }
         config.validate()?;
         let url = config
             .database
@@ -120,6 +128,7 @@ impl Database {
             url,
             schema: config.schema(),
             channel: config.channel(),
+            wakeup: config.database.wakeup,
         })
     }
 
@@ -175,6 +184,8 @@ pub enum CliError {
     #[error(transparent)]
     Migrate(#[from] MigrateError),
     #[error(transparent)]
+    Wakeup(#[from] eventrelay::store::WakeupError),
+    #[error(transparent)]
     Publish(#[from] PublishError),
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -199,7 +210,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Serve(args) => serve::serve(args).await,
         Command::Reload(args) => serve::reload(args).await,
         Command::Health(args) => serve::health(args).await,
-        Command::CheckConfig(args) => serve::check_config(args),
+        Command::CheckConfig(args) => serve::check_config(args).await,
         Command::Token(args) => token::token(args),
         Command::Migrate(database) => migrate::migrate(database).await,
         Command::Emit(args) => migrate::emit(args).await,

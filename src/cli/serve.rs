@@ -10,6 +10,7 @@ use clap::Args;
 use eventrelay::auth::{Algorithm, AuthConfig, JwtConfig, SubscriberResolver, build_resolver};
 use eventrelay::config::Config;
 use eventrelay::reload::Reloading;
+use eventrelay::store::{WakeupMode, wakeup};
 
 use super::{CliError, ConfigArgs, DEV_DIR, dev_secret, init_logging};
 
@@ -41,7 +42,9 @@ pub async fn health(args: HealthArgs) -> Result<(), CliError> {
 }
 
 /// Loads and validates the configuration as `serve` would, then prints it.
-pub fn check_config(args: ConfigArgs) -> Result<(), CliError> {
+/// In the logical wake-up mode it also asks the database whether it can
+/// serve that mode, since most of what can go wrong there is server-side.
+pub async fn check_config(args: ConfigArgs) -> Result<(), CliError> {
     let config = Config::load(args.config.as_deref())?;
     if let Some(auth) = &config.auth {
         build_resolver(auth)?;
@@ -49,6 +52,16 @@ pub fn check_config(args: ConfigArgs) -> Result<(), CliError> {
     if config.http.tls.enabled() {
         // Reads and pairs the files, as the server does at start.
         eventrelay::http::tls::server_config(&config.http.tls)?;
+    }
+    if let (WakeupMode::Logical, Some(url)) = (config.database.wakeup, &config.database.url) {
+        let client = config.connect_options(url)?.connect().await?;
+        if config.database.migrate {
+            // `serve` records the mode when it migrates; only the server's
+            // side can be wrong yet.
+            wakeup::check_logical_server(&client).await?;
+        } else {
+            wakeup::check_ready(&client, &config.schema(), WakeupMode::Logical).await?;
+        }
     }
     println!("configuration is valid:");
     println!("{config:#?}");

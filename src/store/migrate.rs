@@ -12,6 +12,8 @@ use std::fmt::Write as _;
 use eventrelay_publisher::Identifier;
 use sha2::{Digest, Sha256};
 
+use super::wakeup::WakeupMode;
+
 /// One migration file, embedded at build time.
 #[derive(Debug, Clone, Copy)]
 pub struct Migration {
@@ -47,6 +49,11 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 5,
         name: "statement_triggers",
         sql: include_str!("../../migrations/0005_statement_triggers.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "wakeup_modes",
+        sql: include_str!("../../migrations/0006_wakeup_modes.sql"),
     },
 ];
 
@@ -93,11 +100,23 @@ impl Migration {
     }
 }
 
-/// Brings `schema` up to date and points its SQL functions at `channel`.
+/// Brings `schema` up to date and points its SQL functions at `channel`,
+/// in the default wake-up mode (`notify`).
 pub async fn migrate(
     client: &mut tokio_postgres::Client,
     schema: &Identifier,
     channel: &Identifier,
+) -> Result<MigrationReport, MigrateError> {
+    migrate_for(client, schema, channel, WakeupMode::Notify).await
+}
+
+/// Brings `schema` up to date, points its SQL functions at `channel`, and
+/// records `wakeup` as the way relays are woken (see [`super::wakeup`]).
+pub async fn migrate_for(
+    client: &mut tokio_postgres::Client,
+    schema: &Identifier,
+    channel: &Identifier,
+    wakeup: WakeupMode,
 ) -> Result<MigrationReport, MigrateError> {
     let tx = client.transaction().await?;
     let lock_key = format!("eventrelay.migrate.{schema}");
@@ -175,6 +194,7 @@ pub async fn migrate(
         &[&channel.as_str()],
     )
     .await?;
+    super::wakeup::apply(&tx, schema, wakeup).await?;
     tx.commit().await?;
     Ok(report)
 }

@@ -7,10 +7,13 @@ pub mod embedded;
 pub mod error;
 pub mod migrate;
 pub mod outbox;
+pub mod pgoutput;
 pub mod snapshot;
+pub mod wakeup;
 
 pub use database::{Connection, Database, DatabaseError};
 pub use error::StoreError;
-pub use migrate::{MIGRATIONS, MigrateError, Migration, MigrationReport, migrate};
+pub use migrate::{MIGRATIONS, MigrateError, Migration, MigrationReport, migrate, migrate_for};
 pub use outbox::{JoinView, Outbox, StoredEvent};
 pub use snapshot::Snapshot;
+pub use wakeup::{WakeupError, WakeupMode};

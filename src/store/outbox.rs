@@ -195,17 +195,6 @@ impl Outbox {
 
 fn stored_from_row(row: &Row) -> Option<StoredEvent> {
     let seq: i64 = row.get("seq");
-    let event_type: String = row.get("type");
-    if is_reserved_event_type(&event_type) {
-        // Only rows written before reserved names were refused can hold
-        // one; shown to a client, it would pass for a control frame.
-        tracing::warn!(
-            seq,
-            event_type,
-            "withholding outbox row with a reserved event type"
-        );
-        return None;
-    }
     let txid = match row.get::<_, Option<String>>("txid") {
         None => None,
         Some(text) => match text.parse::<u64>() {
@@ -220,26 +209,81 @@ fn stored_from_row(row: &Row) -> Option<StoredEvent> {
             }
         },
     };
-    let audience = match row.get::<_, Option<serde_json::Value>>("audience") {
-        None => None,
-        Some(value) => match serde_json::from_value::<Audience>(value) {
-            Ok(audience) => Some(audience),
-            Err(error) => {
-                tracing::warn!(seq, %error, "withholding outbox row with an unreadable audience");
-                return None;
-            }
-        },
-    };
-    let envelope = EventEnvelope {
+    OutboxRow {
+        seq,
         id: row.get("id"),
-        event_type,
+        event_type: row.get("type"),
         scope_key: row.get("scope_key"),
-        lane: Lane::Durable,
-        seq: Some(seq),
         data: row.get("data"),
-        audience,
+        audience: row.get("audience"),
         resources: row.get("resources"),
         occurred_at: row.get("occurred_at"),
-    };
-    Some(StoredEvent { envelope, txid })
+        txid,
+    }
+    .into_stored()
+}
+
+/// One outbox row's columns, however they were read: by a query, or
+/// decoded from the WAL in logical wake-up mode.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub seq: i64,
+    pub id: uuid::Uuid,
+    pub event_type: String,
+    pub scope_key: String,
+    pub data: serde_json::Value,
+    pub audience: Option<serde_json::Value>,
+    pub resources: Vec<String>,
+    pub occurred_at: DateTime<Utc>,
+    pub txid: Option<u64>,
+}
+
+impl OutboxRow {
+    /// The event a subscriber may be shown, or `None` (logged) for a row
+    /// this version must withhold: fail closed, and keep the rest flowing.
+    pub fn into_stored(self) -> Option<StoredEvent> {
+        let OutboxRow {
+            seq,
+            id,
+            event_type,
+            scope_key,
+            data,
+            audience,
+            resources,
+            occurred_at,
+            txid,
+        } = self;
+        if is_reserved_event_type(&event_type) {
+            // Only rows written before reserved names were refused can hold
+            // one; shown to a client, it would pass for a control frame.
+            tracing::warn!(
+                seq,
+                event_type,
+                "withholding outbox row with a reserved event type"
+            );
+            return None;
+        }
+        let audience = match audience {
+            None => None,
+            Some(value) => match serde_json::from_value::<Audience>(value) {
+                Ok(audience) => Some(audience),
+                Err(error) => {
+                    tracing::warn!(seq, %error, "withholding outbox row with an unreadable audience");
+                    return None;
+                }
+            },
+        };
+        let envelope = EventEnvelope {
+            id,
+            event_type,
+            scope_key,
+            lane: Lane::Durable,
+            seq: Some(seq),
+            data,
+            audience,
+            resources,
+            occurred_at,
+        };
+        Some(StoredEvent { envelope, txid })
+    }
 }

@@ -24,6 +24,15 @@ impl Cluster {
         Some(cluster)
     }
 
+    /// A cluster with `wal_level = logical`, for the logical wake-up mode.
+    pub fn start_logical() -> Option<Cluster> {
+        let mut cluster = Self::init()?;
+        cluster.settings =
+            "-c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20".to_owned();
+        cluster.pg_ctl_start();
+        Some(cluster)
+    }
+
     /// A cluster that speaks only TLS, with this certificate and key: a
     /// connection without TLS is refused by `pg_hba.conf`.
     pub fn start_tls_only(cert: &Path, key: &Path) -> Option<Cluster> {

@@ -16,7 +16,7 @@ pub mod server;
 use std::time::Duration;
 
 use eventrelay::publisher::Identifier;
-use eventrelay::store::migrate;
+use eventrelay::store::{WakeupMode, migrate, migrate_for};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
@@ -75,6 +75,8 @@ pub struct TestDb {
     pub url: String,
     pub schema: Identifier,
     pub channel: Identifier,
+    /// The wake-up mode the schema is migrated for; test relays run in it.
+    pub wakeup: WakeupMode,
 }
 
 impl TestDb {
@@ -88,6 +90,36 @@ impl TestDb {
         let db = Self::unmigrated_on(base);
         let mut client = db.connect().await;
         migrate(&mut client, &db.schema, &db.channel)
+            .await
+            .expect("migrations apply");
+        db
+    }
+
+    /// A fresh schema migrated for `mode`: on the shared server for
+    /// notify, on a throwaway cluster with `wal_level = logical` (returned,
+    /// to be kept alive as long as the schema) for logical.
+    pub async fn for_mode(mode: WakeupMode) -> (Self, Option<cluster::Cluster>) {
+        match mode {
+            WakeupMode::Notify => (Self::new().await, None),
+            WakeupMode::Logical => {
+                let Some(cluster) = cluster::Cluster::start_logical() else {
+                    panic!(
+                        "no Postgres server binaries (initdb, pg_ctl): install them or set PG_BINDIR"
+                    );
+                };
+                let db = Self::logical_on(&cluster.url()).await;
+                (db, Some(cluster))
+            }
+        }
+    }
+
+    /// A fresh schema migrated for the logical wake-up mode on the server
+    /// at `base`, which must have `wal_level = logical`.
+    pub async fn logical_on(base: &str) -> Self {
+        let mut db = Self::unmigrated_on(base);
+        db.wakeup = WakeupMode::Logical;
+        let mut client = db.connect().await;
+        migrate_for(&mut client, &db.schema, &db.channel, WakeupMode::Logical)
             .await
             .expect("migrations apply");
         db
@@ -108,6 +140,7 @@ impl TestDb {
             url: format!("{base}{separator}application_name={schema}"),
             channel: Identifier::new(&format!("erc_{}", &suffix[..20])).unwrap(),
             schema,
+            wakeup: WakeupMode::Notify,
         }
     }
 

@@ -20,6 +20,7 @@ pub fn relay_config(db: &TestDb, port: u16, extra: &str) -> String {
 url = "{url}"
 schema = "{schema}"
 channel = "{channel}"
+wakeup = "{wakeup}"
 pool_size = 4
 
 [http]
@@ -45,6 +46,7 @@ level = "warn"
         url = db.url,
         schema = db.schema,
         channel = db.channel,
+        wakeup = db.wakeup,
     )
 }
 

@@ -90,6 +90,7 @@ impl TestServer {
         config.database.url = Some(db.url.clone().into());
         config.database.schema = db.schema.to_string();
         config.database.channel = db.channel.to_string();
+        config.database.wakeup = db.wakeup;
         config.database.pool_size = 4;
         config.http.workers = 1;
         config.hub.arbiters = 1;

@@ -218,6 +218,19 @@ impl PgConnectOptions {
         self.ssl_mode
     }
 
+    /// `sslrootcert`, for a connection made by another client (the
+    /// replication stream's).
+    pub fn root_cert(&self) -> Option<&RootCert> {
+        self.root_cert.as_ref()
+    }
+
+    /// `sslcert` and `sslkey`, when given.
+    pub fn client_cert(&self) -> Option<(&Path, &Path)> {
+        self.client_cert
+            .as_ref()
+            .map(|(cert, key)| (cert.as_path(), key.as_path()))
+    }
+
     /// tokio-postgres's part of the settings, to adjust (an application
     /// name, a timeout) before connecting.
     pub fn config(&self) -> &Config {

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use eventrelay_wire::{
-    EncodeError, EnvelopeError, EventEnvelope, Lane, NewEvent, encode_inline, encode_inline_batch,
+    EncodeError, EnvelopeError, EventEnvelope, Lane, MAX_NOTIFY_PAYLOAD_BYTES, NewEvent,
+    encode_inline_batch_within, encode_inline_within,
 };
 use tokio_postgres::types::{ToSql, Type};
 
@@ -60,6 +61,9 @@ pub struct Publisher {
     emit_sql: Arc<str>,
     emit_batch_sql: Arc<str>,
     notify_sql: Arc<str>,
+    /// Largest encoded ephemeral payload: under the NOTIFY limit unless the
+    /// schema's relays are woken by logical decoding.
+    ephemeral_max_bytes: usize,
     /// sqlx binds everything as text, so its statement casts explicitly.
     #[cfg(feature = "sqlx")]
     sqlx_emit_sql: Arc<str>,
@@ -93,7 +97,24 @@ impl Publisher {
             .into(),
             schema,
             registry: None,
+            ephemeral_max_bytes: MAX_NOTIFY_PAYLOAD_BYTES,
         })
+    }
+
+    /// Raises (or lowers) the cap on an encoded ephemeral event, which is
+    /// just under 8000 bytes by default because `NOTIFY` refuses more.
+    /// Raise it only for a schema migrated for the logical wake-up mode,
+    /// where ephemeral events travel as logical replication messages; in
+    /// notify mode Postgres refuses larger payloads at emit.
+    pub fn with_ephemeral_max_bytes(mut self, max: usize) -> Self {
+        self.ephemeral_max_bytes = max;
+        self
+    }
+
+    /// The cap on an encoded ephemeral event (see
+    /// [`with_ephemeral_max_bytes`](Self::with_ephemeral_max_bytes)).
+    pub fn ephemeral_max_bytes(&self) -> usize {
+        self.ephemeral_max_bytes
     }
 
     /// Makes emit typed: only event types in `registry` are accepted, and
@@ -128,7 +149,7 @@ impl Publisher {
                 envelope.seq = rows.first().and_then(|row| row.get::<_, Option<i64>>(0));
             }
             Lane::Ephemeral => {
-                let payload = encode_inline(&envelope)?;
+                let payload = encode_inline_within(&envelope, self.ephemeral_max_bytes)?;
                 client
                     .query_typed(&self.notify_sql, &[(&payload, Type::TEXT)])
                     .await?;
@@ -208,7 +229,9 @@ impl Publisher {
             index: first_ephemeral,
             error,
         };
-        for payload in encode_inline_batch(&ephemeral).map_err(|e| fail(e.into()))? {
+        for payload in encode_inline_batch_within(&ephemeral, self.ephemeral_max_bytes)
+            .map_err(|e| fail(e.into()))?
+        {
             client
                 .query_typed(&self.notify_sql, &[(&payload, Type::TEXT)])
                 .await
@@ -227,7 +250,7 @@ impl Publisher {
         let envelope = event.into_envelope(Utc::now());
         if envelope.lane == Lane::Ephemeral {
             // Size-check before touching the database.
-            encode_inline(&envelope)?;
+            encode_inline_within(&envelope, self.ephemeral_max_bytes)?;
         }
         Ok(envelope)
     }

@@ -1,7 +1,7 @@
 //! Emitting through sqlx: the same SQL function as the tokio-postgres path,
 //! with values bound as text so no sqlx type features are needed.
 
-use eventrelay_wire::{EventEnvelope, Lane, NewEvent, encode_inline};
+use eventrelay_wire::{EventEnvelope, Lane, NewEvent, encode_inline_within};
 
 use crate::publisher::{PublishError, Publisher};
 
@@ -35,7 +35,7 @@ impl Publisher {
                 envelope.seq = Some(seq);
             }
             Lane::Ephemeral => {
-                let payload = encode_inline(&envelope)?;
+                let payload = encode_inline_within(&envelope, self.ephemeral_max_bytes())?;
                 sqlx::query(notify_sql).bind(payload).execute(conn).await?;
             }
         }

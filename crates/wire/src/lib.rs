@@ -28,5 +28,6 @@ pub use envelope::{
 };
 pub use notification::{
     DecodeError, EncodeError, EventNotification, INLINE_BATCH_VERSION, MAX_NOTIFY_PAYLOAD_BYTES,
-    decode_notification, encode_inline, encode_inline_batch, encode_pointer,
+    decode_notification, decode_notification_within, encode_inline, encode_inline_batch,
+    encode_inline_batch_within, encode_inline_within, encode_pointer,
 };

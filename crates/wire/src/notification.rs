@@ -122,22 +122,36 @@ pub fn encode_pointer(scope_key: &str, seq: i64) -> Result<String, EncodeError> 
 
 /// Encodes an ephemeral event inline, refusing one over the NOTIFY limit.
 pub fn encode_inline(envelope: &EventEnvelope) -> Result<String, EncodeError> {
+    encode_inline_within(envelope, MAX_NOTIFY_PAYLOAD_BYTES)
+}
+
+/// Encodes an ephemeral event inline, refusing one over `max` bytes: the
+/// NOTIFY limit, or a larger cap where ephemeral events travel as logical
+/// replication messages, which have no such limit.
+pub fn encode_inline_within(envelope: &EventEnvelope, max: usize) -> Result<String, EncodeError> {
     if envelope.lane != Lane::Ephemeral {
         return Err(EncodeError::NotEphemeral);
     }
     envelope.validate()?;
-    finish(&EventNotification::Inline {
-        envelope: envelope.clone(),
-    })
+    finish_within(
+        &EventNotification::Inline {
+            envelope: envelope.clone(),
+        },
+        max,
+    )
 }
 
 fn finish(notification: &EventNotification) -> Result<String, EncodeError> {
+    finish_within(notification, MAX_NOTIFY_PAYLOAD_BYTES)
+}
+
+fn finish_within(notification: &EventNotification, max: usize) -> Result<String, EncodeError> {
     let payload =
         serde_json::to_string(notification).map_err(|e| EncodeError::Json(e.to_string()))?;
-    if payload.len() > MAX_NOTIFY_PAYLOAD_BYTES {
+    if payload.len() > max {
         return Err(EncodeError::TooLarge {
             len: payload.len(),
-            max: MAX_NOTIFY_PAYLOAD_BYTES,
+            max,
         });
     }
     Ok(payload)
@@ -147,6 +161,15 @@ fn finish(notification: &EventNotification) -> Result<String, EncodeError> {
 /// fit under the size limit, keeping their order. A payload holding a
 /// single event uses the one-event form, which every relay reads.
 pub fn encode_inline_batch(envelopes: &[EventEnvelope]) -> Result<Vec<String>, EncodeError> {
+    encode_inline_batch_within(envelopes, MAX_NOTIFY_PAYLOAD_BYTES)
+}
+
+/// [`encode_inline_batch`] with payloads of at most `max` bytes (see
+/// [`encode_inline_within`]).
+pub fn encode_inline_batch_within(
+    envelopes: &[EventEnvelope],
+    max: usize,
+) -> Result<Vec<String>, EncodeError> {
     const OPEN: &str = r#"{"k":"evts","v":1,"e":["#;
     const CLOSE: &str = "]}";
     let mut payloads = Vec::new();
@@ -157,7 +180,7 @@ pub fn encode_inline_batch(envelopes: &[EventEnvelope]) -> Result<Vec<String>, E
      -> Result<(), EncodeError> {
         match pending.len() {
             0 => {}
-            1 => payloads.push(encode_inline(pending[0].0)?),
+            1 => payloads.push(encode_inline_within(pending[0].0, max)?),
             _ => {
                 let parts: Vec<&str> = pending.iter().map(|(_, json)| json.as_str()).collect();
                 payloads.push(format!("{OPEN}{}{CLOSE}", parts.join(",")));
@@ -173,9 +196,9 @@ pub fn encode_inline_batch(envelopes: &[EventEnvelope]) -> Result<Vec<String>, E
         envelope.validate()?;
         let json = serde_json::to_string(envelope).map_err(|e| EncodeError::Json(e.to_string()))?;
         // Each one must fit alone; the one-event form is a little longer.
-        encode_inline(envelope)?;
+        encode_inline_within(envelope, max)?;
         let separator = usize::from(!pending.is_empty());
-        if pending_len + separator + json.len() > MAX_NOTIFY_PAYLOAD_BYTES {
+        if pending_len + separator + json.len() > max {
             flush(&mut pending, &mut payloads)?;
             pending_len = OPEN.len() + CLOSE.len();
         }
@@ -188,10 +211,19 @@ pub fn encode_inline_batch(envelopes: &[EventEnvelope]) -> Result<Vec<String>, E
 
 /// Decodes one payload from the channel.
 pub fn decode_notification(payload: &[u8]) -> Result<EventNotification, DecodeError> {
-    if payload.len() > MAX_NOTIFY_PAYLOAD_BYTES {
+    decode_notification_within(payload, MAX_NOTIFY_PAYLOAD_BYTES)
+}
+
+/// Decodes one payload of at most `max` bytes (a logical replication
+/// message may be larger than a notification; see [`encode_inline_within`]).
+pub fn decode_notification_within(
+    payload: &[u8],
+    max: usize,
+) -> Result<EventNotification, DecodeError> {
+    if payload.len() > max {
         return Err(DecodeError::TooLarge {
             len: payload.len(),
-            max: MAX_NOTIFY_PAYLOAD_BYTES,
+            max,
         });
     }
     let text = std::str::from_utf8(payload).map_err(|_| DecodeError::NotUtf8)?;

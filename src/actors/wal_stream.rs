@@ -1,0 +1,385 @@
+//! The logical wake-up mode's ear: a replication stream that hands the
+//! relay every committed outbox row, and every ephemeral event sent as a
+//! logical message, in commit order.
+//!
+//! Each (re)connect opens a replication session, creates a **temporary**
+//! slot of its own on it (so a relay that dies holds no WAL: the server
+//! drops the slot with the session), and starts `pgoutput` in binary mode
+//! on the schema's publication. Then, like a LISTEN reconnect, it tells the
+//! relay to re-read every active scope from its watermark, since what
+//! committed before the slot existed is not in the stream. Rows are held
+//! until their transaction's commit record and then handed over whole, so
+//! the live path reads nothing back from the outbox. After each commit the
+//! slot is told how far the relay got, and the server may recycle the WAL.
+//!
+//! A stream can die without an error (a dropped flow). After `health` of
+//! silence the stream sends itself a probe, a non-transactional logical
+//! message through the pool, and expects it back within half of `health`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use actix::Addr;
+use bytes::Bytes;
+use eventrelay_publisher::backoff::Backoff;
+use eventrelay_publisher::{Identifier, PgConnectOptions, RootCert, SslMode};
+use pgwire_replication::{
+    PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig,
+};
+use tokio_postgres::config::Host;
+
+use super::listener::supervised_forward;
+use super::relay::{Decoded, ListenerConnected, Relay};
+use crate::metrics::{ActorKind, Metrics};
+use crate::store::pgoutput::{Change, OutboxDecoder, PgOutputError};
+use crate::store::wakeup::publication_name;
+use crate::store::{Database, StoredEvent};
+
+const BACKOFF_BASE: Duration = Duration::from_millis(100);
+const BACKOFF_CAP: Duration = Duration::from_secs(10);
+/// The prefix of the liveness probes relays send themselves. Not a
+/// channel name (those are identifiers, without dots), so never an event.
+const PROBE_PREFIX: &str = "eventrelay.probe";
+/// Microseconds from the Unix epoch to Postgres's (2000-01-01).
+const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+/// Where the stream comes from, and what it needs around it.
+pub struct LogicalSource {
+    /// Boxed: the settings are large.
+    pub options: Box<PgConnectOptions>,
+    pub schema: Identifier,
+    /// The prefix of ephemeral events' logical messages.
+    pub channel: Identifier,
+    pub health: Duration,
+    /// The pool, through which the liveness probe is sent.
+    pub probe_via: Database,
+    /// The largest ephemeral payload accepted from the stream.
+    pub ephemeral_max_bytes: usize,
+}
+
+/// Why one stream ended.
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    #[error("replication stream: {0}")]
+    Replication(#[from] PgWireError),
+    #[error("no answer from the server within {0:?}")]
+    Timeout(Duration),
+    #[error("cannot read a change: {0}")]
+    Decode(#[from] PgOutputError),
+    #[error("no probe came back within {0:?}; the stream is dead")]
+    Dead(Duration),
+    #[error("could not send the liveness probe through the pool; retrying")]
+    ProbeNotSent,
+    #[error("the relay failed on an ephemeral event; reconnecting")]
+    Failed,
+    #[error("the server ended the replication stream")]
+    Ended,
+}
+
+/// Streams until the actor that runs this stops.
+pub async fn stream_forever(
+    source: LogicalSource,
+    relay: Addr<Relay>,
+    connected: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+) {
+    let patience = (source.health / 2).max(Duration::from_millis(500));
+    let mut backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP.min(patience * 2));
+    let mut first = true;
+    // sslmode=prefer: TLS when the server offers it, as the pool does.
+    let mut plain = source.options.ssl_mode() == SslMode::Disable;
+    loop {
+        let link = Link {
+            source: &source,
+            relay: &relay,
+            connected: &connected,
+            metrics: &metrics,
+        };
+        match link.stream_once(first, plain).await {
+            Ok(()) => {}
+            Err(StreamError::Replication(PgWireError::Tls(error)))
+                if source.options.ssl_mode() == SslMode::Prefer && !plain =>
+            {
+                tracing::info!(%error, "the server offers no TLS; the replication stream goes without (sslmode=prefer)");
+                plain = true;
+                continue;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "replication stream failed; reconnecting");
+            }
+        }
+        if connected.swap(false, Ordering::Relaxed) {
+            backoff.reset();
+            first = false;
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// What one stream's life needs.
+struct Link<'a> {
+    source: &'a LogicalSource,
+    relay: &'a Addr<Relay>,
+    connected: &'a AtomicBool,
+    metrics: &'a Metrics,
+}
+
+/// The changes of the transaction being read, in their order.
+enum Pending {
+    Row(StoredEvent),
+    Message(Bytes),
+}
+
+impl Link<'_> {
+    async fn stream_once(&self, first: bool, plain: bool) -> Result<(), StreamError> {
+        let Link {
+            source,
+            relay,
+            connected,
+            metrics,
+        } = *self;
+        let patience = (source.health / 2).max(Duration::from_millis(500));
+        let slot = format!("eventrelay_{}", uuid::Uuid::new_v4().simple());
+        let config = replication_config(source, &slot, plain);
+        let mut client = within(patience * 2, ReplicationClient::connect_gated(config)).await?;
+        // Creating a slot waits for transactions already running to end,
+        // so it gets longer than a query.
+        within(
+            source.health.max(Duration::from_secs(30)),
+            client.simple_query(&format!(
+                "CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+            )),
+        )
+        .await?;
+        client.start().await?;
+        within(patience * 2, client.wait_started()).await?;
+
+        connected.store(true, Ordering::Relaxed);
+        if !first {
+            metrics.replication_reconnects.inc();
+        }
+        tracing::info!(%slot, publication = %publication_name(&source.schema), "reading committed events from the replication stream");
+        metrics.actor(ActorKind::Relay).queued();
+        relay.do_send(ListenerConnected);
+
+        let channel = source.channel.as_str();
+        let mut decoder = OutboxDecoder::new();
+        let mut transaction: Vec<Pending> = Vec::new();
+        let mut probe: Option<(String, tokio::time::Instant)> = None;
+        loop {
+            let wait = match &probe {
+                Some((_, deadline)) => tokio::time::sleep_until(*deadline),
+                None => tokio::time::sleep(source.health),
+            };
+            let event = tokio::select! {
+                event = client.recv() => event?,
+                () = wait => {
+                    if probe.is_some() {
+                        metrics.database_connections_dead.inc();
+                        return Err(StreamError::Dead(patience));
+                    }
+                    let token = send_probe(&source.probe_via, patience).await?;
+                    probe = Some((token, tokio::time::Instant::now() + patience));
+                    continue;
+                }
+            };
+            let Some(event) = event else {
+                return Err(StreamError::Ended);
+            };
+            // Anything from the server proves the stream alive, except
+            // that a probe in flight must come back itself.
+            match event {
+                ReplicationEvent::Begin { .. } => transaction.clear(),
+                ReplicationEvent::XLogData {
+                    wal_start,
+                    wal_end,
+                    data,
+                    ..
+                } => {
+                    metrics
+                        .replication_lag_bytes
+                        .set(wal_end.as_u64().saturating_sub(wal_start.as_u64()) as i64);
+                    if let Change::Insert(row) = decoder.decode(&data)? {
+                        if let Some(stored) = row.into_stored() {
+                            transaction.push(Pending::Row(stored));
+                        }
+                    }
+                }
+                ReplicationEvent::Message {
+                    transactional,
+                    prefix,
+                    content,
+                    ..
+                } => {
+                    if prefix == channel {
+                        if transactional {
+                            transaction.push(Pending::Message(content));
+                        } else if !self.forward_ephemeral(&content) {
+                            return Err(StreamError::Failed);
+                        }
+                    } else if prefix == PROBE_PREFIX
+                        && probe
+                            .as_ref()
+                            .is_some_and(|(token, _)| content.as_ref() == token.as_bytes())
+                    {
+                        probe = None;
+                    }
+                }
+                ReplicationEvent::Commit {
+                    end_lsn,
+                    commit_time_micros,
+                    ..
+                } => {
+                    self.hand_over(std::mem::take(&mut transaction))?;
+                    let committed_unix = commit_time_micros.saturating_add(POSTGRES_EPOCH_MICROS);
+                    let now = chrono::Utc::now().timestamp_micros();
+                    metrics
+                        .replication_lag_seconds
+                        .set(now.saturating_sub(committed_unix).max(0) as f64 / 1e6);
+                    client.update_applied_lsn(end_lsn);
+                }
+                ReplicationEvent::KeepAlive { wal_end, .. } => {
+                    // Everything before `wal_end` has been sent; with no
+                    // transaction open, none of it is still unread here.
+                    if transaction.is_empty() {
+                        metrics.replication_lag_bytes.set(0);
+                        client.update_applied_lsn(wal_end);
+                    }
+                }
+                ReplicationEvent::StoppedAt { .. } => return Err(StreamError::Ended),
+            }
+        }
+    }
+
+    /// Hands a committed transaction's changes to the relay, in order:
+    /// each run of rows as one message, each ephemeral payload as it came.
+    fn hand_over(&self, changes: Vec<Pending>) -> Result<(), StreamError> {
+        let mut rows = Vec::new();
+        for change in changes {
+            match change {
+                Pending::Row(row) => rows.push(row),
+                Pending::Message(content) => {
+                    self.send_rows(std::mem::take(&mut rows));
+                    if !self.forward_ephemeral(&content) {
+                        return Err(StreamError::Failed);
+                    }
+                }
+            }
+        }
+        self.send_rows(rows);
+        Ok(())
+    }
+
+    fn send_rows(&self, rows: Vec<StoredEvent>) {
+        if rows.is_empty() {
+            return;
+        }
+        self.metrics.actor(ActorKind::Relay).queued();
+        self.relay.do_send(Decoded(rows));
+    }
+
+    /// An ephemeral event's payload, decoded as a notification's would be.
+    fn forward_ephemeral(&self, content: &[u8]) -> bool {
+        match std::str::from_utf8(content) {
+            Ok(payload) => supervised_forward(
+                payload,
+                self.source.ephemeral_max_bytes,
+                self.relay,
+                self.metrics,
+            ),
+            Err(_) => {
+                self.metrics.notifications_malformed.inc();
+                tracing::warn!("dropping an ephemeral message that is not UTF-8");
+                true
+            }
+        }
+    }
+}
+
+/// Sends a probe through the pool; returns its token.
+async fn send_probe(pool: &Database, patience: Duration) -> Result<String, StreamError> {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let sent = async {
+        let client = pool.get().await.ok()?;
+        client
+            .execute(
+                "SELECT pg_logical_emit_message(false, $1, $2)",
+                &[&PROBE_PREFIX, &token],
+            )
+            .await
+            .ok()
+    };
+    match tokio::time::timeout(patience, sent).await {
+        Ok(Some(_)) => Ok(token),
+        _ => Err(StreamError::ProbeNotSent),
+    }
+}
+
+async fn within<T>(
+    limit: Duration,
+    work: impl std::future::Future<Output = Result<T, PgWireError>>,
+) -> Result<T, StreamError> {
+    tokio::time::timeout(limit, work)
+        .await
+        .map_err(|_| StreamError::Timeout(limit))?
+        .map_err(StreamError::from)
+}
+
+/// The replication client's settings, from the same URL as every other
+/// connection: host, port, credentials, database and TLS.
+fn replication_config(source: &LogicalSource, slot: &str, plain: bool) -> ReplicationConfig {
+    let options = &source.options;
+    let pg = options.config();
+    let host = match pg.get_hosts().first() {
+        Some(Host::Tcp(host)) => host.clone(),
+        #[cfg(unix)]
+        Some(Host::Unix(dir)) => dir.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let user = pg.get_user().unwrap_or("postgres").to_owned();
+    let password = pg
+        .get_password()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .unwrap_or_default();
+    let database = pg.get_dbname().unwrap_or(&user).to_owned();
+    let mut config = ReplicationConfig::new(
+        host,
+        user,
+        password,
+        database,
+        slot,
+        publication_name(&source.schema),
+    );
+    config.port = pg.get_ports().first().copied().unwrap_or(5432);
+    config.tls = tls_config(options, plain);
+    config.binary = true;
+    // How often the slot hears how far the relay got: the WAL it may free.
+    config.status_interval = Duration::from_secs(1);
+    config.idle_wakeup_interval = source.health;
+    config.application_name = Some(pg.get_application_name().unwrap_or("eventrelay").to_owned());
+    config
+}
+
+/// libpq's `sslmode` meanings, as the rest of the service applies them.
+/// `sslrootcert=system` trusts the Mozilla roots the client carries.
+fn tls_config(options: &PgConnectOptions, plain: bool) -> TlsConfig {
+    let ca = match options.root_cert() {
+        Some(RootCert::File(path)) => Some(path.clone()),
+        _ => None,
+    };
+    let has_roots = options.root_cert().is_some();
+    let tls = match options.ssl_mode() {
+        _ if plain => TlsConfig::disabled(),
+        SslMode::Disable => TlsConfig::disabled(),
+        // `require` with a root certificate checks the chain, as libpq's.
+        SslMode::Prefer | SslMode::Require if has_roots => TlsConfig::verify_ca(ca),
+        SslMode::Prefer | SslMode::Require => TlsConfig::require(),
+        SslMode::VerifyCa => TlsConfig::verify_ca(ca),
+        SslMode::VerifyFull => TlsConfig::verify_full(ca),
+    };
+    match options.client_cert() {
+        Some((cert, key)) if !plain => tls.with_client_cert(cert, key),
+        _ => tls,
+    }
+}
