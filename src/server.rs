@@ -108,6 +108,11 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
     let wakeup = config.database.wakeup;
     {
         let mut client = options.connect().await?;
+        if wakeup == WakeupMode::Logical {
+            // Before migrating: a server that cannot serve the mode leaves
+            // the schema as it was.
+            crate::store::wakeup::check_logical_server(&client).await?;
+        }
         if config.database.migrate {
             let report = migrate_for(&mut client, &schema, &channel, wakeup).await?;
             if !report.applied.is_empty() {
