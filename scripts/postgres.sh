@@ -82,3 +82,26 @@ ensure_postgres() {
   fi
   pg_start_throwaway_cluster
 }
+
+# A throwaway cluster with wal_level = logical in <dir> on <port>, for the
+# logical wake-up mode (the benchmark runs both modes side by side on it).
+# Exports LOGICAL_DATABASE_URL; pg_stop_cluster <dir> stops it.
+pg_start_logical_cluster() { # dir port
+  local bin dir=$1 port=$2
+  bin=$(pg_find_bin)
+  [ -n "$bin" ] || { echo "postgres: no server binaries for a logical cluster" >&2; return 1; }
+  mkdir -p "$dir"
+  [ "$(id -u)" = 0 ] && chown postgres "$dir"
+  pg_as_owner "$bin/initdb" -D "$dir/data" -U postgres --auth=trust >/dev/null || return 1
+  pg_as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c wal_level=logical" \
+    start >&2 || return 1
+  export LOGICAL_DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+}
+
+pg_stop_cluster() { # dir
+  local bin
+  bin=$(pg_find_bin)
+  [ -f "$1/data/postmaster.pid" ] && pg_as_owner "$bin/pg_ctl" -D "$1/data" -m fast stop >/dev/null 2>&1
+  return 0
+}

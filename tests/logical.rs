@@ -78,7 +78,11 @@ async fn emitting_sends_no_notification_and_the_relay_reads_a_temporary_slot() {
         .emit(NewEvent::durable("order.created", "org-1", json!({"n": 1})))
         .await;
     let ephemeral = db
-        .emit(NewEvent::ephemeral("cursor.moved", "org-1", json!({"x": 3})))
+        .emit(NewEvent::ephemeral(
+            "cursor.moved",
+            "org-1",
+            json!({"x": 3}),
+        ))
         .await;
     let frames = stream.events(2).await;
     let mut got: Vec<String> = frames
@@ -165,7 +169,10 @@ fn run_in_logical_mode(command: &str, db: &TestDb, url: &str, migrate: bool) -> 
         .env("EVENTRELAY_DATABASE__CHANNEL", db.channel.as_str())
         .env("EVENTRELAY_DATABASE__WAKEUP", "logical")
         .env("EVENTRELAY_DATABASE__MIGRATE", migrate.to_string())
-        .env("EVENTRELAY_HTTP__BIND", format!("127.0.0.1:{}", free_port()))
+        .env(
+            "EVENTRELAY_HTTP__BIND",
+            format!("127.0.0.1:{}", free_port()),
+        )
         .output()
         .unwrap();
     (
@@ -181,7 +188,10 @@ async fn logical_mode_is_refused_where_the_server_cannot_serve_it() {
     for command in ["check-config", "serve"] {
         let (ok, stderr) = run_in_logical_mode(command, &db, &db.url, true);
         assert!(!ok, "{command} must fail");
-        assert!(stderr.contains("wal_level = logical"), "{command}: {stderr}");
+        assert!(
+            stderr.contains("wal_level = logical"),
+            "{command}: {stderr}"
+        );
     }
     assert_eq!(
         db.connect()
@@ -240,4 +250,66 @@ async fn logical_mode_is_refused_where_the_server_cannot_serve_it() {
     let (ok, stderr) = run_in_logical_mode("check-config", &db, &db.url, true);
     assert!(!ok);
     assert!(stderr.contains("max_replication_slots"), "slots: {stderr}");
+}
+
+#[tokio::test]
+async fn readyz_follows_the_replication_stream() {
+    let (db, _cluster) = TestDb::for_mode(WakeupMode::Logical).await;
+    let admin = db.connect().await;
+    admin
+        .batch_execute("CREATE ROLE streamer LOGIN REPLICATION")
+        .await
+        .unwrap();
+    // The stream connects through `listen_url`, as a role of its own with a
+    // tag to find its WAL sender by.
+    let tag = format!("{}_stream", db.schema);
+    let listen_url = db
+        .url
+        .replace("postgres@", "streamer@")
+        .replace(db.schema.as_str(), &tag);
+    let server = TestServer::start(&db, |c| c.database.listen_url = Some(listen_url.into()));
+    server.ready().await;
+
+    admin
+        .batch_execute("ALTER ROLE streamer NOREPLICATION")
+        .await
+        .unwrap();
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[&tag],
+        )
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let status = http
+            .get(server.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        if status == 503 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz stayed {status} without a stream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    admin
+        .batch_execute("ALTER ROLE streamer REPLICATION")
+        .await
+        .unwrap();
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let event = db
+        .emit(NewEvent::durable("after.recovery", "org-1", json!({})))
+        .await;
+    assert_eq!(stream.next_event().await.json()["id"], event.id.to_string());
 }

@@ -13,11 +13,27 @@ pub async fn create_schema(database_url: &str, schema: &str) -> BenchResult<()> 
     Ok(())
 }
 
-/// Drops `schema` and everything in it; reports rather than fails.
+/// Creates and migrates `schema` for a wake-up mode (on a server with
+/// `wal_level = logical` for the logical one).
+pub async fn create_schema_for(
+    database_url: &str,
+    schema: &str,
+    wakeup: eventrelay::store::WakeupMode,
+) -> BenchResult<()> {
+    let mut client = eventrelay::connect(database_url).await?;
+    let name = Identifier::new(schema)?;
+    eventrelay::store::migrate_for(&mut client, &name, &name, wakeup).await?;
+    Ok(())
+}
+
+/// Drops `schema` and everything in it (and its publication, in logical
+/// mode); reports rather than fails.
 pub async fn drop_schema(database_url: &str, schema: &str) {
     let dropped = match eventrelay::connect(database_url).await {
         Ok(client) => client
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP PUBLICATION IF EXISTS {schema}"
+            ))
             .await
             .map_err(|e| e.to_string()),
         Err(error) => Err(error.to_string()),

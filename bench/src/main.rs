@@ -12,11 +12,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use eventrelay::store::WakeupMode;
 use eventrelay_bench::alloc_counter::CountingAllocator;
-use eventrelay_bench::database::{create_schema, drop_schema};
+use eventrelay_bench::database::{create_schema, create_schema_for, drop_schema};
 use eventrelay_bench::publish::{Pace, Source};
 use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 use eventrelay_bench::report::{Table, ms, size, verdict};
+use eventrelay_bench::scenarios::emit_cost::WriteKind;
 use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
 use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
@@ -49,9 +51,13 @@ struct Args {
     /// Where relay configurations and logs go.
     #[arg(long, default_value = "/tmp/eventrelay-bench")]
     work_dir: PathBuf,
+    /// A Postgres with `wal_level = logical`, for the wake-up modes side by
+    /// side (bench/run starts a throwaway one); without it they are skipped.
+    #[arg(long)]
+    logical_database_url: Option<String>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
-    /// fanout, sessions, pools, http2, scopes, replay, webhooks, storm,
-    /// memory).
+    /// wakeup, fanout, sessions, pools, http2, scopes, replay, webhooks,
+    /// storm, memory).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -163,6 +169,9 @@ async fn run_scenarios(
     }
     if wanted("publish") {
         publish_rows(args, schema, &scale, table).await?;
+    }
+    if wanted("wakeup") {
+        wakeup_rows(args, &scale, table).await?;
     }
     if wanted("fanout") {
         fanout_rows(args, schema, &scale, table).await?;
@@ -789,6 +798,136 @@ fn tail_rows(table: &mut Table) {
             target,
         );
     }
+}
+
+/// The two wake-up modes side by side on one server with `wal_level =
+/// logical`: what emitting costs a writer at 1, 8 and 32 writers (a plain
+/// write; the outbox row with no wake-up at all, the floor; notify mode
+/// and logical mode, each with its relay running), then commit-to-receive
+/// latency and relay CPU at 1,000 subscribers × 100 ev/s in each mode.
+async fn wakeup_rows(args: &Args, scale: &Scale, table: &mut Table) -> BenchResult<()> {
+    let Some(db) = args.logical_database_url.as_deref() else {
+        eprintln!("wake-up modes: no --logical-database-url, skipped");
+        return Ok(());
+    };
+    let notify_schema = format!("wake_notify_{}", std::process::id());
+    let logical_schema = format!("wake_logical_{}", std::process::id());
+    create_schema_for(db, &notify_schema, WakeupMode::Notify).await?;
+    create_schema_for(db, &logical_schema, WakeupMode::Logical).await?;
+    let outcome = wakeup_measure(args, scale, table, db, &notify_schema, &logical_schema).await;
+    drop_schema(db, &notify_schema).await;
+    drop_schema(db, &logical_schema).await;
+    outcome
+}
+
+async fn wakeup_measure(
+    args: &Args,
+    scale: &Scale,
+    table: &mut Table,
+    db: &str,
+    notify_schema: &str,
+    logical_schema: &str,
+) -> BenchResult<()> {
+    const WRITERS: [usize; 3] = [1, 8, 32];
+    emit_cost::prepare(db, notify_schema).await?;
+    emit_cost::prepare(db, logical_schema).await?;
+    let mut plain = Vec::new();
+    let mut floor = Vec::new();
+    for writers in WRITERS {
+        eprintln!("wake-up modes: plain and floor, {writers} writers");
+        plain.push(
+            emit_cost::measure(db, notify_schema, WriteKind::Plain, writers, scale.emit_run)
+                .await?,
+        );
+        // The logical schema's trigger sends nothing, and no relay decodes yet.
+        floor.push(
+            emit_cost::measure(
+                db,
+                logical_schema,
+                WriteKind::WithSqlEmit,
+                writers,
+                scale.emit_run,
+            )
+            .await?,
+        );
+    }
+    let mut modes = Vec::new();
+    for (mode, schema) in [
+        (WakeupMode::Notify, notify_schema),
+        (WakeupMode::Logical, logical_schema),
+    ] {
+        let mut settings = RelaySettings::new(db, schema);
+        settings.wakeup = mode.as_str();
+        let mut relay = start_relay(args, settings).await?;
+        let mut emits = Vec::new();
+        for writers in WRITERS {
+            eprintln!("wake-up modes: {mode}, {writers} writers");
+            emits.push(
+                emit_cost::measure(db, schema, WriteKind::WithSqlEmit, writers, scale.emit_run)
+                    .await?,
+            );
+        }
+        eprintln!(
+            "wake-up modes: {mode}, fan-out {} subscribers",
+            scale.small_fanout
+        );
+        let plan = FanoutPlan {
+            subscribers: scale.small_fanout,
+            scopes: 1,
+            scope_prefix: format!("wake-{mode}"),
+            pace: Pace::PerSecond(100.0),
+            duration: scale.fixed_run,
+            writers: 4,
+            source: emit_source(db, schema),
+        };
+        let fanout = fanout::run(&plan, &relay_server(&relay)).await?;
+        relay.terminate(Duration::from_secs(10)).await?;
+        modes.push((mode, emits, fanout));
+    }
+    let (notify, logical) = (&modes[0], &modes[1]);
+    for (index, writers) in WRITERS.into_iter().enumerate() {
+        let of_floor = |tps: f64| tps / floor[index];
+        let ratio = of_floor(logical.1[index]);
+        let target = if writers == 1 {
+            "–".to_owned()
+        } else {
+            format!("logical ≥ 0.85× the floor: {}", verdict(ratio >= 0.85))
+        };
+        table.add(
+            format!("emit cost by wake-up mode, {writers} writer(s)"),
+            format!(
+                "plain {:.0} tx/s · outbox row, no wake-up (floor) {:.0} · notify {:.0} ({:.2}× floor) · logical {:.0} ({ratio:.2}× floor)",
+                plain[index],
+                floor[index],
+                notify.1[index],
+                of_floor(notify.1[index]),
+                logical.1[index],
+            ),
+            target,
+        );
+    }
+    for (mode, _, fanout) in &modes {
+        let per_event = fanout.cpu_seconds_per_1000 * scale.small_fanout as f64;
+        let target = match mode {
+            WakeupMode::Notify => "–".to_owned(),
+            WakeupMode::Logical => format!(
+                "p50 ≤ notify's: {}",
+                verdict(fanout.latency.p50 <= notify.2.latency.p50)
+            ),
+        };
+        table.add(
+            format!(
+                "wake-up {mode}: fan-out {} subs, 1 scope, 100 ev/s, SQL emit (commit-to-receive)",
+                scale.small_fanout
+            ),
+            format!(
+                "{} · relay {per_event:.3} CPU s per 1,000 events",
+                fanout_summary(fanout)
+            ),
+            target,
+        );
+    }
+    Ok(())
 }
 
 fn emit_source(db: &str, schema: &str) -> Source {

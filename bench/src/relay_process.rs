@@ -30,6 +30,8 @@ pub struct RelaySettings {
     pub arbiters: usize,
     pub pool_size: usize,
     pub webhook_workers: usize,
+    /// `database.wakeup`: `notify` or `logical`.
+    pub wakeup: &'static str,
 }
 
 impl RelaySettings {
@@ -48,6 +50,7 @@ impl RelaySettings {
             arbiters: 2,
             pool_size: 16,
             webhook_workers: 4,
+            wakeup: "notify",
         }
     }
 
@@ -70,6 +73,7 @@ url = "{url}"
 schema = "{schema}"
 channel = "{schema}"
 pool_size = {pool_size}
+wakeup = "{wakeup}"
 
 [http]
 bind = "127.0.0.1:{port}"
@@ -116,6 +120,7 @@ workers = {webhook_workers}
             arbiters = self.arbiters,
             pool_size = self.pool_size,
             webhook_workers = self.webhook_workers,
+            wakeup = self.wakeup,
         );
         if let Some((cert, key)) = &self.tls {
             text.push_str(&format!(

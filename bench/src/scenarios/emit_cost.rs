@@ -61,7 +61,9 @@ pub async fn run(
     })
 }
 
-async fn measure(
+/// Committed transactions per second of `writers` concurrent writers each
+/// repeating the `kind` transaction for `duration`.
+pub async fn measure(
     database_url: &str,
     schema: &str,
     kind: WriteKind,
