@@ -98,6 +98,13 @@ async fn emitting_sends_no_notification_and_the_relay_reads_a_temporary_slot() {
         Vec::<String>::new(),
         "no NOTIFY in logical mode"
     );
+    // The stream's lag: the commit time is read in Postgres's epoch, so a
+    // wrong conversion shows as decades.
+    let lag = server.metric("eventrelay_replication_lag_seconds").await;
+    assert!(
+        lag > 0.0 && lag < 10.0,
+        "replication lag of a just-read commit: {lag} s"
+    );
     let recorded: String = db
         .connect()
         .await

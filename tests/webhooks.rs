@@ -19,6 +19,7 @@ use common::receiver::{Receiver, Reply};
 use common::server::TestServer;
 use eventrelay::config::Config;
 use eventrelay::publisher::{Audience, NewEvent, Publisher, WebhookHeaders, WebhookSecret, verify};
+use eventrelay::store::WakeupMode;
 use eventrelay::webhooks::NewSubscription;
 use eventrelay::webhooks::WebhookStore;
 use serde_json::{Value, json};
@@ -88,7 +89,19 @@ async fn settled(db: &TestDb) -> Vec<(String, i32)> {
 
 #[tokio::test]
 async fn a_delivery_is_signed_and_carries_the_envelope_without_its_audience() {
-    let db = TestDb::new().await;
+    a_delivery_is_signed_and_carries_the_envelope_without_its_audience_in(WakeupMode::Notify).await;
+}
+
+/// In logical mode the replication stream, not a notification, wakes the
+/// dispatcher (well before its poll).
+#[tokio::test]
+async fn a_delivery_is_signed_and_carries_the_envelope_without_its_audience_in_logical_mode() {
+    a_delivery_is_signed_and_carries_the_envelope_without_its_audience_in(WakeupMode::Logical)
+        .await;
+}
+
+async fn a_delivery_is_signed_and_carries_the_envelope_without_its_audience_in(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let receiver = Receiver::start([]);
     let server = TestServer::start(&db, webhooks(&receiver.url, &[50]));
     server.ready().await;
