@@ -272,18 +272,23 @@ impl Handler<Pointer> for Relay {
 /// stream (logical wake-up mode): the whole events, so nothing is read back.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Decoded(pub Vec<StoredEvent>);
+pub struct Decoded {
+    pub rows: Vec<StoredEvent>,
+    /// The transaction queued webhook deliveries: the dispatcher is woken
+    /// for these only, not for every commit.
+    pub deliveries_queued: bool,
+}
 
 impl Handler<Decoded> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: Decoded, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        if let Some(dispatcher) = &self.deliveries_due {
+        if let (true, Some(dispatcher)) = (msg.deliveries_queued, &self.deliveries_due) {
             self.metrics.actor(ActorKind::Dispatcher).queued();
             dispatcher.do_send(DeliveriesDue);
         }
-        self.supervised(|relay| relay.decoded(msg.0));
+        self.supervised(|relay| relay.decoded(msg.rows));
     }
 }
 

@@ -166,6 +166,7 @@ impl Link<'_> {
         let channel = source.channel.as_str();
         let mut decoder = OutboxDecoder::new();
         let mut transaction: Vec<Pending> = Vec::new();
+        let mut deliveries_queued = false;
         let mut probe: Option<(String, tokio::time::Instant)> = None;
         loop {
             let wait = match &probe {
@@ -190,7 +191,10 @@ impl Link<'_> {
             // Anything from the server proves the stream alive, except
             // that a probe in flight must come back itself.
             match event {
-                ReplicationEvent::Begin { .. } => transaction.clear(),
+                ReplicationEvent::Begin { .. } => {
+                    transaction.clear();
+                    deliveries_queued = false;
+                }
                 ReplicationEvent::XLogData {
                     wal_start,
                     wal_end,
@@ -200,10 +204,14 @@ impl Link<'_> {
                     metrics
                         .replication_lag_bytes
                         .set(wal_end.as_u64().saturating_sub(wal_start.as_u64()) as i64);
-                    if let Change::Insert(row) = decoder.decode(&data)? {
-                        if let Some(stored) = row.into_stored() {
-                            transaction.push(Pending::Row(stored));
+                    match decoder.decode(&data)? {
+                        Change::Insert(row) => {
+                            if let Some(stored) = row.into_stored() {
+                                transaction.push(Pending::Row(stored));
+                            }
                         }
+                        Change::DeliveryQueued => deliveries_queued = true,
+                        Change::Other => {}
                     }
                 }
                 ReplicationEvent::Message {
@@ -231,7 +239,8 @@ impl Link<'_> {
                     commit_time_micros,
                     ..
                 } => {
-                    self.hand_over(std::mem::take(&mut transaction))?;
+                    self.hand_over(std::mem::take(&mut transaction), deliveries_queued)?;
+                    deliveries_queued = false;
                     let committed_unix = commit_time_micros.saturating_add(POSTGRES_EPOCH_MICROS);
                     let now = chrono::Utc::now().timestamp_micros();
                     metrics
@@ -253,30 +262,34 @@ impl Link<'_> {
     }
 
     /// Hands a committed transaction's changes to the relay, in order:
-    /// each run of rows as one message, each ephemeral payload as it came.
-    fn hand_over(&self, changes: Vec<Pending>) -> Result<(), StreamError> {
+    /// each run of rows as one message, each ephemeral payload as it came,
+    /// and whether it queued webhook deliveries with the last message.
+    fn hand_over(&self, changes: Vec<Pending>, deliveries_queued: bool) -> Result<(), StreamError> {
         let mut rows = Vec::new();
         for change in changes {
             match change {
                 Pending::Row(row) => rows.push(row),
                 Pending::Message(content) => {
-                    self.send_rows(std::mem::take(&mut rows));
+                    self.send_rows(std::mem::take(&mut rows), false);
                     if !self.forward_ephemeral(&content) {
                         return Err(StreamError::Failed);
                     }
                 }
             }
         }
-        self.send_rows(rows);
+        self.send_rows(rows, deliveries_queued);
         Ok(())
     }
 
-    fn send_rows(&self, rows: Vec<StoredEvent>) {
-        if rows.is_empty() {
+    fn send_rows(&self, rows: Vec<StoredEvent>, deliveries_queued: bool) {
+        if rows.is_empty() && !deliveries_queued {
             return;
         }
         self.metrics.actor(ActorKind::Relay).queued();
-        self.relay.do_send(Decoded(rows));
+        self.relay.do_send(Decoded {
+            rows,
+            deliveries_queued,
+        });
     }
 
     /// An ephemeral event's payload, decoded as a notification's would be.

@@ -1,10 +1,12 @@
 //! Decoding the outbox rows of a `pgoutput` stream (logical wake-up mode).
 //!
 //! The replication client hands over each change message as bytes; this
-//! module reads the two kinds the outbox's publication produces: a
+//! module reads the two kinds the schema's publication produces: a
 //! relation message, which says which columns a table has and of what
-//! type, and an insert, whose tuple is decoded into an outbox row by those
-//! columns' names. The stream runs in binary mode, so every value goes
+//! type, and an insert. An insert into the outbox is decoded into an outbox
+//! row by its columns' names; an insert into `webhook_deliveries` (the
+//! trigger queuing a webhook delivery) is only noted, so the dispatcher is
+//! woken exactly when a transaction queued deliveries. The stream runs in binary mode, so every value goes
 //! through the same `FromSql` decoding as a query's result. Other message
 //! kinds (types, origins, truncates) carry nothing a relay needs and are
 //! skipped. No I/O: the stream's owner feeds bytes in.
@@ -32,6 +34,17 @@ pub enum PgOutputError {
     TextFormat(String),
 }
 
+/// The table whose inserts queue webhook deliveries.
+const DELIVERIES_TABLE: &str = "webhook_deliveries";
+
+/// A relation, as its relation message describes it.
+#[derive(Debug, Clone)]
+struct Relation {
+    /// Inserts into it are webhook deliveries, not outbox rows.
+    deliveries: bool,
+    columns: Vec<Column>,
+}
+
 /// One column of a relation, as its relation message describes it.
 #[derive(Debug, Clone)]
 struct Column {
@@ -44,6 +57,8 @@ struct Column {
 pub enum Change {
     /// A row inserted into the outbox.
     Insert(Box<OutboxRow>),
+    /// A webhook delivery queued (by the outbox's trigger).
+    DeliveryQueued,
     /// A message that says nothing to a relay (a relation, a type).
     Other,
 }
@@ -51,7 +66,7 @@ pub enum Change {
 /// Reads change messages, remembering relations between them.
 #[derive(Debug, Default)]
 pub struct OutboxDecoder {
-    relations: HashMap<u32, Vec<Column>>,
+    relations: HashMap<u32, Relation>,
 }
 
 impl OutboxDecoder {
@@ -67,9 +82,7 @@ impl OutboxDecoder {
                 self.relation(&mut reader)?;
                 Ok(Change::Other)
             }
-            b'I' => self
-                .insert(&mut reader)
-                .map(|row| Change::Insert(Box::new(row))),
+            b'I' => self.insert(&mut reader),
             _ => Ok(Change::Other),
         }
     }
@@ -77,7 +90,7 @@ impl OutboxDecoder {
     fn relation(&mut self, reader: &mut Reader<'_>) -> Result<(), PgOutputError> {
         let id = reader.u32("relation id")?;
         reader.cstr("namespace")?;
-        reader.cstr("relation name")?;
+        let deliveries = reader.cstr("relation name")? == DELIVERIES_TABLE;
         reader.u8("replica identity")?;
         let count = reader.u16("column count")?;
         let mut columns = Vec::with_capacity(usize::from(count));
@@ -88,16 +101,26 @@ impl OutboxDecoder {
             reader.u32("column type modifier")?;
             columns.push(Column { name, type_oid });
         }
-        self.relations.insert(id, columns);
+        self.relations.insert(
+            id,
+            Relation {
+                deliveries,
+                columns,
+            },
+        );
         Ok(())
     }
 
-    fn insert(&self, reader: &mut Reader<'_>) -> Result<OutboxRow, PgOutputError> {
+    fn insert(&self, reader: &mut Reader<'_>) -> Result<Change, PgOutputError> {
         let id = reader.u32("relation id")?;
-        let columns = self
+        let relation = self
             .relations
             .get(&id)
             .ok_or(PgOutputError::UnknownRelation(id))?;
+        if relation.deliveries {
+            return Ok(Change::DeliveryQueued);
+        }
+        let columns = &relation.columns;
         reader.u8("tuple marker")?;
         let count = reader.u16("tuple column count")?;
         let mut row = RowBuilder::default();
@@ -120,7 +143,7 @@ impl OutboxDecoder {
                 row.set(column, value)?;
             }
         }
-        row.finish()
+        row.finish().map(|row| Change::Insert(Box::new(row)))
     }
 }
 
@@ -244,9 +267,15 @@ mod tests {
 
     /// A relation message for an outbox-like table with these columns.
     fn relation(id: u32, columns: &[(&str, Type)]) -> Vec<u8> {
+        relation_named(id, "outbox", columns)
+    }
+
+    fn relation_named(id: u32, name: &str, columns: &[(&str, Type)]) -> Vec<u8> {
         let mut out = vec![b'R'];
         out.extend(id.to_be_bytes());
-        out.extend(b"app\0outbox\0");
+        out.extend(b"app\0");
+        out.extend(name.as_bytes());
+        out.push(0);
         out.push(b'd');
         out.extend((columns.len() as u16).to_be_bytes());
         for (name, ty) in columns {
@@ -333,6 +362,23 @@ mod tests {
         assert_eq!(row.resources, resources);
         assert_eq!(row.occurred_at.timestamp_micros(), at.timestamp_micros());
         assert_eq!(row.txid, Some(991));
+    }
+
+    #[test]
+    fn an_insert_into_the_deliveries_table_is_only_noted() {
+        let mut decoder = OutboxDecoder::new();
+        decoder
+            .decode(&relation_named(
+                8,
+                "webhook_deliveries",
+                &[("id", Type::INT8)],
+            ))
+            .unwrap();
+        let queued = insert(8, &[Some(binary(&1i64, &Type::INT8))]);
+        assert!(matches!(
+            decoder.decode(&queued).unwrap(),
+            Change::DeliveryQueued
+        ));
     }
 
     #[test]

@@ -59,7 +59,8 @@ impl FromStr for WakeupMode {
 }
 
 /// The publication logical-mode relays decode: one per schema, named after
-/// it, holding the schema's outbox inserts only.
+/// it, holding the inserts into the schema's outbox (the events) and into
+/// its webhook deliveries (which wake the dispatcher).
 pub fn publication_name(schema: &Identifier) -> &str {
     schema.as_str()
 }
@@ -231,7 +232,8 @@ pub(crate) async fn apply(
             }
             if !published {
                 tx.batch_execute(&format!(
-                    "CREATE PUBLICATION {publication} FOR TABLE {schema}.outbox \
+                    "CREATE PUBLICATION {publication} \
+                     FOR TABLE {schema}.outbox, {schema}.webhook_deliveries \
                      WITH (publish = 'insert')"
                 ))
                 .await?;
