@@ -526,11 +526,11 @@ async fn reload_once(
         .await;
         synced.map_err(ReloadError::Subscriptions)?;
     }
-    if merged.webhooks.workers != current.webhooks.workers {
-        if let Some(dispatcher) = &reach.dispatcher {
-            reach.metrics.actor(ActorKind::Dispatcher).queued();
-            dispatcher.do_send(SetWorkers(merged.webhooks.workers));
-        }
+    if merged.webhooks.workers != current.webhooks.workers
+        && let Some(dispatcher) = &reach.dispatcher
+    {
+        reach.metrics.actor(ActorKind::Dispatcher).queued();
+        dispatcher.do_send(SetWorkers(merged.webhooks.workers));
     }
     live.send_replace(Arc::new(merged));
     Ok(report)

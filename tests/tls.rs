@@ -108,10 +108,10 @@ fn https(server: &TestServer) -> String {
 async fn wait_ready(client: &reqwest::Client, base: &str) {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        if let Ok(response) = client.get(format!("{base}/readyz")).send().await {
-            if response.status() == 200 {
-                return;
-            }
+        if let Ok(response) = client.get(format!("{base}/readyz")).send().await
+            && response.status() == 200
+        {
+            return;
         }
         assert!(Instant::now() < deadline, "relay never became ready");
         tokio::time::sleep(Duration::from_millis(20)).await;

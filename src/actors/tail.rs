@@ -101,10 +101,10 @@ impl Tail {
             self.entries.insert(position, Arc::clone(event));
         }
         self.enforce_bounds();
-        if let Some(lease) = &self.lease {
-            if lease.record(self.bytes) {
-                self.empty();
-            }
+        if let Some(lease) = &self.lease
+            && lease.record(self.bytes)
+        {
+            self.empty();
         }
     }
 

@@ -137,10 +137,10 @@ impl TailBudget {
         for (_, tail) in candidates {
             let bytes = tail.usage.bytes.load(Ordering::Relaxed);
             // Already asked: its bytes are on their way out.
-            if !tail.usage.shrinking.swap(true, Ordering::Relaxed) {
-                if let Some(shrink) = tail.shrink.upgrade() {
-                    shrink.do_send(ShrinkTail);
-                }
+            if !tail.usage.shrinking.swap(true, Ordering::Relaxed)
+                && let Some(shrink) = tail.shrink.upgrade()
+            {
+                shrink.do_send(ShrinkTail);
             }
             excess = excess.saturating_sub(bytes);
             if excess == 0 {

@@ -81,10 +81,10 @@ pub async fn run(command: DeliveriesCommand) -> Result<(), CliError> {
                 println!("{}", json!(delivery));
             }
             // Stdout stays pure JSON lines; the paging hint is for humans.
-            if deliveries.len() as i64 == args.limit {
-                if let Some(last) = deliveries.last() {
-                    eprintln!("more may follow: add --before {}", last.id);
-                }
+            if deliveries.len() as i64 == args.limit
+                && let Some(last) = deliveries.last()
+            {
+                eprintln!("more may follow: add --before {}", last.id);
             }
         }
         DeliveriesCommand::Show(args) => {

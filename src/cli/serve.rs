@@ -158,10 +158,11 @@ fn reloading(
     Ok(Reloading {
         load: Box::new(move || {
             let mut config = Config::load(file.as_deref())?;
-            if let Some(token) = &generated_token {
-                if config.auth.is_none() && config.publish.token.is_none() {
-                    config.publish.token.clone_from(token);
-                }
+            if let Some(token) = &generated_token
+                && config.auth.is_none()
+                && config.publish.token.is_none()
+            {
+                config.publish.token.clone_from(token);
             }
             Ok(config)
         }),

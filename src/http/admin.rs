@@ -281,13 +281,13 @@ fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
         }
     }
     let status = given(query.status);
-    if let Some(status) = &status {
-        if !DELIVERY_STATUSES.contains(&status.as_str()) {
-            return Err(invalid(format!(
-                "status: {status:?} is not one of {}",
-                DELIVERY_STATUSES.join(", ")
-            )));
-        }
+    if let Some(status) = &status
+        && !DELIVERY_STATUSES.contains(&status.as_str())
+    {
+        return Err(invalid(format!(
+            "status: {status:?} is not one of {}",
+            DELIVERY_STATUSES.join(", ")
+        )));
     }
     let event_id = given(query.event_id)
         .map(|v| v.parse::<Uuid>())

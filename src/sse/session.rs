@@ -243,7 +243,7 @@ impl Session {
                     batch.push(first);
                     // How full the queue was when this write began: near 1,
                     // the subscriber is about to be dropped as too slow.
-                    if self.live_writes % FILL_SAMPLE_EVERY == 0 {
+                    if self.live_writes.is_multiple_of(FILL_SAMPLE_EVERY) {
                         let fill =
                             (self.queue.len() + 1) as f64 / self.queue.max_capacity() as f64;
                         self.registration.metrics.session_queue_fill_ratio.observe(fill);
@@ -342,10 +342,10 @@ pub(super) fn join_frames(
     let mut joined: Option<BytesMut> = None;
     let mut until_reached = false;
     for event in batch.drain(..) {
-        if let Some(seq) = event.seq() {
-            if !sent.insert(seq) {
-                continue;
-            }
+        if let Some(seq) = event.seq()
+            && !sent.insert(seq)
+        {
+            continue;
         }
         match (&mut joined, single.take()) {
             (Some(chunk), _) => chunk.extend_from_slice(&event.frame),

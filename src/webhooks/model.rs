@@ -50,10 +50,9 @@ impl Subscription {
         let mut secrets = vec![self.secret.as_str()];
         if let (Some(previous), Some(until)) =
             (&self.previous_secret, self.previous_secret_expires_at)
+            && until > now
         {
-            if until > now {
-                secrets.push(previous);
-            }
+            secrets.push(previous);
         }
         secrets
     }
@@ -115,10 +114,10 @@ pub fn validate_subscription(
             return Err(invalid("id", "1 to 100 letters, digits and `_.:-`"));
         }
     }
-    if let Some(url) = url {
-        if !(url.starts_with("https://") || url.starts_with("http://")) {
-            return Err(invalid("url", "must be an http:// or https:// URL"));
-        }
+    if let Some(url) = url
+        && !(url.starts_with("https://") || url.starts_with("http://"))
+    {
+        return Err(invalid("url", "must be an http:// or https:// URL"));
     }
     if let Some(types) = types {
         if types.is_empty() {

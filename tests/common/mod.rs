@@ -31,10 +31,10 @@ pub async fn wait_ready(base: &str) {
     let client = reqwest::Client::new();
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
-        if let Ok(response) = client.get(format!("{base}/readyz")).send().await {
-            if response.status() == 200 {
-                return;
-            }
+        if let Ok(response) = client.get(format!("{base}/readyz")).send().await
+            && response.status() == 200
+        {
+            return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -173,10 +173,10 @@ impl TestDb {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         tokio::spawn(async move {
             while let Some(Ok(message)) = messages.next().await {
-                if let AsyncMessage::Notification(n) = message {
-                    if sender.send(n.payload().to_owned()).is_err() {
-                        break;
-                    }
+                if let AsyncMessage::Notification(n) = message
+                    && sender.send(n.payload().to_owned()).is_err()
+                {
+                    break;
                 }
             }
         });
