@@ -320,3 +320,60 @@ async fn readyz_follows_the_replication_stream() {
         .await;
     assert_eq!(stream.next_event().await.json()["id"], event.id.to_string());
 }
+
+#[tokio::test]
+async fn a_transaction_running_at_start_delays_the_stream_and_nothing_is_missed() {
+    let (db, _cluster) = TestDb::for_mode(WakeupMode::Logical).await;
+    let mut long = db.connect().await;
+    let running = long.transaction().await.unwrap();
+    let publisher = Publisher::new(db.schema.as_str()).unwrap();
+    let late = publisher
+        .emit(&running, NewEvent::durable("late", "org-1", json!({})))
+        .await
+        .unwrap();
+
+    let server = TestServer::start(&db, |_| {});
+    // The relay's slot waits for that transaction to end; meanwhile the
+    // relay is not ready.
+    let admin = db.connect().await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let waiting: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE backend_type = 'walsender' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no WAL sender waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = reqwest::get(server.url("/readyz")).await.unwrap().status();
+    assert_eq!(status, 503, "not ready while the slot waits");
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+
+    running.commit().await.unwrap();
+    server.ready().await;
+    let next = db.emit(NewEvent::durable("next", "org-1", json!({}))).await;
+    let got: Vec<String> = stream
+        .events(2)
+        .await
+        .iter()
+        .map(|f| f.json()["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        got,
+        [late.id.to_string(), next.id.to_string()],
+        "the late commit is caught up by the re-read, then the stream takes over"
+    );
+}

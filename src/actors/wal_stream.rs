@@ -41,6 +41,10 @@ const BACKOFF_CAP: Duration = Duration::from_secs(10);
 /// The prefix of the liveness probes relays send themselves. Not a
 /// channel name (those are identifiers, without dots), so never an event.
 const PROBE_PREFIX: &str = "eventrelay.probe";
+/// When a slot still being created is worth a log line.
+const SLOT_NOTICE: Duration = Duration::from_secs(10);
+/// How long a slot may take to create before the attempt starts over.
+const SLOT_PATIENCE: Duration = Duration::from_secs(300);
 /// Microseconds from the Unix epoch to Postgres's (2000-01-01).
 const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
@@ -143,15 +147,26 @@ impl Link<'_> {
         let slot = format!("eventrelay_{}", uuid::Uuid::new_v4().simple());
         let config = replication_config(source, &slot, plain);
         let mut client = within(patience * 2, ReplicationClient::connect_gated(config)).await?;
-        // Creating a slot waits for transactions already running to end,
-        // so it gets longer than a query.
-        within(
-            source.health.max(Duration::from_secs(30)),
-            client.simple_query(&format!(
-                "CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT"
-            )),
-        )
-        .await?;
+        // Creating a slot waits for the transactions already running to
+        // end. Giving up early would only start another WAL sender waiting
+        // behind the same transactions, so this waits long, and says why.
+        let sql =
+            format!("CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT");
+        {
+            let create = client.simple_query(&sql);
+            tokio::pin!(create);
+            match tokio::time::timeout(SLOT_NOTICE, &mut create).await {
+                Ok(created) => created?,
+                Err(_) => {
+                    tracing::warn!(
+                        %slot,
+                        "the replication slot is waiting for transactions already running to end; \
+                         a long transaction delays the stream (nothing is missed meanwhile)"
+                    );
+                    within(SLOT_PATIENCE - SLOT_NOTICE, create).await?
+                }
+            };
+        }
         client.start().await?;
         within(patience * 2, client.wait_started()).await?;
 
