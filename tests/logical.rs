@@ -377,3 +377,17 @@ async fn a_transaction_running_at_start_delays_the_stream_and_nothing_is_missed(
         "the late commit is caught up by the re-read, then the stream takes over"
     );
 }
+
+#[tokio::test]
+async fn a_relay_finding_no_free_wal_sender_is_refused_by_name() {
+    let Some(cluster) = Cluster::start_logical_with(1, 5) else {
+        panic!("no Postgres server binaries (initdb, pg_ctl): install them or set PG_BINDIR");
+    };
+    let db = TestDb::logical_on(&cluster.url()).await;
+    // The one WAL sender goes to the first relay.
+    let first = TestServer::start(&db, |_| {});
+    first.ready().await;
+    let (ok, stderr) = run_in_logical_mode("check-config", &db, &db.url, true);
+    assert!(!ok);
+    assert!(stderr.contains("max_wal_senders"), "senders: {stderr}");
+}

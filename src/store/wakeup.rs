@@ -82,6 +82,11 @@ pub enum WakeupError {
         configured: WakeupMode,
     },
     #[error(
+        "database.wakeup = \"logical\" needs Postgres 14 or newer (binary pgoutput); \
+         this server is {0}; use database.wakeup = \"notify\""
+    )]
+    ServerTooOld(String),
+    #[error(
         "database.wakeup = \"logical\" needs the server's wal_level = logical (it is {0}); \
          set wal_level = logical in postgresql.conf and restart Postgres, or use \
          database.wakeup = \"notify\""
@@ -145,8 +150,9 @@ pub async fn check_ready(
     Ok(())
 }
 
-/// The server-side conditions of logical mode: `wal_level`, the role's
-/// REPLICATION attribute, and a free slot and WAL sender.
+/// The server-side conditions of logical mode: Postgres 14 or newer (the
+/// stream is binary `pgoutput`), `wal_level`, the role's REPLICATION
+/// attribute, and a free slot and WAL sender.
 pub async fn check_logical_server(db: &impl PgExecutor) -> Result<(), WakeupError> {
     let rows = db
         .query_typed(
@@ -156,13 +162,18 @@ pub async fn check_logical_server(db: &impl PgExecutor) -> Result<(), WakeupErro
                     current_setting('max_replication_slots')::bigint,
                     (SELECT count(*) FROM pg_replication_slots),
                     current_setting('max_wal_senders')::bigint,
-                    (SELECT count(*) FROM pg_stat_replication)",
+                    (SELECT count(*) FROM pg_stat_replication),
+                    current_setting('server_version_num')::int,
+                    current_setting('server_version')",
             &[],
         )
         .await?;
     let Some(row) = rows.first() else {
         return Ok(());
     };
+    if row.get::<_, i32>(7) < 140_000 {
+        return Err(WakeupError::ServerTooOld(row.get(8)));
+    }
     let wal_level: String = row.get(0);
     if wal_level != "logical" {
         return Err(WakeupError::WalLevel(wal_level));

@@ -26,9 +26,15 @@ impl Cluster {
 
     /// A cluster with `wal_level = logical`, for the logical wake-up mode.
     pub fn start_logical() -> Option<Cluster> {
+        Self::start_logical_with(20, 20)
+    }
+
+    /// A logical cluster with this many WAL senders and replication slots.
+    pub fn start_logical_with(wal_senders: usize, slots: usize) -> Option<Cluster> {
         let mut cluster = Self::init()?;
-        cluster.settings =
-            "-c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20".to_owned();
+        cluster.settings = format!(
+            "-c wal_level=logical -c max_wal_senders={wal_senders} -c max_replication_slots={slots}"
+        );
         cluster.pg_ctl_start();
         Some(cluster)
     }
