@@ -129,10 +129,20 @@ struct Link<'a> {
     metrics: &'a Metrics,
 }
 
-/// The changes of the transaction being read, in their order.
+/// One change of the transaction being read.
 enum Pending {
     Row(StoredEvent),
     Message(Bytes),
+}
+
+/// The transaction being read: its changes in order, and whether it queued
+/// webhook deliveries.
+#[derive(Default)]
+struct OpenTransaction {
+    /// Between a begin and its commit.
+    begun: bool,
+    changes: Vec<Pending>,
+    deliveries_queued: bool,
 }
 
 impl Link<'_> {
@@ -145,30 +155,7 @@ impl Link<'_> {
         } = *self;
         let patience = (source.health / 2).max(Duration::from_millis(500));
         let slot = format!("eventrelay_{}", uuid::Uuid::new_v4().simple());
-        let config = replication_config(source, &slot, plain);
-        let mut client = within(patience * 2, ReplicationClient::connect_gated(config)).await?;
-        // Creating a slot waits for the transactions already running to
-        // end. Giving up early would only start another WAL sender waiting
-        // behind the same transactions, so this waits long, and says why.
-        let sql =
-            format!("CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT");
-        {
-            let create = client.simple_query(&sql);
-            tokio::pin!(create);
-            match tokio::time::timeout(SLOT_NOTICE, &mut create).await {
-                Ok(created) => created?,
-                Err(_) => {
-                    tracing::warn!(
-                        %slot,
-                        "the replication slot is waiting for transactions already running to end; \
-                         a long transaction delays the stream (nothing is missed meanwhile)"
-                    );
-                    within(SLOT_PATIENCE - SLOT_NOTICE, create).await?
-                }
-            };
-        }
-        client.start().await?;
-        within(patience * 2, client.wait_started()).await?;
+        let mut client = open_stream(source, &slot, plain, patience).await?;
 
         connected.store(true, Ordering::Relaxed);
         if !first {
@@ -180,8 +167,7 @@ impl Link<'_> {
 
         let channel = source.channel.as_str();
         let mut decoder = OutboxDecoder::new();
-        let mut transaction: Vec<Pending> = Vec::new();
-        let mut deliveries_queued = false;
+        let mut open = OpenTransaction::default();
         let mut probe: Option<(String, tokio::time::Instant)> = None;
         loop {
             let wait = match &probe {
@@ -207,8 +193,10 @@ impl Link<'_> {
             // that a probe in flight must come back itself.
             match event {
                 ReplicationEvent::Begin { .. } => {
-                    transaction.clear();
-                    deliveries_queued = false;
+                    open = OpenTransaction {
+                        begun: true,
+                        ..OpenTransaction::default()
+                    }
                 }
                 ReplicationEvent::XLogData {
                     wal_start,
@@ -222,10 +210,10 @@ impl Link<'_> {
                     match decoder.decode(&data)? {
                         Change::Insert(row) => {
                             if let Some(stored) = row.into_stored() {
-                                transaction.push(Pending::Row(stored));
+                                open.changes.push(Pending::Row(stored));
                             }
                         }
-                        Change::DeliveryQueued => deliveries_queued = true,
+                        Change::DeliveryQueued => open.deliveries_queued = true,
                         Change::Other => {}
                     }
                 }
@@ -237,7 +225,7 @@ impl Link<'_> {
                 } => {
                     if prefix == channel {
                         if transactional {
-                            transaction.push(Pending::Message(content));
+                            open.changes.push(Pending::Message(content));
                         } else if !self.forward_ephemeral(&content) {
                             return Err(StreamError::Failed);
                         }
@@ -254,8 +242,7 @@ impl Link<'_> {
                     commit_time_micros,
                     ..
                 } => {
-                    self.hand_over(std::mem::take(&mut transaction), deliveries_queued)?;
-                    deliveries_queued = false;
+                    self.hand_over(std::mem::take(&mut open))?;
                     let committed_unix = commit_time_micros.saturating_add(POSTGRES_EPOCH_MICROS);
                     let now = chrono::Utc::now().timestamp_micros();
                     metrics
@@ -266,7 +253,7 @@ impl Link<'_> {
                 ReplicationEvent::KeepAlive { wal_end, .. } => {
                     // Everything before `wal_end` has been sent; with no
                     // transaction open, none of it is still unread here.
-                    if transaction.is_empty() {
+                    if !open.begun {
                         metrics.replication_lag_bytes.set(0);
                         client.update_applied_lsn(wal_end);
                     }
@@ -279,9 +266,9 @@ impl Link<'_> {
     /// Hands a committed transaction's changes to the relay, in order:
     /// each run of rows as one message, each ephemeral payload as it came,
     /// and whether it queued webhook deliveries with the last message.
-    fn hand_over(&self, changes: Vec<Pending>, deliveries_queued: bool) -> Result<(), StreamError> {
+    fn hand_over(&self, transaction: OpenTransaction) -> Result<(), StreamError> {
         let mut rows = Vec::new();
-        for change in changes {
+        for change in transaction.changes {
             match change {
                 Pending::Row(row) => rows.push(row),
                 Pending::Message(content) => {
@@ -292,7 +279,7 @@ impl Link<'_> {
                 }
             }
         }
-        self.send_rows(rows, deliveries_queued);
+        self.send_rows(rows, transaction.deliveries_queued);
         Ok(())
     }
 
@@ -323,6 +310,41 @@ impl Link<'_> {
             }
         }
     }
+}
+
+/// Connects, creates this relay's temporary slot on the connection, and
+/// starts streaming from it.
+async fn open_stream(
+    source: &LogicalSource,
+    slot: &str,
+    plain: bool,
+    patience: Duration,
+) -> Result<ReplicationClient, StreamError> {
+    let config = replication_config(source, slot, plain);
+    let mut client = within(patience * 2, ReplicationClient::connect_gated(config)).await?;
+    // Creating a slot waits for the transactions already running to end.
+    // Giving up early would only start another WAL sender waiting behind the
+    // same transactions, so this waits long, and says why.
+    let sql =
+        format!("CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT");
+    {
+        let create = client.simple_query(&sql);
+        tokio::pin!(create);
+        match tokio::time::timeout(SLOT_NOTICE, &mut create).await {
+            Ok(created) => created?,
+            Err(_) => {
+                tracing::warn!(
+                    %slot,
+                    "the replication slot is waiting for transactions already running to end; \
+                     a long transaction delays the stream (nothing is missed meanwhile)"
+                );
+                within(SLOT_PATIENCE - SLOT_NOTICE, create).await?
+            }
+        };
+    }
+    client.start().await?;
+    within(patience * 2, client.wait_started()).await?;
+    Ok(client)
 }
 
 /// Sends a probe through the pool; returns its token.
