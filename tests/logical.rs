@@ -44,19 +44,20 @@ async fn slots(db: &TestDb) -> Vec<(bool, bool, String)> {
         .collect()
 }
 
-async fn wait_for_slots(db: &TestDb, count: usize) {
+/// Polls `check` until it holds, failing with `what` after the deadline.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let now = slots(db).await.len();
-        if now == count {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{now} replication slots, waiting for {count}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+async fn wait_for_slots(db: &TestDb, count: usize) {
+    eventually(&format!("{count} replication slots"), async || {
+        slots(db).await.len() == count
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -289,23 +290,11 @@ async fn readyz_follows_the_replication_stream() {
         .await
         .unwrap();
     let http = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let status = http
-            .get(server.url("/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .status();
-        if status == 503 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "/readyz stayed {status} without a stream"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("/readyz answers 503 without a stream", async || {
+        let response = http.get(server.url("/readyz")).send().await.unwrap();
+        response.status() == 503
+    })
+    .await;
 
     admin
         .batch_execute("ALTER ROLE streamer REPLICATION")
@@ -336,26 +325,22 @@ async fn a_transaction_running_at_start_delays_the_stream_and_nothing_is_missed(
     // The relay's slot waits for that transaction to end; meanwhile the
     // relay is not ready.
     let admin = db.connect().await;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let waiting: i64 = admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
+    eventually(
+        "a WAL sender waits for the running transaction",
+        async || {
+            let waiting: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
                  WHERE backend_type = 'walsender' AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting == 1 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no WAL sender waiting"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            waiting == 1
+        },
+    )
+    .await;
     let status = reqwest::get(server.url("/readyz")).await.unwrap().status();
     assert_eq!(status, 503, "not ready while the slot waits");
     let (mut stream, _) = server
