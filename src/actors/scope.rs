@@ -105,7 +105,7 @@ impl ScopeState {
     /// follows it (see [`ScopeState::take_pending`]).
     pub fn start_read(&mut self, from: i64) -> Option<i64> {
         if self.reading {
-            self.pending_from = Some(self.pending_from.map_or(from, |p| p.min(from)));
+            self.widen_pending(from);
             return None;
         }
         self.reading = true;
@@ -135,7 +135,7 @@ impl ScopeState {
         };
         let from = self.read_from_for_pointer(lowest);
         if self.reading {
-            self.pending_from = Some(self.pending_from.map_or(from, |p| p.min(from)));
+            self.widen_pending(from);
             return Vec::new();
         }
         let mut rows = rows;
@@ -171,6 +171,11 @@ impl ScopeState {
             read_after = events.last().and_then(|e| e.seq()).unwrap_or(read_after);
         }
         batches
+    }
+
+    /// Makes the read that follows the running one start at `from` or below.
+    fn widen_pending(&mut self, from: i64) {
+        self.pending_from = Some(self.pending_from.map_or(from, |p| p.min(from)));
     }
 
     /// The read asked for while the last one ran, to start once it ended.
