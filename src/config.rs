@@ -88,6 +88,12 @@ pub struct DatabaseConfig {
     /// emitting takes no cluster-wide lock). Recorded in the schema by
     /// `migrate`; every relay of a schema runs in the recorded mode.
     pub wakeup: WakeupMode,
+    /// Keep the pool's statements prepared on each connection, so Postgres
+    /// parses and plans each once per connection rather than on every
+    /// call. Turn off behind a transaction-mode pooler that does not track
+    /// prepared statements (PgBouncer before 1.21, or without
+    /// `max_prepared_statements`).
+    pub prepared_statements: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -268,6 +274,7 @@ impl Default for DatabaseConfig {
             migrate: true,
             embedded_dir: ".eventrelay/pgdata".to_owned(),
             wakeup: WakeupMode::Notify,
+            prepared_statements: true,
         }
     }
 }

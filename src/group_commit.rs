@@ -142,7 +142,7 @@ async fn publish_alone(
 ) -> Result<Vec<EventEnvelope>, GroupError> {
     let together = async {
         let mut client = db.get().await.map_err(Together::unavailable)?;
-        let tx = client.transaction().await.map_err(Together::unavailable)?;
+        let tx = client.begin().await.map_err(Together::unavailable)?;
         let envelopes = match publisher.emit_batch(&tx, events.clone()).await {
             Ok(envelopes) => envelopes,
             Err(BatchError {
@@ -172,7 +172,7 @@ async fn publish_one_by_one(
     events: Vec<NewEvent>,
 ) -> Result<Vec<EventEnvelope>, GroupError> {
     let mut client = db.get().await.map_err(unavailable)?;
-    let tx = client.transaction().await.map_err(unavailable)?;
+    let tx = client.begin().await.map_err(unavailable)?;
     let mut envelopes = Vec::with_capacity(events.len());
     for (index, event) in events.into_iter().enumerate() {
         let envelope = publisher
@@ -290,7 +290,7 @@ impl Committer {
 
     async fn write_together(&self, events: Vec<NewEvent>) -> Result<Vec<EventEnvelope>, Together> {
         let mut client = self.db.get().await.map_err(Together::unavailable)?;
-        let tx = client.transaction().await.map_err(Together::unavailable)?;
+        let tx = client.begin().await.map_err(Together::unavailable)?;
         let envelopes = self
             .publisher
             .emit_batch(&tx, events)

@@ -125,7 +125,8 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
         &options,
         config.database.pool_size,
         (config.listen_health() / 2).clamp(Duration::from_millis(500), Duration::from_secs(5)),
-    )?;
+    )?
+    .with_prepared_statements(config.database.prepared_statements);
     let notifications = match wakeup {
         WakeupMode::Notify => NotificationSource::Dedicated {
             options: Box::new(listen_options),

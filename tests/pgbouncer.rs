@@ -145,6 +145,7 @@ async fn the_relay_serves_with_its_pool_behind_a_transaction_pooler() {
         config.database.listen_url = Some(direct.into());
         config.database.migrate = false;
         config.database.pool_size = 6;
+        config.database.prepared_statements = false;
         config.admin.token = Some(ADMIN_TOKEN.into());
         config.webhooks.allow_private_networks = true;
         config.webhooks.workers = 3;

@@ -227,7 +227,7 @@ async fn read_all_after(
     let mut events = Vec::new();
     let mut cursor = from;
     loop {
-        let page = outbox.read_rows(&*client, scope_key, cursor, PAGE).await?;
+        let page = outbox.read_rows(&client, scope_key, cursor, PAGE).await?;
         let done = (page.len() as i64) < PAGE;
         if let Some(last) = page.last().and_then(|e| e.envelope.seq) {
             cursor = last;

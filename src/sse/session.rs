@@ -310,7 +310,7 @@ pub(super) async fn replay_page(
         Replay::FromOutbox { cursor, db, outbox } => {
             let client = db.get().await?;
             let page = outbox
-                .read_since(&*client, &subscriber.scope_key, *cursor, REPLAY_PAGE)
+                .read_since(&client, &subscriber.scope_key, *cursor, REPLAY_PAGE)
                 .await?;
             let full = page.len() as i64 == REPLAY_PAGE;
             if let Some(last) = page.last().and_then(|e| e.seq) {

@@ -121,7 +121,7 @@ pub async fn stream_events(
         let client = state.db.get().await.map_err(|e| failed(e.into()))?;
         state
             .outbox
-            .join_view(&*client, &subscriber.scope_key)
+            .join_view(&client, &subscriber.scope_key)
             .await
             .map_err(failed)?
     };

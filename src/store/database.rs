@@ -2,6 +2,8 @@
 //! server, or one shared connection for the embedded single-session
 //! database. Either hands out something that derefs to a
 //! `tokio_postgres::Client`, so the rest of the service does not care which.
+//! Pooled connections may also keep the statements they run prepared (see
+//! [`super::statements`]).
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -26,11 +28,13 @@ pub enum DatabaseError {
 
 #[derive(Clone)]
 pub enum Database {
-    /// A pool of connections to a Postgres server, and where to record how
-    /// long each checkout waited.
+    /// A pool of connections to a Postgres server, where to record how
+    /// long each checkout waited, and whether its connections keep the
+    /// statements they run prepared.
     Pool(
         Pool,
         Option<prometheus_client::metrics::histogram::Histogram>,
+        bool,
     ),
     /// The one session of an embedded database, taken in turn.
     Single(Arc<Mutex<Client>>),
@@ -46,8 +50,9 @@ pub struct PoolStatus {
 
 /// A connection checked out of a [`Database`].
 pub enum Connection {
-    /// Boxed: a pooled client is far larger than a guard.
-    Pooled(Box<deadpool_postgres::Client>),
+    /// Boxed: a pooled client is far larger than a guard. The flag: its
+    /// statements are kept prepared.
+    Pooled(Box<deadpool_postgres::Client>, bool),
     Single(OwnedMutexGuard<Client>),
 }
 
@@ -77,7 +82,7 @@ impl Database {
                 recycle: Some(check_within),
             })
             .build()
-            .map(|pool| Database::Pool(pool, None))
+            .map(|pool| Database::Pool(pool, None, false))
             .map_err(DatabaseError::Build)
     }
 
@@ -87,7 +92,19 @@ impl Database {
         waits: prometheus_client::metrics::histogram::Histogram,
     ) -> Self {
         match self {
-            Database::Pool(pool, _) => Database::Pool(pool, Some(waits)),
+            Database::Pool(pool, _, prepared) => Database::Pool(pool, Some(waits), prepared),
+            single => single,
+        }
+    }
+
+    /// Keeps the statements each pooled connection runs prepared, so
+    /// Postgres parses and plans each of them once per connection instead
+    /// of on every call. Off behind a transaction-mode pooler that does not
+    /// track prepared statements: the next transaction may run on another
+    /// server connection, where the statement does not exist.
+    pub fn with_prepared_statements(self, prepared: bool) -> Self {
+        match self {
+            Database::Pool(pool, waits, _) => Database::Pool(pool, waits, prepared),
             single => single,
         }
     }
@@ -96,7 +113,7 @@ impl Database {
     /// embedded database's single connection counts as a pool of one.
     pub fn status(&self) -> PoolStatus {
         match self {
-            Database::Pool(pool, _) => {
+            Database::Pool(pool, _, _) => {
                 let status = pool.status();
                 PoolStatus {
                     size: status.size,
@@ -119,14 +136,14 @@ impl Database {
 
     pub async fn get(&self) -> Result<Connection, DatabaseError> {
         match self {
-            Database::Pool(pool, waits) => {
+            Database::Pool(pool, waits, prepared) => {
                 let started = std::time::Instant::now();
                 let client = pool.get().await;
                 if let Some(waits) = waits {
                     waits.observe(started.elapsed().as_secs_f64());
                 }
                 client
-                    .map(|client| Connection::Pooled(Box::new(client)))
+                    .map(|client| Connection::Pooled(Box::new(client), *prepared))
                     .map_err(DatabaseError::Unavailable)
             }
             Database::Single(client) => {
@@ -141,7 +158,7 @@ impl Deref for Connection {
 
     fn deref(&self) -> &Client {
         match self {
-            Connection::Pooled(client) => client,
+            Connection::Pooled(client, _) => client,
             Connection::Single(client) => client,
         }
     }
@@ -150,7 +167,7 @@ impl Deref for Connection {
 impl DerefMut for Connection {
     fn deref_mut(&mut self) -> &mut Client {
         match self {
-            Connection::Pooled(client) => client,
+            Connection::Pooled(client, _) => client,
             Connection::Single(client) => client,
         }
     }

@@ -9,6 +9,7 @@ pub mod migrate;
 pub mod outbox;
 pub mod pgoutput;
 pub mod snapshot;
+pub mod statements;
 pub mod wakeup;
 
 pub use database::{Connection, Database, DatabaseError};
@@ -16,4 +17,5 @@ pub use error::StoreError;
 pub use migrate::{MIGRATIONS, MigrateError, Migration, MigrationReport, migrate, migrate_for};
 pub use outbox::{JoinView, Outbox, StoredEvent};
 pub use snapshot::Snapshot;
+pub use statements::Transaction;
 pub use wakeup::{WakeupError, WakeupMode};

@@ -122,7 +122,7 @@ async fn watch_backlog(db: Database, store: WebhookStore, metrics: Arc<Metrics>)
         ticks.tick().await;
         let backlog: Result<_, StoreError> = async {
             let conn = db.get().await?;
-            store.due_backlog(&*conn).await
+            store.due_backlog(&conn).await
         }
         .await;
         match backlog {
@@ -235,7 +235,7 @@ impl Worker {
             woken.as_mut().enable();
             let claimed: Result<_, StoreError> = async {
                 let conn = self.db.get().await?;
-                self.store.claim(&*conn, lease).await
+                self.store.claim(&conn, lease).await
             }
             .await;
             match claimed {
@@ -278,7 +278,7 @@ impl Worker {
 
     async fn until_next_due(&self) -> Duration {
         let next = match self.db.get().await {
-            Ok(conn) => self.store.next_due(&*conn).await.ok().flatten(),
+            Ok(conn) => self.store.next_due(&conn).await.ok().flatten(),
             Err(_) => None,
         };
         let longest = if self
@@ -313,7 +313,7 @@ impl Worker {
             .inc();
         let recorded: Result<_, StoreError> = async {
             let conn = self.db.get().await?;
-            self.store.record(&*conn, &claimed, &record).await
+            self.store.record(&conn, &claimed, &record).await
         }
         .await;
         match recorded {
@@ -333,7 +333,7 @@ impl Worker {
         let subscription = match self.db.get().await {
             Ok(conn) => {
                 self.store
-                    .get_subscription(&*conn, &claimed.subscription_id)
+                    .get_subscription(&conn, &claimed.subscription_id)
                     .await
             }
             Err(e) => return Sent::Failed(format!("database unavailable: {e}")),

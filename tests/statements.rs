@@ -1,0 +1,164 @@
+//! Pooled connections keep the service's statements prepared when
+//! configured to, run them unnamed when not, and recover when the server
+//! has lost a statement, against a real Postgres.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestDb;
+use eventrelay::publisher::{NewEvent, PgConnectOptions, PgExecutor, PublishError, Publisher};
+use eventrelay::store::{Connection, Database, Outbox};
+use serde_json::json;
+use tokio_postgres::error::SqlState;
+
+/// A pool of one connection, so every checkout is the same session.
+fn pool_of_one(db: &TestDb, prepared: bool) -> Database {
+    let options = PgConnectOptions::parse(&db.url).unwrap();
+    Database::pool(&options, 1, Duration::from_secs(5))
+        .unwrap()
+        .with_prepared_statements(prepared)
+}
+
+/// Statements prepared on this session, by name (unnamed ones are not
+/// listed).
+async fn prepared_on(conn: &Connection) -> i64 {
+    // Unnamed itself, so it does not count itself.
+    tokio_postgres::Client::query_typed(&**conn, "SELECT count(*) FROM pg_prepared_statements", &[])
+        .await
+        .unwrap()[0]
+        .get(0)
+}
+
+async fn emit_one(db: &TestDb, scope: &str) -> i64 {
+    let client = db.connect().await;
+    Publisher::new(db.schema.as_str())
+        .unwrap()
+        .emit(&client, NewEvent::durable("t", scope, json!({})))
+        .await
+        .unwrap()
+        .seq
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_statement_is_prepared_once_per_connection_and_reused() {
+    let db = TestDb::new().await;
+    let seq = emit_one(&db, "org-a").await;
+    let pool = pool_of_one(&db, true);
+    let outbox = Outbox::new(&db.schema);
+    let conn = pool.get().await.unwrap();
+    assert_eq!(prepared_on(&conn).await, 0);
+    for _ in 0..3 {
+        let rows = outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].envelope.seq, Some(seq));
+    }
+    assert_eq!(prepared_on(&conn).await, 1, "three reads, one statement");
+    drop(conn);
+    // The next checkout is the same session with the statement still there.
+    let conn = pool.get().await.unwrap();
+    outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    assert_eq!(prepared_on(&conn).await, 1);
+}
+
+#[tokio::test]
+async fn with_prepared_statements_off_nothing_is_left_on_the_connection() {
+    let db = TestDb::new().await;
+    emit_one(&db, "org-a").await;
+    let pool = pool_of_one(&db, false);
+    let outbox = Outbox::new(&db.schema);
+    let conn = pool.get().await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap().len(),
+            1
+        );
+    }
+    assert_eq!(prepared_on(&conn).await, 0);
+}
+
+#[tokio::test]
+async fn a_statement_the_server_lost_is_prepared_again() {
+    let db = TestDb::new().await;
+    emit_one(&db, "org-a").await;
+    let pool = pool_of_one(&db, true);
+    let outbox = Outbox::new(&db.schema);
+    let conn = pool.get().await.unwrap();
+    outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    // What a pooler switching server connections looks like to the client.
+    conn.batch_execute("DEALLOCATE ALL").await.unwrap();
+    assert_eq!(prepared_on(&conn).await, 0);
+    let rows = outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    assert_eq!(rows.len(), 1, "read again on a freshly prepared statement");
+    assert_eq!(prepared_on(&conn).await, 1);
+}
+
+#[tokio::test]
+async fn in_a_transaction_a_lost_statement_fails_that_transaction_only() {
+    let db = TestDb::new().await;
+    let publisher = Publisher::new(db.schema.as_str()).unwrap();
+    let pool = pool_of_one(&db, true);
+    let mut conn = pool.get().await.unwrap();
+
+    let tx = conn.begin().await.unwrap();
+    publisher
+        .emit_batch(&tx, vec![NewEvent::durable("t", "org-a", json!({"n": 1}))])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    conn.batch_execute("DEALLOCATE ALL").await.unwrap();
+    let tx = conn.begin().await.unwrap();
+    let lost = publisher
+        .emit_batch(&tx, vec![NewEvent::durable("t", "org-a", json!({"n": 2}))])
+        .await
+        .expect_err("the statement is gone from the server");
+    match &lost.error {
+        PublishError::Database(error) => assert_eq!(
+            error.code(),
+            Some(&SqlState::INVALID_SQL_STATEMENT_NAME),
+            "{error:?}"
+        ),
+        other => panic!("not the database's error: {other}"),
+    }
+    drop(tx);
+
+    // The same connection prepares it again for the next transaction.
+    let tx = conn.begin().await.unwrap();
+    let written = publisher
+        .emit_batch(&tx, vec![NewEvent::durable("t", "org-a", json!({"n": 3}))])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let outbox = Outbox::new(&db.schema);
+    let rows = outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    let seqs: Vec<Option<i64>> = rows.iter().map(|row| row.envelope.seq).collect();
+    assert_eq!(seqs.len(), 2, "the failed transaction wrote nothing");
+    assert_eq!(seqs[1], written[0].seq);
+}
+
+#[tokio::test]
+async fn the_connection_runs_any_statement_with_its_parameters() {
+    let db = TestDb::new().await;
+    let pool = pool_of_one(&db, true);
+    let conn = pool.get().await.unwrap();
+    let rows = conn
+        .query_typed(
+            "SELECT $1::text || '-' || $2::int8",
+            &[
+                (&"a", tokio_postgres::types::Type::TEXT),
+                (&7_i64, tokio_postgres::types::Type::INT8),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows[0].get::<_, String>(0), "a-7");
+}
