@@ -27,7 +27,8 @@ use crate::metrics::Metrics;
 use crate::reload::{ReloadError, ReloadReport, Reloading};
 use crate::store::StoreError;
 use crate::store::{
-    Database, DatabaseError, MigrateError, Outbox, WakeupError, WakeupMode, migrate_for,
+    ANNOUNCES_QUEUED_DELIVERIES, Database, DatabaseError, MigrateError, Outbox, WakeupError,
+    WakeupMode, has_migration, migrate_for,
 };
 use crate::webhooks::{Dispatcher, SetWorkers, StopDispatcher, WebhookStore};
 use tokio::sync::watch;
@@ -267,6 +268,16 @@ pub async fn run_with(
             .sync_config_subscriptions(&*conn, &config.webhooks.subscriptions)
             .await?;
     }
+    // A schema migrated before its trigger announced queued deliveries
+    // (possible with `database.migrate` off) still gets its webhooks
+    // promptly: the dispatcher is then woken by every pointer, as before.
+    let wake_dispatcher_on_pointers =
+        config.webhooks.enabled && config.database.wakeup == WakeupMode::Notify && {
+            let conn = db.get().await?;
+            !has_migration(&conn, &schema, ANNOUNCES_QUEUED_DELIVERIES)
+                .await
+                .map_err(MigrateError::Database)?
+        };
     let listener_connected = Arc::new(AtomicBool::new(false));
     let dispatcher = if config.webhooks.enabled {
         Some(
@@ -295,6 +306,7 @@ pub async fn run_with(
         Arc::clone(&metrics),
         dispatcher.as_ref().map(|d| d.clone().recipient()),
     )
+    .waking_dispatcher_on_pointers(wake_dispatcher_on_pointers)
     .start();
     let listener_actor = Listener::new(
         backend.notifications,

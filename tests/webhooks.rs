@@ -444,3 +444,159 @@ async fn a_vanished_subscription_gives_up_at_once() {
     assert_eq!(settled(&db).await, [("gone".to_owned(), 2)]);
     assert_eq!(receiver.received().len(), 1);
 }
+
+/// A subscription to `order.*` events, written straight to the store.
+async fn subscribe_to_orders(db: &TestDb, url: &str) {
+    let client = db.connect().await;
+    WebhookStore::new(&db.schema)
+        .create_subscription(
+            &client,
+            &NewSubscription {
+                id: "orders".into(),
+                url: url.to_owned(),
+                secret: SECRET.into(),
+                types: vec!["order.*".into()],
+                scope_key: None,
+            },
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn only_a_transaction_that_queues_deliveries_announces_them_and_once() {
+    let db = TestDb::new().await;
+    subscribe_to_orders(&db, "http://127.0.0.1:9/hooks").await;
+    let mut notifications = db.listen().await;
+    let publisher = Publisher::new(db.schema.as_str()).unwrap();
+    let mut client = db.connect().await;
+
+    // Three matching events in two statements, and one that matches nothing.
+    let tx = client.transaction().await.unwrap();
+    publisher
+        .emit_batch(
+            &tx,
+            vec![
+                NewEvent::durable("order.created", "org-1", json!({})),
+                NewEvent::durable("order.paid", "org-2", json!({})),
+                NewEvent::durable("user.created", "org-1", json!({})),
+            ],
+        )
+        .await
+        .unwrap();
+    publisher
+        .emit(&tx, NewEvent::durable("order.shipped", "org-1", json!({})))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let sent = notifications.drain(&db).await;
+    let due: Vec<&String> = sent.iter().filter(|p| p.contains(r#""due""#)).collect();
+    assert_eq!(
+        due,
+        [&eventrelay::wire::DELIVERIES_QUEUED.to_owned()],
+        "{sent:?}"
+    );
+
+    // Nothing queued: pointers only.
+    emit(&db, NewEvent::durable("user.deleted", "org-1", json!({}))).await;
+    let sent = notifications.drain(&db).await;
+    assert!(!sent.is_empty(), "the pointer still goes out");
+    assert!(sent.iter().all(|p| !p.contains(r#""due""#)), "{sent:?}");
+
+    // Rolled back: neither the deliveries nor their announcement.
+    let tx = client.transaction().await.unwrap();
+    publisher
+        .emit(
+            &tx,
+            NewEvent::durable("order.cancelled", "org-1", json!({})),
+        )
+        .await
+        .unwrap();
+    drop(tx);
+    assert_eq!(notifications.drain(&db).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn events_without_deliveries_do_not_wake_the_webhook_workers() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start([]);
+    let server = TestServer::start(&db, webhooks(&receiver.url, &[50]));
+    server.ready().await;
+    let woken = "eventrelay_actor_handling_seconds_count{actor=\"dispatcher\"}";
+    let before = server.metric(woken).await;
+    for n in 0..20 {
+        emit(
+            &db,
+            NewEvent::durable("user.created", "org-1", json!({"n": n})),
+        )
+        .await;
+    }
+    let order = emit(&db, NewEvent::durable("order.created", "org-1", json!({}))).await;
+    // Commits reach the relay in order, so once the last one is delivered
+    // the twenty before it have been through the relay too.
+    let request = receiver.wait_for(1).await.remove(0);
+    assert_eq!(request.headers["webhook-id"], order.id.to_string());
+    let wakeups = server.metric(woken).await - before;
+    assert!(
+        (1.0..=3.0).contains(&wakeups),
+        "{wakeups} wake-ups for one transaction with deliveries among 21"
+    );
+}
+
+#[tokio::test]
+async fn a_schema_from_before_delivery_announcements_still_gets_its_webhooks_promptly() {
+    use eventrelay::store::MIGRATIONS;
+    let db = TestDb::unmigrated();
+    let mut client = db.connect().await;
+    // Migrated by an earlier release: every migration before the one that
+    // announces queued deliveries, recorded as that release would have.
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA {schema}; SET LOCAL search_path TO {schema};
+         CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+             checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());",
+        schema = db.schema
+    ))
+    .await
+    .unwrap();
+    for migration in MIGRATIONS
+        .iter()
+        .filter(|m| m.version < eventrelay::store::ANNOUNCES_QUEUED_DELIVERIES)
+    {
+        tx.batch_execute(migration.sql).await.unwrap();
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+            &[&migration.version, &migration.name, &migration.checksum()],
+        )
+        .await
+        .unwrap();
+    }
+    tx.execute(
+        "INSERT INTO settings (channel) VALUES ($1)",
+        &[&db.channel.as_str()],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let receiver = Receiver::start([]);
+    let configure = webhooks(&receiver.url, &[50]);
+    let server = TestServer::start(&db, move |config| {
+        configure(config);
+        config.database.migrate = false;
+    });
+    server.ready().await;
+    emit(&db, NewEvent::durable("order.created", "org-1", json!({}))).await;
+    receiver.wait_for(1).await;
+    // By now every worker has looked and found nothing more, and waits for
+    // a wake-up or its 30-second idle look; the second event must not wait
+    // for the look.
+    let emitted = std::time::Instant::now();
+    let event = emit(&db, NewEvent::durable("order.paid", "org-1", json!({}))).await;
+    let request = receiver.wait_for(2).await.remove(1);
+    assert_eq!(request.headers["webhook-id"], event.id.to_string());
+    // Woken by the commit, it takes milliseconds; the workers' own looks
+    // come seconds apart.
+    let took = emitted.elapsed();
+    assert!(took < Duration::from_secs(2), "delivered after {took:?}");
+}

@@ -30,7 +30,7 @@ use eventrelay_publisher::{ConnectError, PgConnectOptions};
 use eventrelay_wire::{EventNotification, MAX_NOTIFY_PAYLOAD_BYTES, decode_notification_within};
 use tokio::sync::mpsc;
 
-use super::relay::{Ephemeral, ListenerConnected, Pointer, Relay};
+use super::relay::{DeliveriesQueued, Ephemeral, ListenerConnected, Pointer, Relay};
 use super::wal_stream::{LogicalSource, stream_forever};
 use crate::metrics::{ActorKind, Metrics};
 use crate::store::Database;
@@ -427,6 +427,10 @@ fn forward(payload: &str, limit: usize, relay: &Addr<Relay>, metrics: &Metrics) 
                 to_relay.queued();
                 relay.do_send(Ephemeral(envelope));
             }
+        }
+        Ok(EventNotification::DeliveriesQueued) => {
+            to_relay.queued();
+            relay.do_send(DeliveriesQueued);
         }
         Err(error) => {
             metrics.notifications_malformed.inc();

@@ -52,8 +52,10 @@ pub struct Relay {
     tails: TailSettings,
     metrics: Arc<Metrics>,
     /// Woken on every committed durable event: it may have deliveries.
-    /// The webhook dispatcher, told when a durable event committed.
+    /// The webhook dispatcher, told when a transaction queued deliveries.
     deliveries_due: Option<Recipient<DeliveriesDue>>,
+    /// Tell it on every pointer too (a schema older than `{"k":"due"}`).
+    dispatcher_on_pointers: bool,
     scopes: HashMap<String, ActiveScope>,
     next_session: u64,
 }
@@ -86,8 +88,24 @@ impl Relay {
             tails,
             metrics,
             deliveries_due,
+            dispatcher_on_pointers: false,
             scopes: HashMap::new(),
             next_session: 0,
+        }
+    }
+
+    /// Also wakes the webhook dispatcher on every pointer, for a schema
+    /// whose trigger does not yet announce queued deliveries itself (one
+    /// migrated before `{"k":"due"}` existed, with `database.migrate` off).
+    pub fn waking_dispatcher_on_pointers(mut self, on_pointers: bool) -> Self {
+        self.dispatcher_on_pointers = on_pointers;
+        self
+    }
+
+    fn wake_dispatcher(&self) {
+        if let Some(dispatcher) = &self.deliveries_due {
+            self.metrics.actor(ActorKind::Dispatcher).queued();
+            dispatcher.do_send(DeliveriesDue);
         }
     }
 
@@ -256,9 +274,8 @@ impl Handler<Pointer> for Relay {
 
     fn handle(&mut self, msg: Pointer, ctx: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        if let Some(dispatcher) = &self.deliveries_due {
-            self.metrics.actor(ActorKind::Dispatcher).queued();
-            dispatcher.do_send(DeliveriesDue);
+        if self.dispatcher_on_pointers {
+            self.wake_dispatcher();
         }
         let Some(scope) = self.scopes.get(&msg.scope_key) else {
             return;
@@ -284,11 +301,24 @@ impl Handler<Decoded> for Relay {
 
     fn handle(&mut self, msg: Decoded, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        if let (true, Some(dispatcher)) = (msg.deliveries_queued, &self.deliveries_due) {
-            self.metrics.actor(ActorKind::Dispatcher).queued();
-            dispatcher.do_send(DeliveriesDue);
+        if msg.deliveries_queued {
+            self.wake_dispatcher();
         }
         self.supervised(|relay| relay.decoded(msg.rows));
+    }
+}
+
+/// A transaction queued webhook deliveries (notify mode's `{"k":"due"}`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct DeliveriesQueued;
+
+impl Handler<DeliveriesQueued> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, _: DeliveriesQueued, _: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
+        self.wake_dispatcher();
     }
 }
 

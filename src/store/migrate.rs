@@ -9,8 +9,9 @@
 
 use std::fmt::Write as _;
 
-use eventrelay_publisher::Identifier;
+use eventrelay_publisher::{Identifier, PgExecutor};
 use sha2::{Digest, Sha256};
+use tokio_postgres::types::Type;
 
 use super::wakeup::WakeupMode;
 
@@ -55,6 +56,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "wakeup_modes",
         sql: include_str!("../../migrations/0006_wakeup_modes.sql"),
     },
+    Migration {
+        version: 7,
+        name: "delivery_wakeups",
+        sql: include_str!("../../migrations/0007_delivery_wakeups.sql"),
+    },
 ];
 
 /// Why the schema could not be brought up to date.
@@ -98,6 +104,35 @@ impl Migration {
             },
         )
     }
+}
+
+/// The first migration whose outbox trigger announces queued webhook
+/// deliveries with `{"k":"due"}`.
+pub const ANNOUNCES_QUEUED_DELIVERIES: i32 = 7;
+
+/// Whether `schema` has migration `version` applied (false when the schema
+/// was never migrated).
+pub async fn has_migration(
+    db: &impl PgExecutor,
+    schema: &Identifier,
+    version: i32,
+) -> Result<bool, tokio_postgres::Error> {
+    let rows = db
+        .query_typed(
+            "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = 'schema_migrations')",
+            &[(&schema.as_str(), Type::TEXT)],
+        )
+        .await?;
+    if !rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
+        return Ok(false);
+    }
+    let rows = db
+        .query_typed(
+            &format!("SELECT EXISTS (SELECT 1 FROM {schema}.schema_migrations WHERE version = $1)"),
+            &[(&version, Type::INT4)],
+        )
+        .await?;
+    Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
 }
 
 /// Brings `schema` up to date and points its SQL functions at `channel`,

@@ -14,7 +14,10 @@ pub mod wakeup;
 
 pub use database::{Connection, Database, DatabaseError};
 pub use error::StoreError;
-pub use migrate::{MIGRATIONS, MigrateError, Migration, MigrationReport, migrate, migrate_for};
+pub use migrate::{
+    ANNOUNCES_QUEUED_DELIVERIES, MIGRATIONS, MigrateError, Migration, MigrationReport,
+    has_migration, migrate, migrate_for,
+};
 pub use outbox::{JoinView, Outbox, StoredEvent};
 pub use snapshot::Snapshot;
 pub use statements::Transaction;

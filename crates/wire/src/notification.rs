@@ -6,7 +6,8 @@
 //! may share a payload, `{"k":"evts","v":1,"e":[envelope, ...]}`, as long as
 //! it stays under the size limit; `v` is that form's version, and a relay
 //! that predates the form refuses it as an unknown kind (logged and
-//! counted), never misreading it. Decoding never panics: every malformed
+//! counted), never misreading it. `{"k":"due"}` says a transaction queued
+//! webhook deliveries. Decoding never panics: every malformed
 //! payload maps to a [`DecodeError`] the listener can log, count and drop.
 
 use serde::Serialize;
@@ -60,7 +61,15 @@ pub enum EventNotification {
         #[cfg_attr(feature = "json-schema", schemars(length(min = 1)))]
         envelopes: Vec<EventEnvelope>,
     },
+    /// A transaction queued webhook deliveries: relays wake their webhook
+    /// workers for it, and only for it.
+    #[serde(rename = "due")]
+    DeliveriesQueued,
 }
+
+/// The payload the outbox's webhook trigger sends when a statement queued
+/// deliveries (written by the SQL side; here for tests and other writers).
+pub const DELIVERIES_QUEUED: &str = r#"{"k":"due"}"#;
 
 /// The version of the `evts` form this build writes and reads.
 pub const INLINE_BATCH_VERSION: u8 = 1;
@@ -242,6 +251,7 @@ pub fn decode_notification_within(
             envelope: decode_envelope(object.remove("e"))?,
         }),
         "evts" => decode_inline_batch(&mut object),
+        "due" => Ok(EventNotification::DeliveriesQueued),
         _ => Err(DecodeError::UnknownKind(kind)),
     }
 }
@@ -328,6 +338,20 @@ mod tests {
                 seq: 42
             }
         );
+    }
+
+    #[test]
+    fn deliveries_queued_round_trips() {
+        let encoded = serde_json::to_string(&EventNotification::DeliveriesQueued).unwrap();
+        assert_eq!(encoded, DELIVERIES_QUEUED);
+        assert_eq!(
+            decode_notification(DELIVERIES_QUEUED.as_bytes()).unwrap(),
+            EventNotification::DeliveriesQueued
+        );
+        assert!(matches!(
+            decode_notification(br#"{"k":"dues"}"#),
+            Err(DecodeError::UnknownKind(kind)) if kind == "dues"
+        ));
     }
 
     #[test]
