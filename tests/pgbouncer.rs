@@ -461,3 +461,50 @@ async fn a_listen_url_through_a_transaction_pooler_is_refused_by_name() {
     let response = reqwest::get(server.url("/readyz")).await.unwrap();
     assert_eq!(response.status().as_u16(), 503);
 }
+
+#[tokio::test]
+async fn prepared_statements_left_on_behind_the_pooler_cost_at_most_a_few_requests() {
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start().await;
+    let pooled = bouncer.url(db.schema.as_str());
+    let direct = db.url.clone();
+    let server = TestServer::start(&db, move |config| {
+        // The mistake: the default (prepared statements on) kept behind a
+        // pooler that does not track them.
+        config.database.url = Some(pooled.into());
+        config.database.listen_url = Some(direct.into());
+        config.database.migrate = false;
+        config.database.pool_size = 4;
+        config.webhooks.enabled = false;
+    });
+    server.ready().await;
+    let mut failed = 0;
+    let mut written = Vec::new();
+    for n in 0..40 {
+        let (status, published) = server
+            .publish(json!({"type": "t", "scopeKey": "org-1", "lane": "durable", "data": {"n": n}}))
+            .await;
+        if status == 200 {
+            written.extend(seqs(&published));
+        } else {
+            assert_eq!(status, 503, "{published}");
+            assert!(n < 10, "request {n} still failed: {published}");
+            failed += 1;
+        }
+    }
+    assert!(failed <= 4, "{failed} of 40 requests failed");
+    assert_eq!(written.len(), 40 - failed);
+    assert_eq!(db.outbox_count().await, written.len() as i64);
+    // Reads through the pooler work too: the relay reads a live event back.
+    let (mut live, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let (status, published) = server
+        .publish(json!({"type": "t", "scopeKey": "org-1", "lane": "durable", "data": {}}))
+        .await;
+    assert_eq!(status, 200, "{published}");
+    assert_eq!(
+        live.next_event().await.id,
+        Some(seqs(&published)[0].to_string())
+    );
+}

@@ -86,19 +86,25 @@ async fn with_prepared_statements_off_nothing_is_left_on_the_connection() {
 }
 
 #[tokio::test]
-async fn a_statement_the_server_lost_is_prepared_again() {
+async fn a_statement_the_server_lost_turns_preparing_off_for_the_pool() {
     let db = TestDb::new().await;
     emit_one(&db, "org-a").await;
     let pool = pool_of_one(&db, true);
     let outbox = Outbox::new(&db.schema);
     let conn = pool.get().await.unwrap();
     outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
-    // What a pooler switching server connections looks like to the client.
-    conn.batch_execute("DEALLOCATE ALL").await.unwrap();
-    assert_eq!(prepared_on(&conn).await, 0);
-    let rows = outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
-    assert_eq!(rows.len(), 1, "read again on a freshly prepared statement");
     assert_eq!(prepared_on(&conn).await, 1);
+    // What a pooler handing the next statement another server connection
+    // looks like to the client.
+    conn.batch_execute("DEALLOCATE ALL").await.unwrap();
+    let rows = outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    assert_eq!(rows.len(), 1, "read again, unnamed");
+    drop(conn);
+    let conn = pool.get().await.unwrap();
+    for _ in 0..3 {
+        outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    }
+    assert_eq!(prepared_on(&conn).await, 0, "nothing prepared any more");
 }
 
 #[tokio::test]
@@ -131,18 +137,43 @@ async fn in_a_transaction_a_lost_statement_fails_that_transaction_only() {
     }
     drop(tx);
 
-    // The same connection prepares it again for the next transaction.
+    // The next transaction sends its statements unnamed and succeeds.
     let tx = conn.begin().await.unwrap();
     let written = publisher
         .emit_batch(&tx, vec![NewEvent::durable("t", "org-a", json!({"n": 3}))])
         .await
         .unwrap();
     tx.commit().await.unwrap();
+    assert_eq!(prepared_on(&conn).await, 0);
     let outbox = Outbox::new(&db.schema);
     let rows = outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
     let seqs: Vec<Option<i64>> = rows.iter().map(|row| row.envelope.seq).collect();
     assert_eq!(seqs.len(), 2, "the failed transaction wrote nothing");
     assert_eq!(seqs[1], written[0].seq);
+}
+
+#[tokio::test]
+async fn a_statement_whose_tables_changed_is_prepared_again() {
+    let db = TestDb::new().await;
+    emit_one(&db, "org-a").await;
+    let pool = pool_of_one(&db, true);
+    let outbox = Outbox::new(&db.schema);
+    let conn = pool.get().await.unwrap();
+    outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    // A column the read returns changes type, as a migration might do:
+    // the prepared plan no longer fits.
+    conn.batch_execute(&format!(
+        "ALTER TABLE {}.outbox ALTER COLUMN type TYPE varchar(200)",
+        db.schema
+    ))
+    .await
+    .unwrap();
+    let rows = outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(
+        prepared_on(&conn).await >= 1,
+        "still preparing: a changed table is no sign of a pooler"
+    );
 }
 
 #[tokio::test]

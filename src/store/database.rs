@@ -15,6 +15,8 @@ use eventrelay_publisher::{ConnectError, PgConnectOptions};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio_postgres::Client;
 
+use super::statements::PreparedStatements;
+
 /// Why no connection could be had.
 #[derive(Debug, thiserror::Error)]
 pub enum DatabaseError {
@@ -34,7 +36,7 @@ pub enum Database {
     Pool(
         Pool,
         Option<prometheus_client::metrics::histogram::Histogram>,
-        bool,
+        PreparedStatements,
     ),
     /// The one session of an embedded database, taken in turn.
     Single(Arc<Mutex<Client>>),
@@ -50,9 +52,9 @@ pub struct PoolStatus {
 
 /// A connection checked out of a [`Database`].
 pub enum Connection {
-    /// Boxed: a pooled client is far larger than a guard. The flag: its
-    /// statements are kept prepared.
-    Pooled(Box<deadpool_postgres::Client>, bool),
+    /// Boxed: a pooled client is far larger than a guard. With the pool's
+    /// switch for prepared statements.
+    Pooled(Box<deadpool_postgres::Client>, PreparedStatements),
     Single(OwnedMutexGuard<Client>),
 }
 
@@ -82,7 +84,7 @@ impl Database {
                 recycle: Some(check_within),
             })
             .build()
-            .map(|pool| Database::Pool(pool, None, false))
+            .map(|pool| Database::Pool(pool, None, PreparedStatements::new(false)))
             .map_err(DatabaseError::Build)
     }
 
@@ -101,10 +103,13 @@ impl Database {
     /// Postgres parses and plans each of them once per connection instead
     /// of on every call. Off behind a transaction-mode pooler that does not
     /// track prepared statements: the next transaction may run on another
-    /// server connection, where the statement does not exist.
+    /// server connection, where the statement does not exist. Left on
+    /// there, it turns itself off at the first such failure.
     pub fn with_prepared_statements(self, prepared: bool) -> Self {
         match self {
-            Database::Pool(pool, waits, _) => Database::Pool(pool, waits, prepared),
+            Database::Pool(pool, waits, _) => {
+                Database::Pool(pool, waits, PreparedStatements::new(prepared))
+            }
             single => single,
         }
     }
@@ -143,7 +148,7 @@ impl Database {
                     waits.observe(started.elapsed().as_secs_f64());
                 }
                 client
-                    .map(|client| Connection::Pooled(Box::new(client), *prepared))
+                    .map(|client| Connection::Pooled(Box::new(client), prepared.clone()))
                     .map_err(DatabaseError::Unavailable)
             }
             Database::Single(client) => {
