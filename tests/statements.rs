@@ -48,12 +48,23 @@ async fn emit_one(db: &TestDb, scope: &str) -> i64 {
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_statement_is_prepared_once_per_connection_and_reused() {
+/// A schema holding one event in `org-a`, and a pool of one on it.
+async fn one_event_and_a_pool(prepared: bool) -> (TestDb, Database, Outbox, i64) {
     let db = TestDb::new().await;
     let seq = emit_one(&db, "org-a").await;
-    let pool = pool_of_one(&db, true);
+    let pool = pool_of_one(&db, prepared);
     let outbox = Outbox::new(&db.schema);
+    (db, pool, outbox, seq)
+}
+
+/// How many events `org-a` holds, read through `conn`.
+async fn read(outbox: &Outbox, conn: &Connection) -> usize {
+    outbox.read_rows(conn, "org-a", 0, 10).await.unwrap().len()
+}
+
+#[tokio::test]
+async fn a_statement_is_prepared_once_per_connection_and_reused() {
+    let (_db, pool, outbox, seq) = one_event_and_a_pool(true).await;
     let conn = pool.get().await.unwrap();
     assert_eq!(prepared_on(&conn).await, 0);
     for _ in 0..3 {
@@ -65,44 +76,34 @@ async fn a_statement_is_prepared_once_per_connection_and_reused() {
     drop(conn);
     // The next checkout is the same session with the statement still there.
     let conn = pool.get().await.unwrap();
-    outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    read(&outbox, &conn).await;
     assert_eq!(prepared_on(&conn).await, 1);
 }
 
 #[tokio::test]
 async fn with_prepared_statements_off_nothing_is_left_on_the_connection() {
-    let db = TestDb::new().await;
-    emit_one(&db, "org-a").await;
-    let pool = pool_of_one(&db, false);
-    let outbox = Outbox::new(&db.schema);
+    let (_db, pool, outbox, _) = one_event_and_a_pool(false).await;
     let conn = pool.get().await.unwrap();
     for _ in 0..3 {
-        assert_eq!(
-            outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap().len(),
-            1
-        );
+        assert_eq!(read(&outbox, &conn).await, 1);
     }
     assert_eq!(prepared_on(&conn).await, 0);
 }
 
 #[tokio::test]
 async fn a_statement_the_server_lost_turns_preparing_off_for_the_pool() {
-    let db = TestDb::new().await;
-    emit_one(&db, "org-a").await;
-    let pool = pool_of_one(&db, true);
-    let outbox = Outbox::new(&db.schema);
+    let (_db, pool, outbox, _) = one_event_and_a_pool(true).await;
     let conn = pool.get().await.unwrap();
-    outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    read(&outbox, &conn).await;
     assert_eq!(prepared_on(&conn).await, 1);
     // What a pooler handing the next statement another server connection
     // looks like to the client.
     conn.batch_execute("DEALLOCATE ALL").await.unwrap();
-    let rows = outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
-    assert_eq!(rows.len(), 1, "read again, unnamed");
+    assert_eq!(read(&outbox, &conn).await, 1, "read again, unnamed");
     drop(conn);
     let conn = pool.get().await.unwrap();
     for _ in 0..3 {
-        outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+        read(&outbox, &conn).await;
     }
     assert_eq!(prepared_on(&conn).await, 0, "nothing prepared any more");
 }
@@ -154,12 +155,9 @@ async fn in_a_transaction_a_lost_statement_fails_that_transaction_only() {
 
 #[tokio::test]
 async fn a_statement_whose_tables_changed_is_prepared_again() {
-    let db = TestDb::new().await;
-    emit_one(&db, "org-a").await;
-    let pool = pool_of_one(&db, true);
-    let outbox = Outbox::new(&db.schema);
+    let (db, pool, outbox, _) = one_event_and_a_pool(true).await;
     let conn = pool.get().await.unwrap();
-    outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
+    read(&outbox, &conn).await;
     // A column the read returns changes type, as a migration might do:
     // the prepared plan no longer fits.
     conn.batch_execute(&format!(
@@ -168,8 +166,7 @@ async fn a_statement_whose_tables_changed_is_prepared_again() {
     ))
     .await
     .unwrap();
-    let rows = outbox.read_rows(&conn, "org-a", 0, 10).await.unwrap();
-    assert_eq!(rows.len(), 1);
+    assert_eq!(read(&outbox, &conn).await, 1);
     assert!(
         prepared_on(&conn).await >= 1,
         "still preparing: a changed table is no sign of a pooler"

@@ -805,6 +805,18 @@ fn tail_rows(table: &mut Table) {
 /// write; the outbox row with no wake-up at all, the floor; notify mode
 /// and logical mode, each with its relay running), then commit-to-receive
 /// latency and relay CPU at 1,000 subscribers × 100 ev/s in each mode.
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    if sorted.len() % 2 == 0 {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    } else {
+        sorted[middle]
+    }
+}
+
 async fn wakeup_rows(args: &Args, scale: &Scale, table: &mut Table) -> BenchResult<()> {
     let Some(db) = args.logical_database_url.as_deref() else {
         eprintln!("wake-up modes: no --logical-database-url, skipped");
@@ -829,44 +841,73 @@ async fn wakeup_measure(
     logical_schema: &str,
 ) -> BenchResult<()> {
     const WRITERS: [usize; 3] = [1, 8, 32];
+    // Rounds of floor, notify and logical back to back, each figure the
+    // median of its rounds: the machine and the tables drift over a run,
+    // and a ratio of two figures taken minutes apart measures the drift too.
+    const ROUNDS: usize = 3;
     emit_cost::prepare(db, notify_schema).await?;
     emit_cost::prepare(db, logical_schema).await?;
     let mut plain = Vec::new();
-    let mut floor = Vec::new();
     for writers in WRITERS {
-        eprintln!("wake-up modes: plain and floor, {writers} writers");
+        eprintln!("wake-up modes: plain, {writers} writers");
         plain.push(
             emit_cost::measure(db, notify_schema, WriteKind::Plain, writers, scale.emit_run)
                 .await?,
         );
-        // The logical schema's trigger sends nothing, and no relay decodes yet.
-        floor.push(
-            emit_cost::measure(
-                db,
-                logical_schema,
-                WriteKind::WithSqlEmit,
-                writers,
-                scale.emit_run,
-            )
-            .await?,
-        );
     }
+    let mut floor_rounds = vec![Vec::new(); WRITERS.len()];
+    let mut mode_rounds = [
+        vec![Vec::new(); WRITERS.len()],
+        vec![Vec::new(); WRITERS.len()],
+    ];
+    for round in 1..=ROUNDS {
+        for (index, writers) in WRITERS.into_iter().enumerate() {
+            eprintln!("wake-up modes: round {round}, floor, {writers} writers");
+            // The logical schema's trigger sends nothing, and no relay decodes.
+            floor_rounds[index].push(
+                emit_cost::measure(
+                    db,
+                    logical_schema,
+                    WriteKind::WithSqlEmit,
+                    writers,
+                    scale.emit_run,
+                )
+                .await?,
+            );
+        }
+        for (slot, (mode, schema)) in [
+            (WakeupMode::Notify, notify_schema),
+            (WakeupMode::Logical, logical_schema),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut settings = RelaySettings::new(db, schema);
+            settings.wakeup = mode.as_str();
+            let mut relay = start_relay(args, settings).await?;
+            for (index, writers) in WRITERS.into_iter().enumerate() {
+                eprintln!("wake-up modes: round {round}, {mode}, {writers} writers");
+                mode_rounds[slot][index].push(
+                    emit_cost::measure(db, schema, WriteKind::WithSqlEmit, writers, scale.emit_run)
+                        .await?,
+                );
+            }
+            relay.terminate(Duration::from_secs(10)).await?;
+        }
+    }
+    let floor: Vec<f64> = floor_rounds.iter().map(|r| median(r)).collect();
     let mut modes = Vec::new();
-    for (mode, schema) in [
+    for (slot, (mode, schema)) in [
         (WakeupMode::Notify, notify_schema),
         (WakeupMode::Logical, logical_schema),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let emits: Vec<f64> = mode_rounds[slot].iter().map(|r| median(r)).collect();
         let mut settings = RelaySettings::new(db, schema);
         settings.wakeup = mode.as_str();
         let mut relay = start_relay(args, settings).await?;
-        let mut emits = Vec::new();
-        for writers in WRITERS {
-            eprintln!("wake-up modes: {mode}, {writers} writers");
-            emits.push(
-                emit_cost::measure(db, schema, WriteKind::WithSqlEmit, writers, scale.emit_run)
-                    .await?,
-            );
-        }
         eprintln!(
             "wake-up modes: {mode}, fan-out {} subscribers",
             scale.small_fanout
@@ -896,7 +937,7 @@ async fn wakeup_measure(
         table.add(
             format!("emit cost by wake-up mode, {writers} writer(s)"),
             format!(
-                "plain {:.0} tx/s · outbox row, no wake-up (floor) {:.0} · notify {:.0} ({:.2}× floor) · logical {:.0} ({ratio:.2}× floor)",
+                "plain {:.0} tx/s · outbox row, no wake-up (floor) {:.0} · notify {:.0} ({:.2}× floor) · logical {:.0} ({ratio:.2}× floor) · medians of {ROUNDS} rounds",
                 plain[index],
                 floor[index],
                 notify.1[index],
