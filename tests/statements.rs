@@ -31,7 +31,7 @@ fn pool_of_one(db: &TestDb, prepared: bool) -> Database {
 /// listed).
 async fn prepared_on(conn: &Connection) -> i64 {
     // Unnamed itself, so it does not count itself.
-    tokio_postgres::Client::query_typed(&**conn, "SELECT count(*) FROM pg_prepared_statements", &[])
+    tokio_postgres::Client::query_typed(conn, "SELECT count(*) FROM pg_prepared_statements", &[])
         .await
         .unwrap()[0]
         .get(0)
