@@ -45,9 +45,12 @@ async fn headers_that_never_finish_are_answered_408_after_the_timeout() {
         answer.starts_with("HTTP/1.1 408"),
         "unfinished headers were answered: {answer:?}"
     );
+    // actix-http counts the deadline from a clock it refreshes every
+    // 500 ms, so the timeout may end up to half a second early; any sooner
+    // would be something other than the header timeout closing it.
     assert!(
-        waited >= Duration::from_millis(900),
-        "closed after {waited:?}, before the 1 s header timeout"
+        waited >= Duration::from_millis(450),
+        "closed after {waited:?}, well before the 1 s header timeout"
     );
     assert!(
         waited < Duration::from_secs(5),
