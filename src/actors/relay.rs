@@ -51,7 +51,6 @@ pub struct Relay {
     arbiters: Vec<ArbiterHandle>,
     tails: TailSettings,
     metrics: Arc<Metrics>,
-    /// Woken on every committed durable event: it may have deliveries.
     /// The webhook dispatcher, told when a transaction queued deliveries.
     deliveries_due: Option<Recipient<DeliveriesDue>>,
     /// Tell it on every pointer too (a schema older than `{"k":"due"}`).
