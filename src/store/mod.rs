@@ -20,5 +20,5 @@ pub use migrate::{
 };
 pub use outbox::{JoinView, Outbox, StoredEvent};
 pub use snapshot::Snapshot;
-pub use statements::Transaction;
+pub use statements::{Pipeline, StatementKey, Transaction};
 pub use wakeup::{WakeupError, WakeupMode};

@@ -170,3 +170,136 @@ fn lost_between_server_connections(error: &Error) -> bool {
             || *code == SqlState::DUPLICATE_PSTATEMENT
     )
 }
+
+/// A statement by its text and parameter types, as the cache keys it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatementKey {
+    sql: String,
+    types: Vec<Type>,
+}
+
+impl StatementKey {
+    fn matches(&self, sql: &str, params: &[(&(dyn ToSql + Sync), Type)]) -> bool {
+        self.sql == sql
+            && self.types.len() == params.len()
+            && self.types.iter().zip(params).all(|(a, (_, b))| a == b)
+    }
+}
+
+/// Transaction control is always sent unnamed: it cannot go stale, so a
+/// pipelined `BEGIN` never fails while the statements behind it run
+/// outside the transaction.
+const TRANSACTION_CONTROL: [&str; 2] = ["BEGIN", "COMMIT"];
+
+/// Statements sent back to back on one connection, each when its future is
+/// first polled, so that a transaction's `BEGIN`, statements and `COMMIT`
+/// reach the server in one round trip (the publisher's
+/// `emit_batch_committed`). Preparing a statement is a round trip of its
+/// own, which would let the statements polled after it overtake it, so a
+/// pipeline only uses statements prepared before it started; the others go
+/// unnamed and are noted, to be prepared before the next one.
+pub struct Pipeline<'a> {
+    client: &'a Client,
+    cached: Option<Cached>,
+    prepared: Vec<(StatementKey, tokio_postgres::Statement)>,
+    unprepared: std::sync::Mutex<Vec<StatementKey>>,
+}
+
+impl Connection {
+    /// A pipeline on this connection, with the `known` statements prepared
+    /// first where the connection keeps statements prepared (a round trip
+    /// each, the first time on a connection; none after).
+    pub async fn pipeline(&self, known: &[StatementKey]) -> Result<Pipeline<'_>, Error> {
+        let cached = self.cached();
+        let mut prepared = Vec::new();
+        if let Some(cached) = &cached {
+            for key in known {
+                match cached.cache.prepare_typed(self, &key.sql, &key.types).await {
+                    Ok(statement) => prepared.push((key.clone(), statement)),
+                    Err(error) => {
+                        if lost_between_server_connections(&error) {
+                            cached.switch.turn_off(&error);
+                        }
+                        return Err(error);
+                    }
+                }
+            }
+        }
+        Ok(Pipeline {
+            client: self,
+            cached,
+            prepared,
+            unprepared: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+}
+
+impl Pipeline<'_> {
+    /// Statements this pipeline sent unnamed that the connection could
+    /// keep prepared from now on.
+    pub fn unprepared(&self) -> Vec<StatementKey> {
+        match self.unprepared.lock() {
+            Ok(keys) => keys.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// After `error`: when it says a prepared statement can no longer be
+    /// used, forgets this pipeline's prepared statements (and turns
+    /// preparing off for the pool when a pooler is in between) and returns
+    /// true. The transaction was rolled back, so it may be sent again.
+    pub fn forget_stale(&self, error: &Error) -> bool {
+        let Some(cached) = self.cached.as_ref().filter(|_| !self.prepared.is_empty()) else {
+            return false;
+        };
+        if !is_stale(error) {
+            return false;
+        }
+        for (key, _) in &self.prepared {
+            cached.cache.remove(&key.sql, &key.types);
+        }
+        if lost_between_server_connections(error) {
+            cached.switch.turn_off(error);
+        }
+        true
+    }
+}
+
+impl PgExecutor for Pipeline<'_> {
+    fn query_typed(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> impl Future<Output = Result<Vec<Row>, Error>> + Send {
+        let statement = self
+            .prepared
+            .iter()
+            .find(|(key, _)| key.matches(sql, params))
+            .map(|(_, statement)| statement.clone());
+        if statement.is_none() && self.cached.is_some() && !TRANSACTION_CONTROL.contains(&sql) {
+            let key = StatementKey {
+                sql: sql.to_owned(),
+                types: params.iter().map(|(_, ty)| ty.clone()).collect(),
+            };
+            let mut unprepared = match self.unprepared.lock() {
+                Ok(keys) => keys,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if !unprepared.contains(&key) {
+                unprepared.push(key);
+            }
+        }
+        // Both calls send their statement when first polled, before they
+        // wait for anything.
+        async move {
+            match statement {
+                Some(statement) => {
+                    let values: Vec<&(dyn ToSql + Sync)> =
+                        params.iter().map(|(value, _)| *value).collect();
+                    self.client.query(&statement, &values).await
+                }
+                None => self.client.query_typed(sql, params).await,
+            }
+        }
+    }
+}

@@ -11,6 +11,14 @@ use tokio_postgres::{Error, Row};
 ///
 /// Statements go through `query_typed`, which sends the parameter types
 /// with the query, so each call is one round trip with no prepare step.
+///
+/// An implementation sends its statement when the returned future is first
+/// polled, before it waits for anything, as tokio-postgres does: futures
+/// polled together are then pipelined, reaching the server in the order
+/// they were first polled. [`Publisher::emit_batch_committed`] relies on
+/// this to send `BEGIN`, a batch and `COMMIT` in one round trip.
+///
+/// [`Publisher::emit_batch_committed`]: crate::Publisher::emit_batch_committed
 pub trait PgExecutor: Sync {
     fn query_typed(
         &self,
