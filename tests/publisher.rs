@@ -413,3 +413,138 @@ async fn reserved_event_types_are_refused_before_anything_is_written() {
     }
     assert!(read_all(&db, "org-1").await.is_empty());
 }
+
+/// A real client that notes the order in which its statements are sent
+/// (each is sent when its future is first polled).
+struct SendOrder<'a> {
+    client: &'a tokio_postgres::Client,
+    sent: std::sync::Mutex<Vec<String>>,
+}
+
+impl eventrelay::publisher::PgExecutor for SendOrder<'_> {
+    fn query_typed(
+        &self,
+        sql: &str,
+        params: &[(
+            &(dyn tokio_postgres::types::ToSql + Sync),
+            tokio_postgres::types::Type,
+        )],
+    ) -> impl Future<Output = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>> + Send {
+        async move {
+            let word = sql.split_whitespace().next().unwrap_or_default().to_owned();
+            self.sent.lock().unwrap().push(word);
+            self.client.query_typed(sql, params).await
+        }
+    }
+}
+
+/// Whether the session is inside a transaction block: only there does a
+/// savepoint succeed (outside one, Postgres refuses it).
+async fn in_open_transaction(client: &tokio_postgres::Client) -> bool {
+    client.batch_execute("SAVEPOINT probe").await.is_ok()
+}
+
+#[tokio::test]
+async fn a_committed_batch_sends_begin_its_statements_and_commit_together_in_order() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let client = db.connect().await;
+    let sender = SendOrder {
+        client: &client,
+        sent: std::sync::Mutex::new(Vec::new()),
+    };
+    let written = publisher(&db)
+        .emit_batch_committed(
+            &sender,
+            vec![
+                NewEvent::durable("a", "org-1", json!({"n": 1})),
+                NewEvent::ephemeral("typing", "org-1", json!({"n": 2})),
+                NewEvent::durable("a", "org-1", json!({"n": 3})),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        *sender.sent.lock().unwrap(),
+        ["BEGIN", "INSERT", "SELECT", "COMMIT"],
+        "the transaction's statements, in order"
+    );
+    assert!(!in_open_transaction(&client).await, "nothing left open");
+    let stored = read_all(&db, "org-1").await;
+    let seqs: Vec<Option<i64>> = stored.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [written[0].seq, written[2].seq]);
+    // The durable rows are one transaction's.
+    let xmins: i64 = client
+        .query_one(
+            &format!(
+                "SELECT count(DISTINCT xmin::text) FROM {}.outbox",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(xmins, 1);
+    let kinds: Vec<String> = listener
+        .drain(&db)
+        .await
+        .iter()
+        .map(
+            |payload| match decode_notification(payload.as_bytes()).unwrap() {
+                EventNotification::Pointer { .. } => "pointer".to_owned(),
+                EventNotification::Inline { .. } => "inline".to_owned(),
+                EventNotification::InlineBatch { envelopes, .. } => {
+                    format!("inline {}", envelopes.len())
+                }
+                other => format!("{other:?}"),
+            },
+        )
+        .collect();
+    assert_eq!(kinds, ["pointer", "inline"]);
+}
+
+#[tokio::test]
+async fn a_committed_batch_the_database_refuses_writes_nothing_and_leaves_no_transaction_open() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let taken = publisher(&db)
+        .emit(&client, NewEvent::durable("a", "org-1", json!({})))
+        .await
+        .unwrap();
+    let mut listener = db.listen().await;
+    let refused = publisher(&db)
+        .emit_batch_committed(
+            &client,
+            vec![
+                NewEvent::durable("a", "org-1", json!({"fresh": true})),
+                NewEvent::durable("a", "org-1", json!({})).with_id(taken.id),
+            ],
+        )
+        .await
+        .expect_err("the id is already used");
+    match &refused.error {
+        PublishError::Database(error) => assert_eq!(
+            error.code(),
+            Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION),
+            "{error:?}"
+        ),
+        other => panic!("not the database's refusal: {other}"),
+    }
+    assert!(
+        !in_open_transaction(&client).await,
+        "rolled back, not left open"
+    );
+    assert_eq!(
+        read_all(&db, "org-1").await.len(),
+        1,
+        "the fresh event is not written either"
+    );
+    assert!(listener.drain(&db).await.is_empty());
+    // The connection is usable as before.
+    publisher(&db)
+        .emit_batch_committed(&client, vec![NewEvent::durable("a", "org-1", json!({}))])
+        .await
+        .unwrap();
+    assert_eq!(read_all(&db, "org-1").await.len(), 2);
+}

@@ -190,3 +190,87 @@ async fn the_connection_runs_any_statement_with_its_parameters() {
         .unwrap();
     assert_eq!(rows[0].get::<_, String>(0), "a-7");
 }
+
+/// Whether the session is inside a transaction block: only there does a
+/// savepoint succeed (outside one, Postgres refuses it).
+async fn in_open_transaction(conn: &Connection) -> bool {
+    conn.batch_execute("SAVEPOINT probe").await.is_ok()
+}
+
+#[tokio::test]
+async fn a_pipeline_uses_only_statements_prepared_before_it_and_notes_the_others() {
+    let db = TestDb::new().await;
+    let publisher = Publisher::new(db.schema.as_str()).unwrap();
+    let pool = pool_of_one(&db, true);
+    let conn = pool.get().await.unwrap();
+    let batch = |n: i64| vec![NewEvent::durable("t", "org-a", json!({"n": n}))];
+
+    let first = conn.pipeline(&[]).await.unwrap();
+    publisher
+        .emit_batch_committed(&first, batch(1))
+        .await
+        .unwrap();
+    let noted = first.unprepared();
+    assert_eq!(
+        noted.len(),
+        1,
+        "the batch INSERT, not BEGIN or COMMIT: {noted:?}"
+    );
+    assert_eq!(prepared_on(&conn).await, 0, "sent unnamed");
+
+    let second = conn.pipeline(&noted).await.unwrap();
+    publisher
+        .emit_batch_committed(&second, batch(2))
+        .await
+        .unwrap();
+    assert!(second.unprepared().is_empty());
+    assert_eq!(prepared_on(&conn).await, 1, "prepared before the pipeline");
+    assert!(!in_open_transaction(&conn).await);
+    assert_eq!(db.outbox_count().await, 2);
+}
+
+#[tokio::test]
+async fn a_lost_statement_rolls_its_pipeline_back_and_is_forgotten() {
+    let db = TestDb::new().await;
+    let publisher = Publisher::new(db.schema.as_str()).unwrap();
+    let pool = pool_of_one(&db, true);
+    let conn = pool.get().await.unwrap();
+    let batch = |n: i64| vec![NewEvent::durable("t", "org-a", json!({"n": n}))];
+    let first = conn.pipeline(&[]).await.unwrap();
+    publisher
+        .emit_batch_committed(&first, batch(1))
+        .await
+        .unwrap();
+    let known = first.unprepared();
+    drop(first);
+
+    let warm = conn.pipeline(&known).await.unwrap();
+    conn.batch_execute("DEALLOCATE ALL").await.unwrap();
+    let lost = publisher
+        .emit_batch_committed(&warm, batch(2))
+        .await
+        .expect_err("the statement is gone from the server");
+    let PublishError::Database(error) = &lost.error else {
+        panic!("not the database's error: {}", lost.error);
+    };
+    assert_eq!(error.code(), Some(&SqlState::INVALID_SQL_STATEMENT_NAME));
+    assert!(
+        !in_open_transaction(&conn).await,
+        "rolled back, not left open"
+    );
+    assert_eq!(
+        db.outbox_count().await,
+        1,
+        "the failed pipeline wrote nothing"
+    );
+    assert!(warm.forget_stale(error), "a lost statement is stale");
+
+    // Preparing is now off for the pool: the next pipeline sends unnamed.
+    let next = conn.pipeline(&known).await.unwrap();
+    publisher
+        .emit_batch_committed(&next, batch(3))
+        .await
+        .unwrap();
+    assert_eq!(prepared_on(&conn).await, 0);
+    assert_eq!(db.outbox_count().await, 2);
+}
