@@ -22,7 +22,8 @@
 //!
 //! - [`Publisher`] (`publisher.rs`): `emit` and `emit_batch` in the caller's
 //!   transaction, through any [`PgExecutor`] (tokio-postgres, deadpool,
-//!   sqlx behind the `sqlx` feature); [`SchemaRegistry`] validates data
+//!   sqlx behind the `sqlx` feature), and `emit_batch_committed`, a batch in
+//!   its own pipelined transaction; [`SchemaRegistry`] validates data
 //!   against per-type JSON Schemas.
 //! - [`connect`]: connections from a URL with libpq's TLS settings and TCP
 //!   keepalive; [`listen`]: the one LISTEN driver (bounded start-up, health
