@@ -422,19 +422,17 @@ struct SendOrder<'a> {
 }
 
 impl eventrelay::publisher::PgExecutor for SendOrder<'_> {
-    fn query_typed(
+    async fn query_typed(
         &self,
         sql: &str,
         params: &[(
             &(dyn tokio_postgres::types::ToSql + Sync),
             tokio_postgres::types::Type,
         )],
-    ) -> impl Future<Output = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>> + Send {
-        async move {
-            let word = sql.split_whitespace().next().unwrap_or_default().to_owned();
-            self.sent.lock().unwrap().push(word);
-            self.client.query_typed(sql, params).await
-        }
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let word = sql.split_whitespace().next().unwrap_or_default().to_owned();
+        self.sent.lock().unwrap().push(word);
+        self.client.query_typed(sql, params).await
     }
 }
 
