@@ -51,6 +51,11 @@ struct Args {
     /// Where relay configurations and logs go.
     #[arg(long, default_value = "/tmp/eventrelay-bench")]
     work_dir: PathBuf,
+    /// An earlier release `eventrelay` binary, whose HTTP publish
+    /// throughput the publish rows measure side by side (bench/run builds
+    /// one when BASELINE_REV names a commit).
+    #[arg(long)]
+    baseline_relay_bin: Option<PathBuf>,
     /// A Postgres with `wal_level = logical`, for the wake-up modes side by
     /// side (bench/run starts a throwaway one); without it they are skipped.
     #[arg(long)]
@@ -994,6 +999,10 @@ async fn publish_rows(
     table: &mut Table,
 ) -> BenchResult<()> {
     let db = args.database_url.as_str();
+    let baseline_at_64 = match &args.baseline_relay_bin {
+        Some(binary) => Some(baseline_publish_row(args, binary, scale, table).await?),
+        None => None,
+    };
     let mut off_at_64 = None;
     for group_commit_ms in [0, 2] {
         let mut settings = RelaySettings::new(db, schema);
@@ -1014,11 +1023,16 @@ async fn publish_rows(
                     "–".to_owned()
                 }
                 (_, 64) => {
-                    let ratio = f.events_per_second / off_at_64.unwrap_or(f64::INFINITY);
-                    format!(
-                        "≥ 10× group commit off: {ratio:.1}× {}",
-                        verdict(ratio >= 10.0)
-                    )
+                    let off = f.events_per_second / off_at_64.unwrap_or(f64::INFINITY);
+                    let mut target = format!("{off:.1}× group commit off");
+                    if let Some(baseline) = baseline_at_64 {
+                        let ratio = f.events_per_second / baseline;
+                        target = format!(
+                            "≥ 10× the earlier release: {ratio:.1}× {} ({target})",
+                            verdict(ratio >= 10.0)
+                        );
+                    }
+                    target
                 }
                 _ => "–".to_owned(),
             };
@@ -1141,6 +1155,59 @@ async fn storm_rows(
         ),
     );
     Ok(())
+}
+
+/// The 1- and 64-publisher HTTP publish rows against an earlier release,
+/// on a schema of its own that it migrates itself; answers its events/s
+/// at 64 publishers.
+async fn baseline_publish_row(
+    args: &Args,
+    binary: &std::path::Path,
+    scale: &Scale,
+    table: &mut Table,
+) -> BenchResult<f64> {
+    // A schema of its own, which it migrates at start with its own
+    // migrations.
+    let schema = eventrelay_bench::database::unique_schema("bench_baseline");
+    let mut settings = RelaySettings::new(&args.database_url, &schema);
+    settings.baseline = true;
+    let rows = baseline_rows(args, binary, &settings, scale, table).await;
+    drop_schema(&args.database_url, &schema).await;
+    rows
+}
+
+async fn baseline_rows(
+    args: &Args,
+    binary: &std::path::Path,
+    settings: &RelaySettings,
+    scale: &Scale,
+    table: &mut Table,
+) -> BenchResult<f64> {
+    let relay = RelayProcess::start(binary, &args.work_dir, settings).await?;
+    let mut at_64 = 0.0;
+    for publishers in [1, 64] {
+        eprintln!("HTTP publish, {publishers} publishers, earlier release");
+        let f =
+            publish_throughput::http_publish(&relay.base, publishers, scale.emit_run * 2).await?;
+        if publishers == 64 {
+            at_64 = f.events_per_second;
+        }
+        table.add(
+            format!(
+                "HTTP publish, durable, {publishers} concurrent publisher(s), earlier release ({})",
+                binary.display()
+            ),
+            format!(
+                "{:.0} events/s · publish latency p50 {} · p99 {} · {} failed",
+                f.events_per_second,
+                ms(f.latency.p50),
+                ms(f.latency.p99),
+                f.failed
+            ),
+            "–".to_owned(),
+        );
+    }
+    Ok(at_64)
 }
 
 async fn start_relay(args: &Args, settings: RelaySettings) -> BenchResult<RelayProcess> {

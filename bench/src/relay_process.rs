@@ -32,6 +32,9 @@ pub struct RelaySettings {
     pub webhook_workers: usize,
     /// `database.wakeup`: `notify` or `logical`.
     pub wakeup: &'static str,
+    /// Write only the settings every release has had, for an earlier
+    /// binary run side by side (its configuration refuses unknown keys).
+    pub baseline: bool,
 }
 
 impl RelaySettings {
@@ -51,6 +54,7 @@ impl RelaySettings {
             pool_size: 16,
             webhook_workers: 4,
             wakeup: "notify",
+            baseline: false,
         }
     }
 
@@ -67,6 +71,9 @@ impl RelaySettings {
     }
 
     fn toml(&self, port: u16) -> String {
+        if self.baseline {
+            return self.baseline_toml(port);
+        }
         let mut text = format!(
             r#"[database]
 url = "{url}"
@@ -141,6 +148,43 @@ types = ["bench.hook"]
             ));
         }
         text
+    }
+}
+
+impl RelaySettings {
+    /// The settings an earlier release understands: database, HTTP,
+    /// authentication and the publish token, each left at its default
+    /// otherwise.
+    fn baseline_toml(&self, port: u16) -> String {
+        format!(
+            r#"[database]
+url = "{url}"
+schema = "{schema}"
+channel = "{schema}"
+pool_size = {pool_size}
+
+[http]
+bind = "127.0.0.1:{port}"
+workers = 2
+inspector = false
+
+[auth]
+mode = "jwt"
+algorithm = "HS256"
+secret = "{secret}"
+
+[publish]
+token = "{token}"
+
+[log]
+level = "warn"
+"#,
+            url = self.database_url,
+            schema = self.schema,
+            pool_size = self.pool_size,
+            secret = SUBSCRIBER_SECRET,
+            token = PUBLISH_TOKEN,
+        )
     }
 }
 
