@@ -186,3 +186,38 @@ async fn a_pool_behind_a_dropped_path_recovers_without_losing_anything() {
     assert_eq!(stream.next_event().await.json()["type"], "after");
     wait_ready_status(&server, 200, DEADLINE).await;
 }
+
+/// The last statement the backend `pid` ran, as Postgres reports it.
+async fn last_statement_of(db: &TestDb, pid: i32) -> String {
+    db.connect()
+        .await
+        .query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_connection_used_moments_ago_goes_out_unchecked_and_an_idle_one_is_checked() {
+    let db = TestDb::new().await;
+    let options = eventrelay::publisher::PgConnectOptions::parse(&db.url).unwrap();
+    let pool = eventrelay::store::Database::pool(&options, 1, Duration::from_secs(5)).unwrap();
+    let conn = pool.get().await.unwrap();
+    let pid: i32 = conn
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    drop(conn);
+
+    // Checked out again at once: it answered moments ago, no check query.
+    drop(pool.get().await.unwrap());
+    assert_eq!(last_statement_of(&db, pid).await, "SELECT pg_backend_pid()");
+
+    // Idle past the one-second window: the pool's check query (an empty
+    // statement) runs before it is handed out.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let conn = pool.get().await.unwrap();
+    assert_eq!(last_statement_of(&db, pid).await, "");
+    drop(conn);
+}

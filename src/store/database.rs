@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Timeouts};
+use deadpool::managed::{Metrics, RecycleError, RecycleResult};
+use deadpool_postgres::{ClientWrapper, ManagerConfig, RecyclingMethod, Runtime, Timeouts};
 use eventrelay_publisher::{ConnectError, PgConnectOptions};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio_postgres::Client;
@@ -26,6 +27,51 @@ pub enum DatabaseError {
     Build(#[source] deadpool_postgres::BuildError),
     #[error("no database connection available: {0}")]
     Unavailable(#[source] deadpool_postgres::PoolError),
+}
+
+/// The pool's connections.
+pub type Pool = deadpool::managed::Pool<CheckedManager>;
+/// A connection checked out of the pool.
+pub type PooledClient = deadpool::managed::Object<CheckedManager>;
+
+/// How long after its last checkout a connection is handed out again
+/// without a check query: it answered moments ago, and a flow a NAT drops
+/// is dropped after minutes of silence, not milliseconds.
+const RECENTLY_USED: Duration = Duration::from_secs(1);
+
+/// deadpool-postgres's manager, with a check query only for connections
+/// that have not been used for a while. A busy pool hands the same
+/// connections out hundreds of times a second; checking each of them
+/// costs a round trip per checkout on the publish and read paths.
+pub struct CheckedManager {
+    inner: deadpool_postgres::Manager,
+}
+
+impl deadpool::managed::Manager for CheckedManager {
+    type Type = ClientWrapper;
+    type Error = tokio_postgres::Error;
+
+    async fn create(&self) -> Result<ClientWrapper, tokio_postgres::Error> {
+        self.inner.create().await
+    }
+
+    async fn recycle(
+        &self,
+        client: &mut ClientWrapper,
+        metrics: &Metrics,
+    ) -> RecycleResult<tokio_postgres::Error> {
+        if metrics.last_used() < RECENTLY_USED {
+            if client.is_closed() {
+                return Err(RecycleError::message("Connection closed"));
+            }
+            return Ok(());
+        }
+        self.inner.recycle(client, metrics).await
+    }
+
+    fn detach(&self, client: &mut ClientWrapper) {
+        self.inner.detach(client);
+    }
 }
 
 #[derive(Clone)]
@@ -54,29 +100,34 @@ pub struct PoolStatus {
 pub enum Connection {
     /// Boxed: a pooled client is far larger than a guard. With the pool's
     /// switch for prepared statements.
-    Pooled(Box<deadpool_postgres::Client>, PreparedStatements),
+    Pooled(Box<PooledClient>, PreparedStatements),
     Single(OwnedMutexGuard<Client>),
 }
 
 impl Database {
-    /// A pool of `size` connections. Each is checked with a query before
-    /// it is handed out again, and one that cannot answer within
-    /// `check_within` is dead (a flow a NAT dropped answers never): it is
-    /// replaced instead of failing its next user.
+    /// A pool of `size` connections. Each that has not been used for a
+    /// second is checked with a query before it is handed out again, and
+    /// one that cannot answer within `check_within` is dead (a flow a NAT
+    /// dropped answers never): it is replaced instead of failing its next
+    /// user.
     pub fn pool(
         options: &PgConnectOptions,
         size: usize,
         check_within: Duration,
     ) -> Result<Self, DatabaseError> {
-        let manager = Manager::from_config(
+        let inner = deadpool_postgres::Manager::from_config(
             options.config().clone(),
             options.tls()?,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Verified,
             },
         );
-        Pool::builder(manager)
+        Pool::builder(CheckedManager { inner })
             .max_size(size)
+            // The most recently returned connection goes out first, so a
+            // light load keeps reusing a few connections (checked-free) and
+            // the rest age until a check finds out whether they still work.
+            .queue_mode(deadpool_postgres::QueueMode::Lifo)
             .runtime(Runtime::Tokio1)
             .timeouts(Timeouts {
                 wait: None,
