@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::TestDb;
 use eventrelay::publisher::{NewEvent, PgConnectOptions, PgExecutor, PublishError, Publisher};
-use eventrelay::store::{Connection, Database, Outbox};
+use eventrelay::store::{Connection, Database, Outbox, StatementKey};
 use serde_json::json;
 use tokio_postgres::error::SqlState;
 
@@ -197,20 +197,29 @@ async fn in_open_transaction(conn: &Connection) -> bool {
     conn.batch_execute("SAVEPOINT probe").await.is_ok()
 }
 
+fn batch(n: i64) -> Vec<NewEvent> {
+    vec![NewEvent::durable("t", "org-a", json!({"n": n}))]
+}
+
+/// Writes one event through a pipeline on `conn` that has nothing
+/// prepared yet; answers the statements it noted.
+async fn first_pipeline(publisher: &Publisher, conn: &Connection) -> Vec<StatementKey> {
+    let first = conn.pipeline(&[]).await.unwrap();
+    publisher
+        .emit_batch_committed(&first, batch(1))
+        .await
+        .unwrap();
+    first.unprepared()
+}
+
 #[tokio::test]
 async fn a_pipeline_uses_only_statements_prepared_before_it_and_notes_the_others() {
     let db = TestDb::new().await;
     let publisher = Publisher::new(db.schema.as_str()).unwrap();
     let pool = pool_of_one(&db, true);
     let conn = pool.get().await.unwrap();
-    let batch = |n: i64| vec![NewEvent::durable("t", "org-a", json!({"n": n}))];
 
-    let first = conn.pipeline(&[]).await.unwrap();
-    publisher
-        .emit_batch_committed(&first, batch(1))
-        .await
-        .unwrap();
-    let noted = first.unprepared();
+    let noted = first_pipeline(&publisher, &conn).await;
     assert_eq!(
         noted.len(),
         1,
@@ -235,14 +244,7 @@ async fn a_lost_statement_rolls_its_pipeline_back_and_is_forgotten() {
     let publisher = Publisher::new(db.schema.as_str()).unwrap();
     let pool = pool_of_one(&db, true);
     let conn = pool.get().await.unwrap();
-    let batch = |n: i64| vec![NewEvent::durable("t", "org-a", json!({"n": n}))];
-    let first = conn.pipeline(&[]).await.unwrap();
-    publisher
-        .emit_batch_committed(&first, batch(1))
-        .await
-        .unwrap();
-    let known = first.unprepared();
-    drop(first);
+    let known = first_pipeline(&publisher, &conn).await;
 
     let warm = conn.pipeline(&known).await.unwrap();
     conn.batch_execute("DEALLOCATE ALL").await.unwrap();

@@ -1038,13 +1038,7 @@ async fn publish_rows(
             };
             table.add(
                 format!("HTTP publish, durable, {publishers} concurrent publisher(s), {label}"),
-                format!(
-                    "{:.0} events/s · publish latency p50 {} · p99 {} · {} failed",
-                    f.events_per_second,
-                    ms(f.latency.p50),
-                    ms(f.latency.p99),
-                    f.failed
-                ),
+                publish_figures(&f),
                 target,
             );
         }
@@ -1157,6 +1151,17 @@ async fn storm_rows(
     Ok(())
 }
 
+/// How a publish row reads.
+fn publish_figures(f: &publish_throughput::PublishFigures) -> String {
+    format!(
+        "{:.0} events/s · publish latency p50 {} · p99 {} · {} failed",
+        f.events_per_second,
+        ms(f.latency.p50),
+        ms(f.latency.p99),
+        f.failed
+    )
+}
+
 /// The 1- and 64-publisher HTTP publish rows against an earlier release,
 /// on a schema of its own that it migrates itself; answers its events/s
 /// at 64 publishers.
@@ -1197,13 +1202,7 @@ async fn baseline_rows(
                 "HTTP publish, durable, {publishers} concurrent publisher(s), earlier release ({})",
                 binary.display()
             ),
-            format!(
-                "{:.0} events/s · publish latency p50 {} · p99 {} · {} failed",
-                f.events_per_second,
-                ms(f.latency.p50),
-                ms(f.latency.p99),
-                f.failed
-            ),
+            publish_figures(&f),
             "–".to_owned(),
         );
     }
