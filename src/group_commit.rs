@@ -20,8 +20,9 @@
 //! each request's events keep their order and are not interleaved with
 //! another request's. Its `BEGIN`, statements and `COMMIT` are pipelined:
 //! sent together and answered together, one round trip to the server
-//! instead of three (a lone request is written the same way). Every request is answered only after the transaction
-//! holding its events committed. A request's own fault (an invalid event,
+//! instead of three (a lone request is written the same way). Every
+//! request is answered only after the transaction holding its events
+//! committed. A request's own fault (an invalid event,
 //! an id already used) must not fail the others: the group is then rolled
 //! back and each of its requests written alone, as without grouping, so
 //! exactly the faulty one fails. A database failure (a lost connection, a
@@ -147,7 +148,7 @@ impl Writer {
     /// cannot say which, so the request is written again one event at a
     /// time to name it.
     async fn publish_alone(&self, events: Vec<NewEvent>) -> Result<Vec<EventEnvelope>, GroupError> {
-        match self.write_committed(&events).await {
+        match self.write_committed(|| events.clone()).await {
             Ok(envelopes) => Ok(envelopes),
             Err(Together::Refused { index, error }) => Err(GroupError::Refused { index, error }),
             Err(Together::Unavailable(error)) => Err(GroupError::Unavailable(error)),
@@ -176,26 +177,28 @@ impl Writer {
         Ok(envelopes)
     }
 
-    /// Writes `events` in one transaction whose `BEGIN`, statements and
-    /// `COMMIT` travel together: one round trip to the server, not three.
-    /// A statement that went stale (a migration changed its table, or a
-    /// pooler moved the connection) only rolled the transaction back, so it
-    /// is sent once more, prepared afresh.
-    async fn write_committed(&self, events: &[NewEvent]) -> Result<Vec<EventEnvelope>, Together> {
+    /// Writes the events `events()` gives in one transaction whose
+    /// `BEGIN`, statements and `COMMIT` travel together: one round trip to
+    /// the server, not three. A statement that went stale (a migration
+    /// changed its table, or a pooler moved the connection) only rolled the
+    /// transaction back, so it is sent once more, prepared afresh, with the
+    /// events asked for again (the caller keeps its own copy for the
+    /// one-by-one fallback, so the events are copied once per attempt).
+    async fn write_committed(
+        &self,
+        events: impl Fn() -> Vec<NewEvent>,
+    ) -> Result<Vec<EventEnvelope>, Together> {
         let client = self.db.get().await.map_err(Together::unavailable)?;
         let mut retried = false;
         loop {
-            let known = match self.known_statements.lock() {
-                Ok(known) => known.clone(),
-                Err(poisoned) => poisoned.into_inner().clone(),
-            };
+            let known = self.known().clone();
             let pipeline = client
                 .pipeline(&known)
                 .await
                 .map_err(Together::unavailable)?;
             let written = self
                 .publisher
-                .emit_batch_committed(&pipeline, events.to_vec())
+                .emit_batch_committed(&pipeline, events())
                 .await;
             self.learn(pipeline.unprepared());
             match written {
@@ -208,14 +211,20 @@ impl Writer {
         }
     }
 
+    /// The statements learnt so far (a list of a few keys, whatever a
+    /// panicking holder left in it).
+    fn known(&self) -> std::sync::MutexGuard<'_, Vec<StatementKey>> {
+        match self.known_statements.lock() {
+            Ok(known) => known,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
     fn learn(&self, unprepared: Vec<StatementKey>) {
         if unprepared.is_empty() {
             return;
         }
-        let mut known = match self.known_statements.lock() {
-            Ok(known) => known,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut known = self.known();
         for key in unprepared {
             if !known.contains(&key) {
                 known.push(key);
@@ -298,11 +307,13 @@ impl Committer {
             let _ = job.reply.send(result);
             return;
         }
-        let all: Vec<NewEvent> = group
-            .iter()
-            .flat_map(|job| job.events.iter().cloned())
-            .collect();
-        match self.writer.write_committed(&all).await {
+        let all = || -> Vec<NewEvent> {
+            group
+                .iter()
+                .flat_map(|job| job.events.iter().cloned())
+                .collect()
+        };
+        match self.writer.write_committed(all).await {
             Ok(mut envelopes) => {
                 for job in group {
                     let rest = envelopes.split_off(job.events.len());

@@ -285,18 +285,17 @@ impl Publisher {
             statements.push(client.query_typed(&self.notify_sql, params));
         }
         let mut results = in_order(statements).await.into_iter();
-        let inserted = match durable.is_empty() {
-            true => Vec::new(),
-            false => match results.next() {
-                Some(Ok(rows)) => rows,
-                Some(Err(error)) => {
-                    return Err(BatchError {
-                        index: 0,
-                        error: error.into(),
-                    });
-                }
-                None => Vec::new(),
-            },
+        let inserted = if durable.is_empty() {
+            Vec::new()
+        } else {
+            results
+                .next()
+                .transpose()
+                .map_err(|error| BatchError {
+                    index: 0,
+                    error: error.into(),
+                })?
+                .unwrap_or_default()
         };
         for result in results {
             result.map_err(|error| BatchError {
