@@ -15,7 +15,7 @@ use eventrelay::publisher::{
     Audience, EventEnvelope, NewEvent, PublishError, Publisher, SchemaError, SchemaRegistry,
 };
 use eventrelay::store::Outbox;
-use eventrelay::wire::{EncodeError, EventNotification, decode_notification, encode_pointer};
+use eventrelay::wire::{CarriedRows, EncodeError, EventNotification, decode_notification};
 use serde_json::{Value, json};
 
 fn publisher(db: &TestDb) -> Publisher {
@@ -57,35 +57,76 @@ async fn a_committed_emit_leaves_the_row_and_notifies_only_at_commit() {
 
     tx.commit().await.unwrap();
     let payload = listener.next().await;
+    let txid = txid_of(&db, seq).await;
     assert_eq!(
         decode_notification(payload.as_bytes()).unwrap(),
         EventNotification::Pointer {
             scope_key: "org-1".into(),
-            seq
-        }
+            seq,
+            carried: Some(CarriedRows {
+                txid,
+                events: vec![envelope.clone()],
+            }),
+        },
+        "the pointer carries the row exactly as a read gives it"
     );
     assert_eq!(read_all(&db, "org-1").await, vec![envelope]);
 }
 
+/// The transaction that wrote the outbox row at `seq`.
+async fn txid_of(db: &TestDb, seq: i64) -> u64 {
+    let client = db.connect().await;
+    let txid: String = client
+        .query_one(
+            &format!("SELECT txid::text FROM {}.outbox WHERE seq = $1", db.schema),
+            &[&seq],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    txid.parse().unwrap()
+}
+
+/// Every notification as (scope, pointer seq, carried seqs); `None` for a
+/// bare pointer.
+fn pointers(payloads: &[String]) -> Vec<(String, i64, Option<Vec<i64>>)> {
+    payloads
+        .iter()
+        .map(
+            |payload| match decode_notification(payload.as_bytes()).unwrap() {
+                EventNotification::Pointer {
+                    scope_key,
+                    seq,
+                    carried,
+                } => (
+                    scope_key,
+                    seq,
+                    carried.map(|rows| rows.events.iter().map(|e| e.seq.unwrap()).collect()),
+                ),
+                other => panic!("expected a pointer, got {other:?}"),
+            },
+        )
+        .collect()
+}
+
 #[tokio::test]
-async fn many_emits_in_one_transaction_wake_relays_once_per_scope() {
+async fn many_emits_in_one_transaction_carry_every_committed_row_once() {
     let db = TestDb::new().await;
     let mut listener = db.listen().await;
     let mut client = db.connect().await;
     let publisher = publisher(&db);
 
     let mut tx = client.transaction().await.unwrap();
-    let mut first_seq = std::collections::HashMap::new();
+    let mut committed: Vec<(String, i64)> = Vec::new();
     for n in 0..30 {
         let scope = ["org-1", "org-2", "org-1;org-2"][n % 3];
         let envelope = publisher
             .emit(&tx, NewEvent::durable("bulk.item", scope, json!({"n": n})))
             .await
             .unwrap();
-        first_seq.entry(scope).or_insert(envelope.seq.unwrap());
+        committed.push((scope.to_owned(), envelope.seq.unwrap()));
     }
-    // A savepoint rolled back takes its pointer with it; the next event in
-    // that scope must announce itself again.
+    // A savepoint rolled back takes its pointer with it.
     let savepoint = tx.savepoint("undone").await.unwrap();
     publisher
         .emit(&savepoint, NewEvent::durable("undone", "org-3", json!({})))
@@ -96,44 +137,87 @@ async fn many_emits_in_one_transaction_wake_relays_once_per_scope() {
         .emit(&tx, NewEvent::durable("kept", "org-3", json!({})))
         .await
         .unwrap();
-    first_seq.insert("org-3", kept.seq.unwrap());
+    committed.push(("org-3".to_owned(), kept.seq.unwrap()));
     tx.commit().await.unwrap();
 
-    let mut pointers: Vec<(String, i64)> = listener
-        .drain(&db)
-        .await
-        .iter()
-        .map(
-            |payload| match decode_notification(payload.as_bytes()).unwrap() {
-                EventNotification::Pointer { scope_key, seq } => (scope_key, seq),
-                other => panic!("expected a pointer, got {other:?}"),
-            },
-        )
-        .collect();
-    pointers.sort();
-    let mut expected: Vec<(String, i64)> = first_seq
-        .into_iter()
-        .map(|(scope, seq)| (scope.to_owned(), seq))
-        .collect();
-    expected.sort();
+    let mut carried: Vec<(String, i64)> = Vec::new();
+    for (scope, seq, rows) in pointers(&listener.drain(&db).await) {
+        let rows = rows.expect("small rows travel with their pointer");
+        assert_eq!(
+            Some(&seq),
+            rows.iter().min(),
+            "the pointer names its lowest seq"
+        );
+        carried.extend(rows.into_iter().map(|row| (scope.clone(), row)));
+    }
+    carried.sort();
+    committed.sort();
     assert_eq!(
-        pointers, expected,
-        "one pointer per scope, at its lowest seq"
+        carried, committed,
+        "every committed row exactly once, none from the rolled-back savepoint"
     );
-    assert_eq!(read_all(&db, "org-1").await.len(), 10);
+}
 
-    // The next transaction announces again.
-    let envelope = publisher
-        .emit(&client, NewEvent::durable("later", "org-1", json!({})))
+#[tokio::test]
+async fn rows_too_large_to_travel_wake_relays_once_per_scope_and_transaction() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let mut client = db.connect().await;
+    let publisher = publisher(&db);
+    let big = |n: usize| json!({"n": n, "pad": "x".repeat(9_000)});
+
+    let mut tx = client.transaction().await.unwrap();
+    let mut first = None;
+    for n in 0..3 {
+        let envelope = publisher
+            .emit(&tx, NewEvent::durable("big", "org-1", big(n)))
+            .await
+            .unwrap();
+        first.get_or_insert(envelope.seq.unwrap());
+    }
+    // A small row after a bare pointer needs no pointer of its own: the
+    // read the bare one causes finds it.
+    publisher
+        .emit(&tx, NewEvent::durable("small", "org-1", json!({})))
         .await
         .unwrap();
+    // A bare pointer rolled back with its savepoint must be sent again.
+    let savepoint = tx.savepoint("undone").await.unwrap();
+    publisher
+        .emit(&savepoint, NewEvent::durable("undone", "org-2", big(9)))
+        .await
+        .unwrap();
+    savepoint.rollback().await.unwrap();
+    let kept = publisher
+        .emit(&tx, NewEvent::durable("kept", "org-2", big(10)))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let mut seen = pointers(&listener.drain(&db).await);
+    seen.sort();
     assert_eq!(
-        decode_notification(listener.next().await.as_bytes()).unwrap(),
-        EventNotification::Pointer {
-            scope_key: "org-1".into(),
-            seq: envelope.seq.unwrap()
-        }
+        seen,
+        vec![
+            ("org-1".to_owned(), first.unwrap(), None),
+            ("org-2".to_owned(), kept.seq.unwrap(), None),
+        ],
+        "one bare pointer per scope, at its lowest seq"
     );
+
+    // A batch that does not fit in one payload is split, in order.
+    let batch: Vec<NewEvent> = (0..12)
+        .map(|n| NewEvent::durable("mid", "org-5", json!({"n": n, "pad": "y".repeat(1_500)})))
+        .collect();
+    let written = publisher.emit_batch(&client, batch).await.unwrap();
+    let seen = pointers(&listener.drain(&db).await);
+    assert!(seen.len() > 1, "{seen:?}");
+    let carried: Vec<i64> = seen
+        .into_iter()
+        .flat_map(|(_, _, rows)| rows.expect("each fits"))
+        .collect();
+    let expected: Vec<i64> = written.iter().map(|e| e.seq.unwrap()).collect();
+    assert_eq!(carried, expected);
 }
 
 #[tokio::test]
@@ -287,12 +371,26 @@ async fn the_sql_function_and_the_rust_publisher_write_identical_rows() {
     assert_eq!(comparable(&rows[0]), comparable(&from_rust));
     assert_eq!(comparable(&from_sql), comparable(&from_rust));
 
-    // Both notifications are byte-for-byte what the codec encodes.
-    for envelope in [&from_rust, &from_sql] {
+    // Both notifications carry their row exactly as a read gives it.
+    for envelope in [&rows[0], &from_sql] {
         assert_eq!(
-            listener.next().await,
-            encode_pointer("org-1", envelope.seq.unwrap()).unwrap()
+            decode_notification(listener.next().await.as_bytes()).unwrap(),
+            carrying(&db, envelope).await
         );
+    }
+}
+
+/// The pointer the outbox trigger sends for a transaction that wrote only
+/// `envelope` in its scope.
+async fn carrying(db: &TestDb, envelope: &EventEnvelope) -> EventNotification {
+    let seq = envelope.seq.unwrap();
+    EventNotification::Pointer {
+        scope_key: envelope.scope_key.clone(),
+        seq,
+        carried: Some(CarriedRows {
+            txid: txid_of(db, seq).await,
+            events: vec![envelope.clone()],
+        }),
     }
 }
 
@@ -373,8 +471,8 @@ async fn sqlx_transactions_are_accepted() {
 
     assert_eq!(read_all(&db, "org-1").await, vec![envelope.clone()]);
     assert_eq!(
-        listener.next().await,
-        encode_pointer("org-1", envelope.seq.unwrap()).unwrap()
+        decode_notification(listener.next().await.as_bytes()).unwrap(),
+        carrying(&db, &envelope).await
     );
     assert_eq!(
         decode_notification(listener.next().await.as_bytes()).unwrap(),

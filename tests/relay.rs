@@ -468,6 +468,81 @@ async fn transactions_committing_out_of_seq_order_both_arrive_in(mode: WakeupMod
 }
 
 #[tokio::test]
+async fn rows_that_travel_with_their_pointer_reach_subscribers_without_an_outbox_read() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    const READS: &str = "eventrelay_outbox_read_seconds_count";
+    const MALFORMED: &str = "eventrelay_notifications_malformed_total";
+    let reads = server.metric(READS).await;
+
+    // One event, then three in one transaction.
+    let mut emitted = vec![emit(&db, durable("one", "org-1")).await.id.to_string()];
+    let mut client = db.connect().await;
+    let tx = client.transaction().await.unwrap();
+    for n in 0..3 {
+        let event = NewEvent::durable("many", "org-1", json!({"n": n}));
+        emitted.push(
+            publisher(&db)
+                .emit(&tx, event)
+                .await
+                .unwrap()
+                .id
+                .to_string(),
+        );
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(ids(&stream.events(4).await), emitted);
+    assert_eq!(
+        server.metric(READS).await,
+        reads,
+        "rows that travel with their pointer are not read back"
+    );
+
+    // A row too large for a notification is read back.
+    let big = NewEvent::durable("big", "org-1", json!({"pad": "x".repeat(9_000)}));
+    let big = emit(&db, big).await;
+    let frame = stream.next_event().await;
+    assert_eq!(frame.json()["id"], big.id.to_string());
+    assert_eq!(
+        frame.json()["data"]["pad"].as_str().map(str::len),
+        Some(9_000)
+    );
+    assert!(
+        server.metric(READS).await > reads,
+        "the big row was read back"
+    );
+
+    // A sound pointer whose rows are unreadable is counted, and its row is
+    // read back rather than lost.
+    let malformed = server.metric(MALFORMED).await;
+    let toggle = |on: bool| {
+        format!(
+            "ALTER TABLE {}.outbox {} TRIGGER outbox_notify",
+            db.schema,
+            if on { "ENABLE" } else { "DISABLE" }
+        )
+    };
+    client.batch_execute(&toggle(false)).await.unwrap();
+    let unannounced = emit(&db, durable("unannounced", "org-1")).await;
+    client.batch_execute(&toggle(true)).await.unwrap();
+    let forged = format!(
+        r#"{{"k":"ptr","s":"org-1","q":{},"x":1,"r":[{{"id":"not an event"}}]}}"#,
+        unannounced.seq.unwrap()
+    );
+    client
+        .execute("SELECT pg_notify($1, $2)", &[&db.channel.as_str(), &forged])
+        .await
+        .unwrap();
+    let frame = stream.next_event().await;
+    assert_eq!(frame.json()["id"], unannounced.id.to_string());
+    assert_eq!(server.metric(MALFORMED).await, malformed + 1.0);
+}
+
+#[tokio::test]
 async fn the_listener_losing_its_connection_loses_no_event() {
     the_listener_losing_its_connection_loses_no_event_in(WakeupMode::Notify).await;
 }

@@ -27,13 +27,15 @@ use eventrelay_publisher::Identifier;
 use eventrelay_publisher::backoff::Backoff;
 use eventrelay_publisher::listen::{self, HealthCheck, ListenConnection};
 use eventrelay_publisher::{ConnectError, PgConnectOptions};
-use eventrelay_wire::{EventNotification, MAX_NOTIFY_PAYLOAD_BYTES, decode_notification_within};
+use eventrelay_wire::{
+    DecodeError, EventNotification, MAX_NOTIFY_PAYLOAD_BYTES, decode_notification_within,
+};
 use tokio::sync::mpsc;
 
 use super::relay::{DeliveriesQueued, Ephemeral, ListenerConnected, Pointer, Relay};
 use super::wal_stream::{LogicalSource, stream_forever};
 use crate::metrics::{ActorKind, Metrics};
-use crate::store::Database;
+use crate::store::{Database, StoredEvent};
 
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
@@ -414,9 +416,25 @@ fn forward(payload: &str, limit: usize, relay: &Addr<Relay>, metrics: &Metrics) 
     }
     let to_relay = metrics.actor(ActorKind::Relay);
     match decode_notification_within(payload.as_bytes(), limit) {
-        Ok(EventNotification::Pointer { scope_key, seq }) => {
+        Ok(EventNotification::Pointer {
+            scope_key,
+            seq,
+            carried,
+        }) => {
             to_relay.queued();
-            relay.do_send(Pointer { scope_key, seq });
+            relay.do_send(Pointer {
+                scope_key,
+                seq,
+                carried: carried.map(|rows| {
+                    rows.events
+                        .into_iter()
+                        .map(|envelope| StoredEvent {
+                            envelope,
+                            txid: Some(rows.txid),
+                        })
+                        .collect()
+                }),
+            });
         }
         Ok(EventNotification::Inline { envelope }) => {
             to_relay.queued();
@@ -431,6 +449,21 @@ fn forward(payload: &str, limit: usize, relay: &Addr<Relay>, metrics: &Metrics) 
         Ok(EventNotification::DeliveriesQueued) => {
             to_relay.queued();
             relay.do_send(DeliveriesQueued);
+        }
+        Err(DecodeError::UnreadableCarriedRows {
+            scope_key,
+            seq,
+            reason,
+        }) => {
+            // The pointer is sound: its rows are read back instead.
+            metrics.notifications_malformed.inc();
+            tracing::warn!(%scope_key, seq, %reason, "rows carried by a pointer are unreadable; reading them from the outbox");
+            to_relay.queued();
+            relay.do_send(Pointer {
+                scope_key,
+                seq,
+                carried: None,
+            });
         }
         Err(error) => {
             metrics.notifications_malformed.inc();

@@ -266,6 +266,9 @@ impl Actor for Relay {
 pub struct Pointer {
     pub scope_key: String,
     pub seq: i64,
+    /// The rows themselves, when they travelled with the pointer: handed on
+    /// as decoded rows are, with no read of the outbox.
+    pub carried: Option<Vec<StoredEvent>>,
 }
 
 impl Handler<Pointer> for Relay {
@@ -279,8 +282,13 @@ impl Handler<Pointer> for Relay {
         let Some(scope) = self.scopes.get(&msg.scope_key) else {
             return;
         };
-        let from = scope.state.read_from_for_pointer(msg.seq);
-        self.schedule_read(&msg.scope_key, from, ctx);
+        match msg.carried {
+            Some(rows) => self.supervised(|relay| relay.decoded(rows)),
+            None => {
+                let from = scope.state.read_from_for_pointer(msg.seq);
+                self.schedule_read(&msg.scope_key, from, ctx);
+            }
+        }
     }
 }
 

@@ -61,6 +61,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "delivery_wakeups",
         sql: include_str!("../../migrations/0007_delivery_wakeups.sql"),
     },
+    Migration {
+        version: 8,
+        name: "pointer_rows",
+        sql: include_str!("../../migrations/0008_pointer_rows.sql"),
+    },
 ];
 
 /// Why the schema could not be brought up to date.

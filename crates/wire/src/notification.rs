@@ -1,7 +1,12 @@
 //! The notification codec: what travels on the Postgres `NOTIFY` channel.
 //!
 //! A durable event travels as a pointer `{"k":"ptr","s":scopeKey,"q":seq}`
-//! (the row itself stays in the outbox); an ephemeral event travels whole,
+//! (the row itself stays in the outbox). Where the rows a statement wrote in
+//! a scope fit, the pointer carries them too,
+//! `{"k":"ptr","s":scopeKey,"q":seq,"x":txid,"r":[envelope, ...]}`, so a
+//! relay hands them on without reading them back; a relay that predates
+//! `x` and `r` ignores them and reads the outbox, as it always did. An
+//! ephemeral event travels whole,
 //! `{"k":"evt","e":envelope}`. Several ephemeral events sent at one commit
 //! may share a payload, `{"k":"evts","v":1,"e":[envelope, ...]}`, as long as
 //! it stays under the size limit; `v` is that form's version, and a relay
@@ -10,7 +15,7 @@
 //! webhook deliveries. Decoding never panics: every malformed
 //! payload maps to a [`DecodeError`] the listener can log, count and drop.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::envelope::{EnvelopeError, EventEnvelope, Lane, validate_scope_key};
@@ -41,6 +46,9 @@ pub enum EventNotification {
         #[serde(rename = "q")]
         #[cfg_attr(feature = "json-schema", schemars(range(min = 1)))]
         seq: i64,
+        /// The rows themselves, when they fit in the payload.
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        carried: Option<CarriedRows>,
     },
     /// An ephemeral event, carried whole.
     #[serde(rename = "evt")]
@@ -67,6 +75,23 @@ pub enum EventNotification {
     DeliveriesQueued,
 }
 
+/// Durable rows that travel with their pointer: every row one statement
+/// wrote in the pointer's scope, in seq order, or the share of them that
+/// fitted in one payload (the rest travel in further pointers). A relay
+/// treats them as a read of the outbox that found exactly these rows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "json-schema", derive(schemars::JsonSchema))]
+pub struct CarriedRows {
+    /// The writing transaction (`pg_current_xact_id()`), which decides
+    /// whether a row is history to a subscriber that joined meanwhile.
+    #[serde(rename = "x")]
+    pub txid: u64,
+    /// Durable envelopes, each with its `seq`, all in the pointer's scope.
+    #[serde(rename = "r")]
+    #[cfg_attr(feature = "json-schema", schemars(length(min = 1)))]
+    pub events: Vec<EventEnvelope>,
+}
+
 /// The payload the outbox's webhook trigger sends when a statement queued
 /// deliveries (written by the SQL side; here for tests and other writers).
 pub const DELIVERIES_QUEUED: &str = r#"{"k":"due"}"#;
@@ -85,6 +110,10 @@ pub enum EncodeError {
     NotEphemeral,
     #[error("seq must be positive, got {0}")]
     InvalidSeq(i64),
+    #[error("a pointer carrying rows needs at least one")]
+    NothingCarried,
+    #[error("rows cannot travel with a pointer: {0}")]
+    NotCarriable(String),
     #[error(transparent)]
     Envelope(#[from] EnvelopeError),
     #[error("envelope could not be serialised: {0}")]
@@ -114,6 +143,14 @@ pub enum DecodeError {
     InlineNotEphemeral,
     #[error("batch of inline events has version {0}; this relay reads version 1")]
     UnsupportedBatchVersion(u64),
+    /// The pointer itself is sound, so the relay reads its rows back from
+    /// the outbox instead: nothing is lost.
+    #[error("rows carried by the pointer to seq {seq} in {scope_key:?} are unreadable: {reason}")]
+    UnreadableCarriedRows {
+        scope_key: String,
+        seq: i64,
+        reason: String,
+    },
 }
 
 /// Encodes the pointer for a committed durable row.
@@ -125,8 +162,47 @@ pub fn encode_pointer(scope_key: &str, seq: i64) -> Result<String, EncodeError> 
     let pointer = EventNotification::Pointer {
         scope_key: scope_key.to_owned(),
         seq,
+        carried: None,
     };
     finish(&pointer)
+}
+
+/// Encodes a pointer carrying `events`, durable rows of one scope written
+/// by transaction `txid` (what the outbox trigger sends), refusing one
+/// over the NOTIFY limit. The pointer names the lowest seq.
+pub fn encode_pointer_carrying(txid: u64, events: &[EventEnvelope]) -> Result<String, EncodeError> {
+    let mut events = events.to_vec();
+    events.sort_by_key(|event| event.seq);
+    let (scope_key, seq) = match events.first() {
+        Some(first) => (first.scope_key.clone(), first.seq.unwrap_or(0)),
+        None => return Err(EncodeError::NothingCarried),
+    };
+    if let Err(reason) = check_carried(&scope_key, &events) {
+        return Err(EncodeError::NotCarriable(reason));
+    }
+    finish(&EventNotification::Pointer {
+        scope_key,
+        seq,
+        carried: Some(CarriedRows { txid, events }),
+    })
+}
+
+/// Carried rows must be valid durable envelopes of the pointer's scope,
+/// each with a seq.
+fn check_carried(scope_key: &str, events: &[EventEnvelope]) -> Result<(), String> {
+    for event in events {
+        event.validate().map_err(|e| e.to_string())?;
+        if event.lane != Lane::Durable || event.seq.is_none() {
+            return Err("every carried row must be durable, with a seq".into());
+        }
+        if event.scope_key != scope_key {
+            return Err(format!(
+                "a carried row is in scope {:?}, not the pointer's",
+                event.scope_key
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Encodes an ephemeral event inline, refusing one over the NOTIFY limit.
@@ -274,7 +350,50 @@ fn decode_pointer(object: &Map<String, Value>) -> Result<EventNotification, Deco
             ));
         }
     };
-    Ok(EventNotification::Pointer { scope_key, seq })
+    let carried =
+        match (object.get("x"), object.get("r")) {
+            (None, None) => None,
+            (txid, rows) => Some(decode_carried(&scope_key, seq, txid, rows).map_err(
+                |reason| DecodeError::UnreadableCarriedRows {
+                    scope_key: scope_key.clone(),
+                    seq,
+                    reason,
+                },
+            )?),
+        };
+    Ok(EventNotification::Pointer {
+        scope_key,
+        seq,
+        carried,
+    })
+}
+
+fn decode_carried(
+    scope_key: &str,
+    seq: i64,
+    txid: Option<&Value>,
+    rows: Option<&Value>,
+) -> Result<CarriedRows, String> {
+    let txid = txid
+        .and_then(Value::as_u64)
+        .ok_or("`x` must be the writing transaction's id")?;
+    let Some(Value::Array(rows)) = rows else {
+        return Err("`r` must be an array of envelopes".into());
+    };
+    let events = rows
+        .iter()
+        .map(|row| EventEnvelope::deserialize(row).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_carried(scope_key, &events)?;
+    let seqs: Vec<i64> = events.iter().filter_map(|event| event.seq).collect();
+    if !seqs.windows(2).all(|pair| pair[0] < pair[1]) {
+        return Err("the carried rows are not in seq order".into());
+    }
+    match seqs.first() {
+        Some(&first) if first == seq => Ok(CarriedRows { txid, events }),
+        Some(first) => Err(format!("the first carried seq is {first}, not `q`")),
+        None => Err("`r` is empty".into()),
+    }
 }
 
 fn decode_inline_batch(object: &mut Map<String, Value>) -> Result<EventNotification, DecodeError> {
@@ -335,9 +454,91 @@ mod tests {
             decode_notification(payload.as_bytes()).unwrap(),
             EventNotification::Pointer {
                 scope_key: "org-1".into(),
-                seq: 42
+                seq: 42,
+                carried: None,
             }
         );
+    }
+
+    fn durable(seq: i64, scope_key: &str) -> EventEnvelope {
+        let mut envelope = NewEvent::durable("order.created", scope_key, json!({"n": seq}))
+            .into_envelope(Utc::now());
+        envelope.seq = Some(seq);
+        envelope
+    }
+
+    #[test]
+    fn a_pointer_carrying_its_rows_round_trips_and_names_the_lowest_seq() {
+        let rows = vec![durable(8, "org-1"), durable(7, "org-1")];
+        let payload = encode_pointer_carrying(5_000_000_000, &rows).unwrap();
+        assert!(payload.starts_with(r#"{"k":"ptr","s":"org-1","q":7,"x":5000000000,"r":["#));
+        assert_eq!(
+            decode_notification(payload.as_bytes()).unwrap(),
+            EventNotification::Pointer {
+                scope_key: "org-1".into(),
+                seq: 7,
+                carried: Some(CarriedRows {
+                    txid: 5_000_000_000,
+                    events: vec![rows[1].clone(), rows[0].clone()],
+                }),
+            }
+        );
+        assert_eq!(
+            encode_pointer_carrying(1, &[]),
+            Err(EncodeError::NothingCarried)
+        );
+        assert!(matches!(
+            encode_pointer_carrying(1, &[durable(1, "a"), durable(2, "b")]),
+            Err(EncodeError::NotCarriable(_))
+        ));
+        let big = NewEvent::durable("big", "org-1", json!({"blob": "x".repeat(8000)}))
+            .into_envelope(Utc::now());
+        let mut big = big;
+        big.seq = Some(3);
+        assert!(matches!(
+            encode_pointer_carrying(1, &[big]),
+            Err(EncodeError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn unreadable_carried_rows_keep_the_pointer_so_the_relay_can_read_back() {
+        let row = serde_json::to_value(durable(7, "org-1")).unwrap();
+        let mut ephemeral = row.clone();
+        ephemeral["lane"] = json!("ephemeral");
+        let mut elsewhere = row.clone();
+        elsewhere["scopeKey"] = json!("org-2");
+        let mut reserved = row.clone();
+        reserved["type"] = json!("eventrelay.resync");
+        let mut bad_audience = row.clone();
+        bad_audience["audience"] = json!({"users": "everyone"});
+        let cases = [
+            json!({"k": "ptr", "s": "org-1", "q": 7, "r": [row]}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": -1, "r": [row]}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9, "r": []}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9, "r": [{"id": "nope"}]}),
+            json!({"k": "ptr", "s": "org-1", "q": 6, "x": 9, "r": [row]}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9, "r": [row, row]}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9, "r": [ephemeral]}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9, "r": [elsewhere]}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9, "r": [reserved]}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9, "r": [bad_audience]}),
+        ];
+        for case in cases {
+            match decode_notification(case.to_string().as_bytes()) {
+                Err(DecodeError::UnreadableCarriedRows { scope_key, seq, .. }) => {
+                    assert_eq!(scope_key, "org-1", "{case}");
+                    assert_eq!(Some(seq), case["q"].as_i64(), "{case}");
+                }
+                other => panic!("{case} gave {other:?}"),
+            }
+        }
+        // A broken pointer is still a broken pointer, rows or not.
+        assert!(matches!(
+            decode_notification(br#"{"k":"ptr","s":"","q":7,"x":9,"r":[]}"#),
+            Err(DecodeError::InvalidPointer(_))
+        ));
     }
 
     #[test]

@@ -107,7 +107,7 @@ proptest! {
         let payload = encode_pointer(&scope, seq).unwrap();
         prop_assert_eq!(
             decode_notification(payload.as_bytes()).unwrap(),
-            EventNotification::Pointer { scope_key: scope, seq }
+            EventNotification::Pointer { scope_key: scope, seq, carried: None }
         );
     }
 

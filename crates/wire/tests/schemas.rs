@@ -19,7 +19,7 @@ use eventrelay_wire::schema::{
     ENVELOPE_SCHEMA_FILE, NOTIFICATION_SCHEMA_FILE, envelope_schema, notification_schema,
     to_file_text,
 };
-use eventrelay_wire::{Audience, NewEvent, encode_inline, encode_pointer};
+use eventrelay_wire::{Audience, NewEvent, encode_inline, encode_pointer, encode_pointer_carrying};
 use serde_json::{Value, json};
 
 fn repo_file(relative: &str) -> PathBuf {
@@ -84,6 +84,14 @@ fn encoded_notifications_validate() {
     let pointer: Value = serde_json::from_str(&encode_pointer("org-1", 5).unwrap()).unwrap();
     assert_valid(&notifications, &pointer);
 
+    let mut row = NewEvent::durable("order.created", "org-1", json!({"orderId": 1}))
+        .with_audience(Audience::users(["u1"]))
+        .into_envelope(Utc::now());
+    row.seq = Some(5);
+    let carrying: Value =
+        serde_json::from_str(&encode_pointer_carrying(812, &[row]).unwrap()).unwrap();
+    assert_valid(&notifications, &carrying);
+
     let envelope = NewEvent::ephemeral("sync.progress", "org-1", json!({"done": 1}))
         .with_audience(Audience::users(["u1"]))
         .with_resources(["job:1"])
@@ -122,6 +130,8 @@ fn malformed_notifications_do_not_validate() {
         json!({"k": "ptr", "s": "org", "q": 0}),
         json!({"k": "zip"}),
         json!({"k": "evt"}),
+        json!({"k": "ptr", "s": "org", "q": 1, "x": 5, "r": []}),
+        json!({"k": "ptr", "s": "org", "q": 1, "x": "5", "r": [{"id": "nope"}]}),
     ] {
         assert!(!notifications.is_valid(&bad), "{bad} should be invalid");
     }
