@@ -30,16 +30,20 @@ async fn every_pool_reports_its_load() {
         .await;
     let client = db.connect().await;
     let publisher = Publisher::new(db.schema.as_str()).unwrap();
+    // Rows travel with their pointers, except the last one, too large for
+    // a notification, which the relay reads from the outbox.
     for n in 0..20 {
+        let pad = if n == 19 { 9_000 } else { 0 };
+        let data = json!({"n": n, "pad": "x".repeat(pad)});
         publisher
-            .emit(&client, NewEvent::durable("n", "org-1", json!({"n": n})))
+            .emit(&client, NewEvent::durable("n", "org-1", data))
             .await
             .unwrap();
     }
     stream.events(20).await;
 
     // One notification each for the listener and the relay; the hub gets
-    // the attach and the events in batches, as many as the relay read.
+    // the attach and the events in batches.
     for (actor, least) in [("listener", 20.0), ("relay", 20.0), ("hub", 2.0)] {
         let handled = server
             .metric(&format!(
@@ -82,7 +86,7 @@ async fn every_pool_reports_its_load() {
             >= 1.0
     );
     assert!(server.metric("eventrelay_outbox_read_seconds_count").await >= 1.0);
-    assert!(server.metric("eventrelay_outbox_read_rows_sum").await >= 20.0);
+    assert!(server.metric("eventrelay_outbox_read_rows_sum").await >= 1.0);
     assert!(
         server
             .metric("eventrelay_session_queue_fill_ratio_count")
