@@ -38,6 +38,10 @@ pub const MAX_NOTIFY_PAYLOAD_BYTES: usize = 7999;
 pub enum EventNotification {
     /// A durable event was committed to the outbox at `seq` in `scopeKey`.
     #[serde(rename = "ptr")]
+    #[cfg_attr(
+        feature = "json-schema",
+        schemars(extend("dependentRequired" = {"x": ["r"], "r": ["x"]}))
+    )]
     Pointer {
         /// The event's scope key.
         #[serde(rename = "s")]

@@ -131,6 +131,7 @@ fn malformed_notifications_do_not_validate() {
         json!({"k": "zip"}),
         json!({"k": "evt"}),
         json!({"k": "ptr", "s": "org", "q": 1, "x": 5, "r": []}),
+        json!({"k": "ptr", "s": "org", "q": 1, "x": 5}),
         json!({"k": "ptr", "s": "org", "q": 1, "x": "5", "r": [{"id": "nope"}]}),
     ] {
         assert!(!notifications.is_valid(&bad), "{bad} should be invalid");
