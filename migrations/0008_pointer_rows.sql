@@ -31,8 +31,11 @@ LANGUAGE sql STABLE AS $$
            )::text
 $$;
 
+-- STABLE, as `format` is: a function declared IMMUTABLE around a STABLE
+-- body is not inlined, and a SQL function that is not inlined is parsed
+-- and planned again on every call.
 CREATE FUNCTION outbox_carrying_pointer(scope_json text, seq bigint, txid xid8, carried text)
-RETURNS text LANGUAGE sql IMMUTABLE AS $$
+RETURNS text LANGUAGE sql STABLE AS $$
     SELECT format('{"k":"ptr","s":%s,"q":%s,"x":%s,"r":[%s]}', scope_json, seq, txid, carried)
 $$;
 
