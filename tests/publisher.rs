@@ -221,6 +221,79 @@ async fn rows_too_large_to_travel_wake_relays_once_per_scope_and_transaction() {
 }
 
 #[tokio::test]
+async fn one_statement_cuts_each_scope_into_payloads_under_the_limit_in_seq_order() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let client = db.connect().await;
+    let publisher = publisher(&db);
+    let pad = |bytes: usize| "p".repeat(bytes);
+    // One statement writing three scopes, interleaved: one that fits in a
+    // single payload, one (a publish group's worth) that needs several,
+    // and one with a row too large to travel in the middle.
+    let mut batch = Vec::new();
+    for n in 0..60 {
+        batch.push(NewEvent::durable(
+            "group.item",
+            "group",
+            json!({"n": n, "pad": pad(200)}),
+        ));
+        if n < 20 {
+            batch.push(NewEvent::durable("small.item", "fits", json!({"n": n})));
+        }
+        if n < 5 {
+            let size = if n == 3 { 9_000 } else { 100 };
+            batch.push(NewEvent::durable(
+                "mixed.item",
+                "mixed",
+                json!({"n": n, "pad": pad(size)}),
+            ));
+        }
+    }
+    let written = publisher.emit_batch(&client, batch).await.unwrap();
+    let payloads = listener.drain(&db).await;
+    for payload in &payloads {
+        assert!(payload.len() < 8000, "a payload of {} bytes", payload.len());
+    }
+    let seqs_of = |scope: &str| -> Vec<i64> {
+        written
+            .iter()
+            .filter(|e| e.scope_key == scope)
+            .map(|e| e.seq.unwrap())
+            .collect()
+    };
+    let seen = pointers(&payloads);
+    let of = |scope: &str| -> Vec<(i64, Option<Vec<i64>>)> {
+        seen.iter()
+            .filter(|(s, _, _)| s == scope)
+            .map(|(_, q, rows)| (*q, rows.clone()))
+            .collect()
+    };
+
+    assert_eq!(
+        of("fits"),
+        vec![(seqs_of("fits")[0], Some(seqs_of("fits")))],
+        "one pointer"
+    );
+
+    let group = of("group");
+    assert!((2..=4).contains(&group.len()), "{group:?}");
+    let mut carried = Vec::new();
+    for (q, rows) in group {
+        let rows = rows.expect("small rows travel");
+        assert_eq!(Some(q), rows.first().copied());
+        carried.extend(rows);
+    }
+    assert_eq!(carried, seqs_of("group"), "every row once, in seq order");
+
+    let mixed = seqs_of("mixed");
+    assert_eq!(
+        of("mixed"),
+        vec![(mixed[0], Some(mixed[..3].to_vec())), (mixed[3], None)],
+        "the rows before the large one travel; a bare pointer names it, and its read finds the rest"
+    );
+}
+
+#[tokio::test]
 async fn a_rolled_back_emit_leaves_no_row_and_no_notification() {
     let db = TestDb::new().await;
     let mut listener = db.listen().await;

@@ -10,6 +10,7 @@ pub mod database;
 pub mod in_process;
 pub mod proc_stats;
 pub mod publish;
+pub mod raw_publish;
 pub mod relay_process;
 pub mod report;
 pub mod scenarios;

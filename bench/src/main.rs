@@ -1015,8 +1015,9 @@ async fn publish_rows(
         };
         for publishers in [1, 64] {
             eprintln!("HTTP publish, {publishers} publishers, {label}");
-            let f = publish_throughput::http_publish(&relay.base, publishers, scale.emit_run * 2)
-                .await?;
+            let f =
+                publish_throughput::http_publish(relay.address(), publishers, scale.emit_run * 2)
+                    .await?;
             let target = match (group_commit_ms, publishers) {
                 (0, 64) => {
                     off_at_64 = Some(f.events_per_second);
@@ -1192,8 +1193,8 @@ async fn baseline_rows(
     let mut at_64 = 0.0;
     for publishers in [1, 64] {
         eprintln!("HTTP publish, {publishers} publishers, earlier release");
-        let f =
-            publish_throughput::http_publish(&relay.base, publishers, scale.emit_run * 2).await?;
+        let f = publish_throughput::http_publish(relay.address(), publishers, scale.emit_run * 2)
+            .await?;
         if publishers == 64 {
             at_64 = f.events_per_second;
         }

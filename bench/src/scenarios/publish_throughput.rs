@@ -4,12 +4,15 @@
 //! commit), with the publish latency each saw; and the publisher crate's
 //! batch emit against one emit per event.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use eventrelay_publisher::{NewEvent, Publisher};
 use serde_json::json;
+
+use crate::raw_publish::RawPublisher;
 
 use crate::clock::Percentiles;
 use crate::{BenchResult, PUBLISH_TOKEN};
@@ -22,41 +25,44 @@ pub struct PublishFigures {
     pub failed: usize,
 }
 
-/// `publishers` concurrent publishers against `base` for `duration`.
+/// `publishers` concurrent publishers against the relay at `address` for
+/// `duration`, each on a keep-alive connection of its own (see
+/// [`RawPublisher`] for why not a general-purpose client).
 pub async fn http_publish(
-    base: &str,
+    address: SocketAddr,
     publishers: usize,
     duration: Duration,
 ) -> BenchResult<PublishFigures> {
     let stop = Arc::new(AtomicBool::new(false));
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(publishers)
-        .build()?;
-    let url = format!("{base}/v1/events");
+    let mut connections = Vec::with_capacity(publishers);
+    for _ in 0..publishers {
+        connections.push(RawPublisher::connect(address, PUBLISH_TOKEN).await?);
+    }
     let started = Instant::now();
-    let tasks: Vec<_> = (0..publishers)
-        .map(|publisher| {
-            let (client, url, stop) = (client.clone(), url.clone(), Arc::clone(&stop));
+    let tasks: Vec<_> = connections
+        .into_iter()
+        .enumerate()
+        .map(|(publisher, mut connection)| {
+            let stop = Arc::clone(&stop);
             tokio::spawn(async move {
                 let mut samples = Vec::new();
                 let mut failed = 0usize;
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let body = json!({"type": "bench.publish", "scopeKey": "publish-bench",
-                        "lane": "durable", "data": {"p": publisher, "n": n}});
+                    let body = format!(
+                        r#"{{"type":"bench.publish","scopeKey":"publish-bench","lane":"durable","data":{{"p":{publisher},"n":{n}}}}}"#
+                    );
                     n += 1;
                     let sent = Instant::now();
-                    let answer = client
-                        .post(&url)
-                        .bearer_auth(PUBLISH_TOKEN)
-                        .json(&body)
-                        .send()
-                        .await;
-                    match answer {
-                        Ok(response) if response.status().is_success() => {
+                    match connection.publish(body.as_bytes()).await {
+                        Ok(status) if (200..300).contains(&status) => {
                             samples.push(sent.elapsed().as_nanos() as u64);
                         }
-                        _ => failed += 1,
+                        Ok(_) => failed += 1,
+                        Err(_) => {
+                            failed += 1;
+                            break;
+                        }
                     }
                 }
                 (samples, failed)
