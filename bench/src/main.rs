@@ -849,7 +849,9 @@ async fn wakeup_measure(
     // Rounds of floor, notify and logical back to back, each figure the
     // median of its rounds: the machine and the tables drift over a run,
     // and a ratio of two figures taken minutes apart measures the drift too.
-    const ROUNDS: usize = 3;
+    // Every other round runs the three in reverse, so no case always comes
+    // last, on the largest tables.
+    const ROUNDS: usize = 5;
     emit_cost::prepare(db, notify_schema).await?;
     emit_cost::prepare(db, logical_schema).await?;
     let mut plain = Vec::new();
@@ -860,46 +862,46 @@ async fn wakeup_measure(
                 .await?,
         );
     }
-    let mut floor_rounds = vec![Vec::new(); WRITERS.len()];
-    let mut mode_rounds = [
-        vec![Vec::new(); WRITERS.len()],
-        vec![Vec::new(); WRITERS.len()],
-    ];
+    // Per case (the floor, then each mode), per writer count, a figure
+    // per round.
+    let mut rounds = vec![vec![Vec::new(); WRITERS.len()]; 3];
     for round in 1..=ROUNDS {
-        for (index, writers) in WRITERS.into_iter().enumerate() {
-            eprintln!("wake-up modes: round {round}, floor, {writers} writers");
-            // The logical schema's trigger sends nothing, and no relay decodes.
-            floor_rounds[index].push(
-                emit_cost::measure(
-                    db,
-                    logical_schema,
-                    WriteKind::WithSqlEmit,
-                    writers,
-                    scale.emit_run,
-                )
-                .await?,
-            );
+        let mut order = [None, Some(WakeupMode::Notify), Some(WakeupMode::Logical)];
+        if round % 2 == 0 {
+            order.reverse();
         }
-        for (slot, (mode, schema)) in [
-            (WakeupMode::Notify, notify_schema),
-            (WakeupMode::Logical, logical_schema),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let mut settings = RelaySettings::new(db, schema);
-            settings.wakeup = mode.as_str();
-            let mut relay = start_relay(args, settings).await?;
+        for mode in order {
+            // The floor: the logical schema with no relay, so its trigger
+            // sends nothing and nothing decodes.
+            let (case, schema, mut relay) = match mode {
+                None => (0, logical_schema, None),
+                Some(mode) => {
+                    let schema = match mode {
+                        WakeupMode::Notify => notify_schema,
+                        WakeupMode::Logical => logical_schema,
+                    };
+                    let mut settings = RelaySettings::new(db, schema);
+                    settings.wakeup = mode.as_str();
+                    let case = 1 + usize::from(mode == WakeupMode::Logical);
+                    (case, schema, Some(start_relay(args, settings).await?))
+                }
+            };
+            let label = mode.map_or("floor".to_owned(), |mode| mode.to_string());
             for (index, writers) in WRITERS.into_iter().enumerate() {
-                eprintln!("wake-up modes: round {round}, {mode}, {writers} writers");
-                mode_rounds[slot][index].push(
+                let tps =
                     emit_cost::measure(db, schema, WriteKind::WithSqlEmit, writers, scale.emit_run)
-                        .await?,
+                        .await?;
+                eprintln!(
+                    "wake-up modes: round {round}, {label}, {writers} writers: {tps:.0} tx/s"
                 );
+                rounds[case][index].push(tps);
             }
-            relay.terminate(Duration::from_secs(10)).await?;
+            if let Some(relay) = relay.as_mut() {
+                relay.terminate(Duration::from_secs(10)).await?;
+            }
         }
     }
+    let (floor_rounds, mode_rounds) = (&rounds[0], [&rounds[1], &rounds[2]]);
     let floor: Vec<f64> = floor_rounds.iter().map(|r| median(r)).collect();
     let mut modes = Vec::new();
     for (slot, (mode, schema)) in [
