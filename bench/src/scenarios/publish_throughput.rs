@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use eventrelay_publisher::{NewEvent, Publisher};
 use serde_json::json;
 
-use crate::raw_publish::RawPublisher;
-
 use crate::clock::Percentiles;
+use crate::raw_publish::RawPublisher;
 use crate::{BenchResult, PUBLISH_TOKEN};
 
 #[derive(Debug, Clone)]
