@@ -866,24 +866,23 @@ async fn wakeup_measure(
     // per round.
     let mut rounds = vec![vec![Vec::new(); WRITERS.len()]; 3];
     for round in 1..=ROUNDS {
-        let mut order = [None, Some(WakeupMode::Notify), Some(WakeupMode::Logical)];
+        // (case, mode, schema); the floor is the logical schema with no
+        // relay, so its trigger sends nothing and nothing decodes.
+        let mut order = [
+            (0, None, logical_schema),
+            (1, Some(WakeupMode::Notify), notify_schema),
+            (2, Some(WakeupMode::Logical), logical_schema),
+        ];
         if round % 2 == 0 {
             order.reverse();
         }
-        for mode in order {
-            // The floor: the logical schema with no relay, so its trigger
-            // sends nothing and nothing decodes.
-            let (case, schema, mut relay) = match mode {
-                None => (0, logical_schema, None),
+        for (case, mode, schema) in order {
+            let mut relay = match mode {
+                None => None,
                 Some(mode) => {
-                    let schema = match mode {
-                        WakeupMode::Notify => notify_schema,
-                        WakeupMode::Logical => logical_schema,
-                    };
                     let mut settings = RelaySettings::new(db, schema);
                     settings.wakeup = mode.as_str();
-                    let case = 1 + usize::from(mode == WakeupMode::Logical);
-                    (case, schema, Some(start_relay(args, settings).await?))
+                    Some(start_relay(args, settings).await?)
                 }
             };
             let label = mode.map_or("floor".to_owned(), |mode| mode.to_string());

@@ -6,6 +6,7 @@
 //! out of the figure being measured; this one spends little more than the
 //! two system calls a request needs.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -47,16 +48,14 @@ impl RawPublisher {
     pub async fn publish(&mut self, body: &[u8]) -> BenchResult<u16> {
         self.request.clear();
         self.request.extend_from_slice(self.head.as_bytes());
-        self.request
-            .extend_from_slice(format!("{}\r\n\r\n", body.len()).as_bytes());
+        write!(self.request, "{}\r\n\r\n", body.len())?;
         self.request.extend_from_slice(body);
         self.stream.write_all(&self.request).await?;
         self.answer.clear();
         loop {
+            // Keep-alive: nothing of a next answer can follow this one, since
+            // the next request is not sent yet.
             if let Some(answer) = complete_answer(&self.answer)? {
-                // Keep-alive: nothing of a next answer can be here, since
-                // the next request is not sent yet.
-                self.answer.drain(..answer.length);
                 return Ok(answer.status);
             }
             if self.stream.read_buf(&mut self.answer).await? == 0 {
