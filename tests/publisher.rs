@@ -293,6 +293,121 @@ async fn one_statement_cuts_each_scope_into_payloads_under_the_limit_in_seq_orde
     );
 }
 
+/// Every carried envelope of `payloads`, in the order they travel.
+fn carried_envelopes(payloads: &[String]) -> Vec<EventEnvelope> {
+    payloads
+        .iter()
+        .flat_map(
+            |payload| match decode_notification(payload.as_bytes()).unwrap() {
+                EventNotification::Pointer {
+                    carried: Some(CarriedRows { events, .. }),
+                    ..
+                } => events,
+                other => panic!("expected a carrying pointer, got {other:?}"),
+            },
+        )
+        .collect()
+}
+
+#[tokio::test]
+async fn a_batch_announces_its_own_rows_exactly_as_the_trigger_would() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let client = db.connect().await;
+    let publisher = publisher(&db);
+    // Two scopes interleaved, one needing several payloads, every row
+    // small enough to travel: the statement announces them itself.
+    let mut batch = Vec::new();
+    for n in 0..60 {
+        batch.push(
+            NewEvent::durable("group.item", "group", json!({"n": n, "pad": "p".repeat(200)}))
+                .with_resources([format!("item:{n}")]),
+        );
+        if n < 20 {
+            batch.push(
+                NewEvent::durable("small.item", "fits \"quoted\"", json!({"n": n}))
+                    .with_audience(Audience::users(["u1"])),
+            );
+        }
+    }
+    let written = publisher.emit_batch(&client, batch).await.unwrap();
+    let payloads = listener.drain(&db).await;
+    for payload in &payloads {
+        assert!(payload.len() < 8000, "a payload of {} bytes", payload.len());
+    }
+    let seen = pointers(&payloads);
+    let scopes: Vec<&str> = seen.iter().map(|(scope, _, _)| scope.as_str()).collect();
+    assert_eq!(scopes.iter().filter(|s| **s == "fits \"quoted\"").count(), 1);
+    assert!((2..=4).contains(&scopes.iter().filter(|s| **s == "group").count()), "{seen:?}");
+    // Pointers in order of their lowest seqs, each naming its first row.
+    let firsts: Vec<i64> = seen.iter().map(|(_, q, _)| *q).collect();
+    assert!(firsts.windows(2).all(|w| w[0] < w[1]), "{firsts:?}");
+    for (_, q, rows) in &seen {
+        assert_eq!(rows.as_ref().and_then(|r| r.first()), Some(q));
+    }
+
+    // Each row travels once, and as the outbox holds it.
+    let mut travelled = carried_envelopes(&payloads);
+    travelled.sort_by_key(|e| e.seq);
+    let mut stored = read_all(&db, "group").await;
+    stored.extend(read_all(&db, "fits \"quoted\"").await);
+    stored.sort_by_key(|e| e.seq);
+    assert_eq!(travelled, stored);
+    let mut answered = written.clone();
+    answered.sort_by_key(|e| e.seq);
+    assert_eq!(travelled, answered);
+    let txid = txid_of(&db, written[0].seq.unwrap()).await;
+    for payload in &payloads {
+        match decode_notification(payload.as_bytes()).unwrap() {
+            EventNotification::Pointer {
+                carried: Some(rows), ..
+            } => assert_eq!(rows.txid, txid),
+            other => panic!("expected a carrying pointer, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_statement_that_announced_itself_leaves_the_next_to_the_trigger() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let mut client = db.connect().await;
+    let publisher = publisher(&db);
+    let tx = client.transaction().await.unwrap();
+    // A bare pointer first: the batch must not announce that scope again.
+    let big = publisher
+        .emit(&tx, NewEvent::durable("big", "bare", json!({"pad": "x".repeat(9_000)})))
+        .await
+        .unwrap();
+    let batch = publisher
+        .emit_batch(
+            &tx,
+            vec![
+                NewEvent::durable("after.bare", "bare", json!({})),
+                NewEvent::durable("batched", "org-1", json!({"n": 1})),
+            ],
+        )
+        .await
+        .unwrap();
+    // The next statement, in the same transaction, is the trigger's again.
+    let later = publisher
+        .emit(&tx, NewEvent::durable("later", "org-2", json!({"n": 2})))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let mut seen = pointers(&listener.drain(&db).await);
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            ("bare".to_owned(), big.seq.unwrap(), None),
+            ("org-1".to_owned(), batch[1].seq.unwrap(), Some(vec![batch[1].seq.unwrap()])),
+            ("org-2".to_owned(), later.seq.unwrap(), Some(vec![later.seq.unwrap()])),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_rolled_back_emit_leaves_no_row_and_no_notification() {
     let db = TestDb::new().await;
@@ -635,7 +750,9 @@ async fn a_committed_batch_sends_begin_its_statements_and_commit_together_in_ord
         .unwrap();
     assert_eq!(
         *sender.sent.lock().unwrap(),
-        ["BEGIN", "INSERT", "SELECT", "COMMIT"],
+        // The durable rows' INSERT (announcing its own rows), then the
+        // ephemeral event's notification.
+        ["BEGIN", "WITH", "SELECT", "COMMIT"],
         "the transaction's statements, in order"
     );
     assert!(!in_open_transaction(&client).await, "nothing left open");

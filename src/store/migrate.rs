@@ -66,6 +66,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "pointer_rows",
         sql: include_str!("../../migrations/0008_pointer_rows.sql"),
     },
+    Migration {
+        version: 9,
+        name: "caller_announced_rows",
+        sql: include_str!("../../migrations/0009_caller_announced_rows.sql"),
+    },
 ];
 
 /// Why the schema could not be brought up to date.

@@ -5,13 +5,19 @@
 //! all on the caller's connection, so COMMIT publishes both and ROLLBACK
 //! discards both. Errors are returned, never swallowed: inside a transaction
 //! an error must reach the caller so it rolls back.
+//!
+//! A batch is one `INSERT` for all its durable rows, and that statement
+//! announces its rows itself: the envelopes are built here, split around
+//! the seq the database has yet to assign, and the statement joins them to
+//! the seqs and sends the carrying pointers, so the trigger, which would
+//! build every envelope again in SQL, has nothing left to do for it.
 
 use std::sync::Arc;
 
 use chrono::Utc;
 use eventrelay_wire::{
-    EncodeError, EnvelopeError, EventEnvelope, Lane, MAX_NOTIFY_PAYLOAD_BYTES, NewEvent,
-    encode_inline_batch_within, encode_inline_within,
+    EncodeError, EnvelopeAroundSeq, EnvelopeError, EventEnvelope, Lane, MAX_NOTIFY_PAYLOAD_BYTES,
+    NewEvent, assign_to_pointers, encode_inline_batch_within, encode_inline_within,
 };
 use tokio_postgres::types::{ToSql, Type};
 
@@ -60,6 +66,7 @@ pub struct Publisher {
     registry: Option<Arc<SchemaRegistry>>,
     emit_sql: Arc<str>,
     emit_batch_sql: Arc<str>,
+    emit_batch_announced_sql: Arc<str>,
     notify_sql: Arc<str>,
     /// Largest encoded ephemeral payload: under the NOTIFY limit unless the
     /// schema's relays are woken by logical decoding.
@@ -73,19 +80,30 @@ impl Publisher {
     /// A publisher for the tables in `schema` (see [`DEFAULT_SCHEMA`]).
     pub fn new(schema: &str) -> Result<Self, PublishError> {
         let schema = Identifier::new(schema)?;
+        // One statement for a whole batch. Resources travel as JSON arrays
+        // because SQL arrays of arrays must not be ragged.
+        let insert = format!(
+            "INSERT INTO {schema}.outbox (id, type, scope_key, data, audience, resources, occurred_at)
+             SELECT e.id, e.type, e.scope_key, e.data, e.audience,
+                    ARRAY(SELECT jsonb_array_elements_text(e.resources)), e.occurred_at
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[],
+                         $6::jsonb[], $7::timestamptz[])
+                  WITH ORDINALITY AS e(id, type, scope_key, data, audience, resources, occurred_at, n)
+             ORDER BY e.n"
+        );
         Ok(Publisher {
             emit_sql: format!("SELECT {schema}.emit($1, $2, $3, $4, $5, $6, $7)").into(),
-            // One statement for a whole batch. Resources travel as JSON
-            // arrays because SQL arrays of arrays must not be ragged.
-            emit_batch_sql: format!(
-                "INSERT INTO {schema}.outbox (id, type, scope_key, data, audience, resources, occurred_at)
-                 SELECT e.id, e.type, e.scope_key, e.data, e.audience,
-                        ARRAY(SELECT jsonb_array_elements_text(e.resources)), e.occurred_at
-                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[],
-                             $6::jsonb[], $7::timestamptz[])
-                      WITH ORDINALITY AS e(id, type, scope_key, data, audience, resources, occurred_at, n)
-                 ORDER BY e.n
-                 RETURNING id, seq"
+            emit_batch_sql: format!("{insert} RETURNING id, seq").into(),
+            // The same INSERT, its rows announced by the statement itself
+            // from envelope parts built here ($8 to $10); the database
+            // only joins them around the seqs (see `outbox_announce_rows`).
+            emit_batch_announced_sql: format!(
+                "WITH written AS ({insert} RETURNING id, seq),
+                 announced AS MATERIALIZED (
+                     SELECT {schema}.outbox_announce_rows(array_agg(id), array_agg(seq),
+                                                          $1, $3, $8, $9, $10)
+                     FROM written)
+                 SELECT written.id, written.seq FROM written, announced"
             )
             .into(),
             notify_sql: format!("SELECT {schema}.notify_inline($1)").into(),
@@ -277,9 +295,29 @@ impl Publisher {
             .iter()
             .map(|payload| [(payload as &(dyn ToSql + Sync), Type::TEXT)])
             .collect();
+        let announced = announced_rows(&durable);
+        let announced_params: Option<[(&(dyn ToSql + Sync), Type); 10]> =
+            announced.as_ref().map(|rows| {
+                let [a, b, c, d, e, f, g] = insert_params.clone();
+                [
+                    a,
+                    b,
+                    c,
+                    d,
+                    e,
+                    f,
+                    g,
+                    (&rows.pointers as &(dyn ToSql + Sync), Type::INT4_ARRAY),
+                    (&rows.heads, Type::TEXT_ARRAY),
+                    (&rows.tails, Type::TEXT_ARRAY),
+                ]
+            });
         let mut statements = Vec::with_capacity(1 + payloads.len());
         if !durable.is_empty() {
-            statements.push(client.query_typed(&self.emit_batch_sql, &insert_params));
+            statements.push(match &announced_params {
+                Some(params) => client.query_typed(&self.emit_batch_announced_sql, params),
+                None => client.query_typed(&self.emit_batch_sql, &insert_params),
+            });
         }
         for params in &notify_params {
             statements.push(client.query_typed(&self.notify_sql, params));
@@ -401,4 +439,43 @@ impl<'a> DurableRow<'a> {
             (&e.occurred_at, Type::TIMESTAMPTZ),
         ]
     }
+}
+
+/// The envelope parts and pointer numbers with which a batch's INSERT
+/// announces its own rows (see `outbox_announce_rows` in the migrations).
+struct AnnouncedRows {
+    pointers: Vec<i32>,
+    heads: Vec<String>,
+    tails: Vec<String>,
+}
+
+/// Prepares `durable` rows (in insert order) to be announced by their own
+/// statement: this saves the database building every envelope again in
+/// the outbox trigger. `None` when a row is too large to travel with a
+/// pointer: the trigger then announces the batch, with a bare pointer
+/// for that row.
+fn announced_rows(durable: &[&EventEnvelope]) -> Option<AnnouncedRows> {
+    if durable.is_empty() {
+        return None;
+    }
+    let mut heads = Vec::with_capacity(durable.len());
+    let mut tails = Vec::with_capacity(durable.len());
+    let mut lengths = Vec::with_capacity(durable.len());
+    for envelope in durable {
+        let parts = EnvelopeAroundSeq::of(envelope).ok()?;
+        lengths.push(parts.len_at_most());
+        heads.push(parts.head);
+        tails.push(parts.tail);
+    }
+    let pointers = assign_to_pointers(
+        durable
+            .iter()
+            .zip(lengths)
+            .map(|(envelope, len)| (envelope.scope_key.as_str(), len)),
+    )?;
+    Some(AnnouncedRows {
+        pointers,
+        heads,
+        tails,
+    })
 }

@@ -7,12 +7,14 @@
 //! # Layout
 //!
 //! [`envelope`] (the event and its rules), [`notification`] (the `NOTIFY`
-//! payloads: pointers, inline events and batches), [`sse`] (frames),
+//! payloads: pointers, inline events and batches), [`carrying`]
+//! (pointers a writer builds itself before the seqs exist), [`sse`] (frames),
 //! [`audience`] (the one predicate every delivery path applies), [`webhook`]
 //! (Standard Webhooks signing and verifying), and `schema` (the JSON
 //! Schemas, behind the `json-schema` feature).
 
 pub mod audience;
+pub mod carrying;
 pub mod envelope;
 pub mod notification;
 #[cfg(feature = "json-schema")]
@@ -21,6 +23,7 @@ pub mod sse;
 pub mod webhook;
 
 pub use audience::{PermissionEvaluator, Subscriber, is_envelope_permitted, is_permitted};
+pub use carrying::{EnvelopeAroundSeq, assign_to_pointers};
 pub use envelope::{
     Audience, EnvelopeError, EventEnvelope, Lane, MAX_EVENT_TYPE_BYTES, MAX_SCOPE_KEY_BYTES,
     NewEvent, RESERVED_EVENT_TYPE_PREFIX, RESERVED_EVENT_TYPES, is_reserved_event_type,
