@@ -27,8 +27,8 @@ use crate::metrics::Metrics;
 use crate::reload::{ReloadError, ReloadReport, Reloading};
 use crate::store::StoreError;
 use crate::store::{
-    ANNOUNCES_QUEUED_DELIVERIES, Database, DatabaseError, MigrateError, Outbox, WakeupError,
-    WakeupMode, has_migration, migrate_for,
+    ANNOUNCES_BATCHED_ROWS, ANNOUNCES_QUEUED_DELIVERIES, Database, DatabaseError, MigrateError,
+    Outbox, WakeupError, WakeupMode, has_migration, migrate_for,
 };
 use crate::webhooks::{Dispatcher, SetWorkers, StopDispatcher, WebhookStore};
 use tokio::sync::watch;
@@ -250,8 +250,17 @@ pub async fn run_with(
         .db
         .clone()
         .with_wait_histogram(metrics.database_pool_wait_seconds.clone());
+    // A schema migrated before batches announced their own rows (possible
+    // with `database.migrate` off) leaves announcing to its trigger.
+    let batches_announced = {
+        let conn = db.get().await?;
+        has_migration(&conn, &schema, ANNOUNCES_BATCHED_ROWS)
+            .await
+            .map_err(MigrateError::Database)?
+    };
     let mut publisher = Publisher::new(schema.as_str())?
-        .with_ephemeral_max_bytes(config.publish.ephemeral_max_bytes);
+        .with_ephemeral_max_bytes(config.publish.ephemeral_max_bytes)
+        .with_batches_announced(batches_announced);
     if let Some(dir) = &config.publish.schemas_dir {
         publisher = publisher.with_registry(load_schemas(Path::new(dir))?);
     }

@@ -320,8 +320,12 @@ async fn a_batch_announces_its_own_rows_exactly_as_the_trigger_would() {
     let mut batch = Vec::new();
     for n in 0..60 {
         batch.push(
-            NewEvent::durable("group.item", "group", json!({"n": n, "pad": "p".repeat(200)}))
-                .with_resources([format!("item:{n}")]),
+            NewEvent::durable(
+                "group.item",
+                "group",
+                json!({"n": n, "pad": "p".repeat(200)}),
+            )
+            .with_resources([format!("item:{n}")]),
         );
         if n < 20 {
             batch.push(
@@ -337,8 +341,14 @@ async fn a_batch_announces_its_own_rows_exactly_as_the_trigger_would() {
     }
     let seen = pointers(&payloads);
     let scopes: Vec<&str> = seen.iter().map(|(scope, _, _)| scope.as_str()).collect();
-    assert_eq!(scopes.iter().filter(|s| **s == "fits \"quoted\"").count(), 1);
-    assert!((2..=4).contains(&scopes.iter().filter(|s| **s == "group").count()), "{seen:?}");
+    assert_eq!(
+        scopes.iter().filter(|s| **s == "fits \"quoted\"").count(),
+        1
+    );
+    assert!(
+        (2..=4).contains(&scopes.iter().filter(|s| **s == "group").count()),
+        "{seen:?}"
+    );
     // Pointers in order of their lowest seqs, each naming its first row.
     let firsts: Vec<i64> = seen.iter().map(|(_, q, _)| *q).collect();
     assert!(firsts.windows(2).all(|w| w[0] < w[1]), "{firsts:?}");
@@ -360,7 +370,8 @@ async fn a_batch_announces_its_own_rows_exactly_as_the_trigger_would() {
     for payload in &payloads {
         match decode_notification(payload.as_bytes()).unwrap() {
             EventNotification::Pointer {
-                carried: Some(rows), ..
+                carried: Some(rows),
+                ..
             } => assert_eq!(rows.txid, txid),
             other => panic!("expected a carrying pointer, got {other:?}"),
         }
@@ -376,7 +387,10 @@ async fn a_statement_that_announced_itself_leaves_the_next_to_the_trigger() {
     let tx = client.transaction().await.unwrap();
     // A bare pointer first: the batch must not announce that scope again.
     let big = publisher
-        .emit(&tx, NewEvent::durable("big", "bare", json!({"pad": "x".repeat(9_000)})))
+        .emit(
+            &tx,
+            NewEvent::durable("big", "bare", json!({"pad": "x".repeat(9_000)})),
+        )
         .await
         .unwrap();
     let batch = publisher
@@ -402,9 +416,74 @@ async fn a_statement_that_announced_itself_leaves_the_next_to_the_trigger() {
         seen,
         vec![
             ("bare".to_owned(), big.seq.unwrap(), None),
-            ("org-1".to_owned(), batch[1].seq.unwrap(), Some(vec![batch[1].seq.unwrap()])),
-            ("org-2".to_owned(), later.seq.unwrap(), Some(vec![later.seq.unwrap()])),
+            (
+                "org-1".to_owned(),
+                batch[1].seq.unwrap(),
+                Some(vec![batch[1].seq.unwrap()])
+            ),
+            (
+                "org-2".to_owned(),
+                later.seq.unwrap(),
+                Some(vec![later.seq.unwrap()])
+            ),
         ]
+    );
+}
+
+#[tokio::test]
+async fn a_schema_from_before_announcing_batches_leaves_them_to_its_trigger() {
+    use eventrelay::store::{ANNOUNCES_BATCHED_ROWS, MIGRATIONS};
+    let db = TestDb::unmigrated();
+    let mut client = db.connect().await;
+    // Migrated by an earlier release: every migration before the one that
+    // lets a batch announce its own rows.
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA {schema}; SET LOCAL search_path TO {schema};",
+        schema = db.schema
+    ))
+    .await
+    .unwrap();
+    for migration in MIGRATIONS
+        .iter()
+        .filter(|m| m.version < ANNOUNCES_BATCHED_ROWS)
+    {
+        tx.batch_execute(migration.sql).await.unwrap();
+    }
+    tx.execute(
+        "INSERT INTO settings (channel) VALUES ($1)",
+        &[&db.channel.as_str()],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let mut listener = db.listen().await;
+    let batch = || vec![NewEvent::durable("a", "org-1", json!({"n": 1}))];
+
+    let error = publisher(&db)
+        .emit_batch(&client, batch())
+        .await
+        .unwrap_err();
+    let PublishError::Database(error) = error.error else {
+        panic!("expected a database error, got {error}");
+    };
+    let message = error.as_db_error().map(|e| e.message().to_owned());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("outbox_announce_rows")),
+        "the error names what is missing: {message:?}"
+    );
+    let written = publisher(&db)
+        .with_batches_announced(false)
+        .emit_batch(&client, batch())
+        .await
+        .unwrap();
+    let seq = written[0].seq.unwrap();
+    assert_eq!(
+        pointers(&listener.drain(&db).await),
+        vec![("org-1".to_owned(), seq, Some(vec![seq]))],
+        "announced by the trigger"
     );
 }
 

@@ -120,6 +120,10 @@ impl Migration {
 /// deliveries with `{"k":"due"}`.
 pub const ANNOUNCES_QUEUED_DELIVERIES: i32 = 7;
 
+/// The first migration with `outbox_announce_rows`, with which a batch's
+/// INSERT announces its own rows.
+pub const ANNOUNCES_BATCHED_ROWS: i32 = 9;
+
 /// Whether `schema` has migration `version` applied (false when the schema
 /// was never migrated).
 pub async fn has_migration(

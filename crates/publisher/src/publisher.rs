@@ -67,6 +67,9 @@ pub struct Publisher {
     emit_sql: Arc<str>,
     emit_batch_sql: Arc<str>,
     emit_batch_announced_sql: Arc<str>,
+    /// Whether a batch's INSERT announces its own rows (the schema has
+    /// `outbox_announce_rows`).
+    announces_batches: bool,
     notify_sql: Arc<str>,
     /// Largest encoded ephemeral payload: under the NOTIFY limit unless the
     /// schema's relays are woken by logical decoding.
@@ -115,6 +118,7 @@ impl Publisher {
             .into(),
             schema,
             registry: None,
+            announces_batches: true,
             ephemeral_max_bytes: MAX_NOTIFY_PAYLOAD_BYTES,
         })
     }
@@ -133,6 +137,15 @@ impl Publisher {
     /// [`with_ephemeral_max_bytes`](Self::with_ephemeral_max_bytes)).
     pub fn ephemeral_max_bytes(&self) -> usize {
         self.ephemeral_max_bytes
+    }
+
+    /// Whether a batch's INSERT announces its own rows (the default), or
+    /// leaves that to the outbox trigger. Announcing needs the SQL function
+    /// `outbox_announce_rows`, which `eventrelay migrate` installs since
+    /// schema version 9; turn it off for a schema not yet migrated that far.
+    pub fn with_batches_announced(mut self, announced: bool) -> Self {
+        self.announces_batches = announced;
+        self
     }
 
     /// Makes emit typed: only event types in `registry` are accepted, and
@@ -295,7 +308,10 @@ impl Publisher {
             .iter()
             .map(|payload| [(payload as &(dyn ToSql + Sync), Type::TEXT)])
             .collect();
-        let announced = announced_rows(&durable);
+        let announced = self
+            .announces_batches
+            .then(|| announced_rows(&durable))
+            .flatten();
         let announced_params: Option<[(&(dyn ToSql + Sync), Type); 10]> =
             announced.as_ref().map(|rows| {
                 let [a, b, c, d, e, f, g] = insert_params.clone();

@@ -82,9 +82,9 @@ pub fn assign_to_pointers<'a>(
     let mut next_number = 0;
     let mut assigned = Vec::new();
     for (scope_key, len) in rows {
-        let scope_json = *scope_json_lengths
-            .entry(scope_key)
-            .or_insert_with(|| serde_json::to_string(scope_key).map_or(usize::MAX / 4, |s| s.len()));
+        let scope_json = *scope_json_lengths.entry(scope_key).or_insert_with(|| {
+            serde_json::to_string(scope_key).map_or(usize::MAX / 4, |s| s.len())
+        });
         let room = MAX_NOTIFY_PAYLOAD_BYTES.checked_sub(scope_json + POINTER_OVERHEAD)?;
         if len > room {
             return None;
@@ -127,14 +127,18 @@ mod tests {
     #[test]
     fn the_parts_around_any_seq_are_the_envelope_with_that_seq() {
         // Data that holds the placeholder's own text must not be split.
-        let hostile = json!({"seq": 9223372036854775807_i64, "note": "\"seq\":9223372036854775807"});
+        let hostile =
+            json!({"seq": 9223372036854775807_i64, "note": "\"seq\":9223372036854775807"});
         for data in [json!({"orderId": 42}), hostile] {
             let mut envelope = durable("org-1", data);
             let parts = EnvelopeAroundSeq::of(&envelope).unwrap();
             for seq in [1_i64, 42, 9_007_199_254_740_993] {
                 let joined = format!("{}{seq}{}", parts.head, parts.tail);
                 envelope.seq = Some(seq);
-                assert_eq!(serde_json::from_str::<EventEnvelope>(&joined).unwrap(), envelope);
+                assert_eq!(
+                    serde_json::from_str::<EventEnvelope>(&joined).unwrap(),
+                    envelope
+                );
                 assert!(joined.len() <= parts.len_at_most());
             }
         }
@@ -142,7 +146,14 @@ mod tests {
 
     #[test]
     fn rows_fill_a_pointer_per_scope_in_order_of_their_first_rows() {
-        let rows = [("a", 3000), ("b", 10), ("a", 3000), ("a", 3000), ("b", 10), ("a", 10)];
+        let rows = [
+            ("a", 3000),
+            ("b", 10),
+            ("a", 3000),
+            ("a", 3000),
+            ("b", 10),
+            ("a", 10),
+        ];
         // The third row of `a` does not fit beside the first two: a new
         // pointer opens (number 2, after `b`'s), and takes `a`'s last row.
         assert_eq!(assign_to_pointers(rows), Some(vec![0, 1, 0, 2, 1, 2]));
@@ -157,12 +168,22 @@ mod tests {
     fn every_assigned_pointer_decodes_and_stays_under_the_limit() {
         let big = "x".repeat(900);
         let envelopes: Vec<EventEnvelope> = (0..40)
-            .map(|n| durable(if n % 3 == 0 { "a" } else { "b\"quoted" }, json!({"n": n, "pad": big})))
+            .map(|n| {
+                durable(
+                    if n % 3 == 0 { "a" } else { "b\"quoted" },
+                    json!({"n": n, "pad": big}),
+                )
+            })
             .collect();
-        let parts: Vec<EnvelopeAroundSeq> =
-            envelopes.iter().map(|e| EnvelopeAroundSeq::of(e).unwrap()).collect();
+        let parts: Vec<EnvelopeAroundSeq> = envelopes
+            .iter()
+            .map(|e| EnvelopeAroundSeq::of(e).unwrap())
+            .collect();
         let numbers = assign_to_pointers(
-            envelopes.iter().zip(&parts).map(|(e, p)| (e.scope_key.as_str(), p.len_at_most())),
+            envelopes
+                .iter()
+                .zip(&parts)
+                .map(|(e, p)| (e.scope_key.as_str(), p.len_at_most())),
         )
         .unwrap();
         let pointers = numbers.iter().max().map_or(0, |n| n + 1);
@@ -170,7 +191,14 @@ mod tests {
             // Seqs as long as they print, as the database would join them.
             let rows: Vec<String> = (0..envelopes.len())
                 .filter(|&i| numbers[i] == number)
-                .map(|i| format!("{}{}{}", parts[i].head, i64::MAX - 40 + i as i64, parts[i].tail))
+                .map(|i| {
+                    format!(
+                        "{}{}{}",
+                        parts[i].head,
+                        i64::MAX - 40 + i as i64,
+                        parts[i].tail
+                    )
+                })
                 .collect();
             let first = numbers.iter().position(|&n| n == number).unwrap();
             let payload = format!(
@@ -180,9 +208,16 @@ mod tests {
                 u64::MAX,
                 rows.join(",")
             );
-            assert!(payload.len() <= MAX_NOTIFY_PAYLOAD_BYTES, "{} bytes", payload.len());
+            assert!(
+                payload.len() <= MAX_NOTIFY_PAYLOAD_BYTES,
+                "{} bytes",
+                payload.len()
+            );
             match decode_notification(payload.as_bytes()).unwrap() {
-                EventNotification::Pointer { carried: Some(carried), .. } => {
+                EventNotification::Pointer {
+                    carried: Some(carried),
+                    ..
+                } => {
                     assert_eq!(carried.events.len(), rows.len());
                 }
                 other => panic!("not a carrying pointer: {other:?}"),
