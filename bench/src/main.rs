@@ -852,6 +852,7 @@ async fn wakeup_measure(
     // Every other round runs the three in reverse, so no case always comes
     // last, on the largest tables.
     const ROUNDS: usize = 5;
+    const LATENCY_ROUNDS: usize = 3;
     emit_cost::prepare(db, notify_schema).await?;
     emit_cost::prepare(db, logical_schema).await?;
     let mut plain = Vec::new();
@@ -902,34 +903,52 @@ async fn wakeup_measure(
     }
     let (floor_rounds, mode_rounds) = (&rounds[0], [&rounds[1], &rounds[2]]);
     let floor: Vec<f64> = floor_rounds.iter().map(|r| median(r)).collect();
+    // Commit-to-receive in both modes, in alternating order for the same
+    // reason: a single pair of runs minutes apart compares the machine's
+    // hours as much as the modes.
+    let mut fanouts: [Vec<FanoutFigures>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..LATENCY_ROUNDS {
+        let mut order = [
+            (0, WakeupMode::Notify, notify_schema),
+            (1, WakeupMode::Logical, logical_schema),
+        ];
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for (slot, mode, schema) in order {
+            let mut settings = RelaySettings::new(db, schema);
+            settings.wakeup = mode.as_str();
+            let mut relay = start_relay(args, settings).await?;
+            eprintln!(
+                "wake-up modes: round {} of {LATENCY_ROUNDS}, {mode}, fan-out {} subscribers",
+                round + 1,
+                scale.small_fanout
+            );
+            let plan = FanoutPlan {
+                subscribers: scale.small_fanout,
+                scopes: 1,
+                scope_prefix: format!("wake-{mode}-{round}"),
+                pace: Pace::PerSecond(100.0),
+                duration: scale.fixed_run,
+                writers: 4,
+                source: emit_source(db, schema),
+            };
+            let fanout = fanout::run(&plan, &relay_server(&relay)).await?;
+            relay.terminate(Duration::from_secs(10)).await?;
+            fanouts[slot].push(fanout);
+        }
+    }
+    let [notify_fanouts, logical_fanouts] = fanouts;
     let mut modes = Vec::new();
-    for (slot, (mode, schema)) in [
-        (WakeupMode::Notify, notify_schema),
-        (WakeupMode::Logical, logical_schema),
+    for (slot, (mode, fanouts)) in [
+        (WakeupMode::Notify, notify_fanouts),
+        (WakeupMode::Logical, logical_fanouts),
     ]
     .into_iter()
     .enumerate()
     {
         let emits: Vec<f64> = mode_rounds[slot].iter().map(|r| median(r)).collect();
-        let mut settings = RelaySettings::new(db, schema);
-        settings.wakeup = mode.as_str();
-        let mut relay = start_relay(args, settings).await?;
-        eprintln!(
-            "wake-up modes: {mode}, fan-out {} subscribers",
-            scale.small_fanout
-        );
-        let plan = FanoutPlan {
-            subscribers: scale.small_fanout,
-            scopes: 1,
-            scope_prefix: format!("wake-{mode}"),
-            pace: Pace::PerSecond(100.0),
-            duration: scale.fixed_run,
-            writers: 4,
-            source: emit_source(db, schema),
-        };
-        let fanout = fanout::run(&plan, &relay_server(&relay)).await?;
-        relay.terminate(Duration::from_secs(10)).await?;
-        modes.push((mode, emits, fanout));
+        modes.push((mode, emits, fanouts));
     }
     let (notify, logical) = (&modes[0], &modes[1]);
     for (index, writers) in WRITERS.into_iter().enumerate() {
@@ -953,23 +972,42 @@ async fn wakeup_measure(
             target,
         );
     }
-    for (mode, _, fanout) in &modes {
-        let per_event = fanout.cpu_seconds_per_1000 * scale.small_fanout as f64;
+    let p50_ms = |fanouts: &[FanoutFigures]| -> Vec<f64> {
+        fanouts
+            .iter()
+            .map(|f| f.latency.p50.as_secs_f64() * 1000.0)
+            .collect()
+    };
+    let notify_p50 = median(&p50_ms(&notify.2));
+    for (mode, _, fanouts) in &modes {
+        let p50s = p50_ms(fanouts);
+        let p50 = median(&p50s);
         let target = match mode {
             WakeupMode::Notify => "–".to_owned(),
             WakeupMode::Logical => format!(
-                "p50 ≤ notify's: {}",
-                verdict(fanout.latency.p50 <= notify.2.latency.p50)
+                "median p50 ≤ notify's: {p50:.2} against {notify_p50:.2} ms {}",
+                verdict(p50 <= notify_p50)
             ),
         };
+        let cpu_per_event: Vec<f64> = fanouts
+            .iter()
+            .map(|f| f.cpu_seconds_per_1000 * scale.small_fanout as f64)
+            .collect();
+        let last = fanouts.last().ok_or("no fan-out round ran")?;
         table.add(
             format!(
-                "wake-up {mode}: fan-out {} subs, 1 scope, 100 ev/s, SQL emit (commit-to-receive)",
+                "wake-up {mode}: fan-out {} subs, 1 scope, 100 ev/s, SQL emit (commit-to-receive), \
+                 {LATENCY_ROUNDS} rounds in alternating order",
                 scale.small_fanout
             ),
             format!(
-                "{} · relay {per_event:.3} CPU s per 1,000 events",
-                fanout_summary(fanout)
+                "p50 per round {} ms · median {p50:.2} ms · relay CPU s per 1,000 events, median {:.3} · last round: {}",
+                p50s.iter()
+                    .map(|p| format!("{p:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                median(&cpu_per_event),
+                fanout_summary(last)
             ),
             target,
         );
