@@ -293,16 +293,16 @@ async fn one_statement_cuts_each_scope_into_payloads_under_the_limit_in_seq_orde
     );
 }
 
-/// Every carried envelope of `payloads`, in the order they travel.
-fn carried_envelopes(payloads: &[String]) -> Vec<EventEnvelope> {
+/// The rows every pointer in `payloads` carries, in the order they travel.
+fn carried_rows(payloads: &[String]) -> Vec<CarriedRows> {
     payloads
         .iter()
-        .flat_map(
+        .map(
             |payload| match decode_notification(payload.as_bytes()).unwrap() {
                 EventNotification::Pointer {
-                    carried: Some(CarriedRows { events, .. }),
+                    carried: Some(rows),
                     ..
-                } => events,
+                } => rows,
                 other => panic!("expected a carrying pointer, got {other:?}"),
             },
         )
@@ -357,7 +357,11 @@ async fn a_batch_announces_its_own_rows_exactly_as_the_trigger_would() {
     }
 
     // Each row travels once, and as the outbox holds it.
-    let mut travelled = carried_envelopes(&payloads);
+    let carried = carried_rows(&payloads);
+    let mut travelled: Vec<EventEnvelope> = carried
+        .iter()
+        .flat_map(|rows| rows.events.clone())
+        .collect();
     travelled.sort_by_key(|e| e.seq);
     let mut stored = read_all(&db, "group").await;
     stored.extend(read_all(&db, "fits \"quoted\"").await);
@@ -367,14 +371,8 @@ async fn a_batch_announces_its_own_rows_exactly_as_the_trigger_would() {
     answered.sort_by_key(|e| e.seq);
     assert_eq!(travelled, answered);
     let txid = txid_of(&db, written[0].seq.unwrap()).await;
-    for payload in &payloads {
-        match decode_notification(payload.as_bytes()).unwrap() {
-            EventNotification::Pointer {
-                carried: Some(rows),
-                ..
-            } => assert_eq!(rows.txid, txid),
-            other => panic!("expected a carrying pointer, got {other:?}"),
-        }
+    for rows in &carried {
+        assert_eq!(rows.txid, txid);
     }
 }
 
@@ -432,31 +430,10 @@ async fn a_statement_that_announced_itself_leaves_the_next_to_the_trigger() {
 
 #[tokio::test]
 async fn a_schema_from_before_announcing_batches_leaves_them_to_its_trigger() {
-    use eventrelay::store::{ANNOUNCES_BATCHED_ROWS, MIGRATIONS};
-    let db = TestDb::unmigrated();
-    let mut client = db.connect().await;
     // Migrated by an earlier release: every migration before the one that
     // lets a batch announce its own rows.
-    let tx = client.transaction().await.unwrap();
-    tx.batch_execute(&format!(
-        "CREATE SCHEMA {schema}; SET LOCAL search_path TO {schema};",
-        schema = db.schema
-    ))
-    .await
-    .unwrap();
-    for migration in MIGRATIONS
-        .iter()
-        .filter(|m| m.version < ANNOUNCES_BATCHED_ROWS)
-    {
-        tx.batch_execute(migration.sql).await.unwrap();
-    }
-    tx.execute(
-        "INSERT INTO settings (channel) VALUES ($1)",
-        &[&db.channel.as_str()],
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    let db = TestDb::migrated_before(eventrelay::store::ANNOUNCES_BATCHED_ROWS).await;
+    let client = db.connect().await;
     let mut listener = db.listen().await;
     let batch = || vec![NewEvent::durable("a", "org-1", json!({"n": 1}))];
 

@@ -545,39 +545,9 @@ async fn events_without_deliveries_do_not_wake_the_webhook_workers() {
 
 #[tokio::test]
 async fn a_schema_from_before_delivery_announcements_still_gets_its_webhooks_promptly() {
-    use eventrelay::store::MIGRATIONS;
-    let db = TestDb::unmigrated();
-    let mut client = db.connect().await;
     // Migrated by an earlier release: every migration before the one that
-    // announces queued deliveries, recorded as that release would have.
-    let tx = client.transaction().await.unwrap();
-    tx.batch_execute(&format!(
-        "CREATE SCHEMA {schema}; SET LOCAL search_path TO {schema};
-         CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
-             checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());",
-        schema = db.schema
-    ))
-    .await
-    .unwrap();
-    for migration in MIGRATIONS
-        .iter()
-        .filter(|m| m.version < eventrelay::store::ANNOUNCES_QUEUED_DELIVERIES)
-    {
-        tx.batch_execute(migration.sql).await.unwrap();
-        tx.execute(
-            "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-            &[&migration.version, &migration.name, &migration.checksum()],
-        )
-        .await
-        .unwrap();
-    }
-    tx.execute(
-        "INSERT INTO settings (channel) VALUES ($1)",
-        &[&db.channel.as_str()],
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    // announces queued deliveries.
+    let db = TestDb::migrated_before(eventrelay::store::ANNOUNCES_QUEUED_DELIVERIES).await;
 
     let receiver = Receiver::start([]);
     let configure = webhooks(&receiver.url, &[50]);

@@ -283,6 +283,11 @@ impl Publisher {
             payloads,
             first_ephemeral,
         } = batch;
+        let announced = if self.announces_batches {
+            announced_rows(&mut envelopes)
+        } else {
+            None
+        };
         let durable: Vec<&EventEnvelope> = envelopes.iter().filter(|e| e.is_durable()).collect();
         let ids: Vec<uuid::Uuid> = durable.iter().map(|e| e.id).collect();
         let types: Vec<&str> = durable.iter().map(|e| e.event_type.as_str()).collect();
@@ -308,26 +313,15 @@ impl Publisher {
             .iter()
             .map(|payload| [(payload as &(dyn ToSql + Sync), Type::TEXT)])
             .collect();
-        let announced = self
-            .announces_batches
-            .then(|| announced_rows(&durable))
-            .flatten();
-        let announced_params: Option<[(&(dyn ToSql + Sync), Type); 10]> =
-            announced.as_ref().map(|rows| {
-                let [a, b, c, d, e, f, g] = insert_params.clone();
-                [
-                    a,
-                    b,
-                    c,
-                    d,
-                    e,
-                    f,
-                    g,
-                    (&rows.pointers as &(dyn ToSql + Sync), Type::INT4_ARRAY),
-                    (&rows.heads, Type::TEXT_ARRAY),
-                    (&rows.tails, Type::TEXT_ARRAY),
-                ]
-            });
+        let announced_params = announced.as_ref().map(|rows| {
+            let mut params = insert_params.to_vec();
+            params.extend([
+                (&rows.pointers as &(dyn ToSql + Sync), Type::INT4_ARRAY),
+                (&rows.heads, Type::TEXT_ARRAY),
+                (&rows.tails, Type::TEXT_ARRAY),
+            ]);
+            params
+        });
         let mut statements = Vec::with_capacity(1 + payloads.len());
         if !durable.is_empty() {
             statements.push(match &announced_params {
@@ -465,30 +459,29 @@ struct AnnouncedRows {
     tails: Vec<String>,
 }
 
-/// Prepares `durable` rows (in insert order) to be announced by their own
-/// statement: this saves the database building every envelope again in
-/// the outbox trigger. `None` when a row is too large to travel with a
-/// pointer: the trigger then announces the batch, with a bare pointer
-/// for that row.
-fn announced_rows(durable: &[&EventEnvelope]) -> Option<AnnouncedRows> {
-    if durable.is_empty() {
-        return None;
-    }
-    let mut heads = Vec::with_capacity(durable.len());
-    let mut tails = Vec::with_capacity(durable.len());
-    let mut lengths = Vec::with_capacity(durable.len());
-    for envelope in durable {
+/// Prepares a batch's durable rows (in insert order) to be announced by
+/// their own statement: this saves the database building every envelope
+/// again in the outbox trigger. `None` when there are none, or when a row
+/// is too large to travel with a pointer: the trigger then announces the
+/// batch, with a bare pointer for that row.
+fn announced_rows(envelopes: &mut [EventEnvelope]) -> Option<AnnouncedRows> {
+    let mut heads = Vec::new();
+    let mut tails = Vec::new();
+    let mut lengths = Vec::new();
+    for envelope in envelopes.iter_mut().filter(|e| e.is_durable()) {
         let parts = EnvelopeAroundSeq::of(envelope).ok()?;
         lengths.push(parts.len_at_most());
         heads.push(parts.head);
         tails.push(parts.tail);
     }
-    let pointers = assign_to_pointers(
-        durable
-            .iter()
-            .zip(lengths)
-            .map(|(envelope, len)| (envelope.scope_key.as_str(), len)),
-    )?;
+    if heads.is_empty() {
+        return None;
+    }
+    let scopes = envelopes
+        .iter()
+        .filter(|e| e.is_durable())
+        .map(|e| e.scope_key.as_str());
+    let pointers = assign_to_pointers(scopes.zip(lengths))?;
     Some(AnnouncedRows {
         pointers,
         heads,

@@ -37,16 +37,19 @@ pub struct EnvelopeAroundSeq {
 }
 
 impl EnvelopeAroundSeq {
-    /// Splits `envelope`'s JSON around its seq (whatever seq it has now).
-    pub fn of(envelope: &EventEnvelope) -> Result<EnvelopeAroundSeq, EncodeError> {
+    /// Splits `envelope`'s JSON around its seq. The envelope is borrowed
+    /// mutably only to serialise it with a placeholder seq without copying
+    /// its data; its own seq is put back before this returns.
+    pub fn of(envelope: &mut EventEnvelope) -> Result<EnvelopeAroundSeq, EncodeError> {
         // A placeholder no scope key, type or id can hold: those are JSON
         // strings, where a quote is always escaped. `seq` is serialised
         // before `data`, the only field that could hold the same text.
         const PLACEHOLDER: i64 = i64::MAX;
         const FIELD: &str = "\"seq\":9223372036854775807";
-        let mut placed = envelope.clone();
-        placed.seq = Some(PLACEHOLDER);
-        let json = serde_json::to_string(&placed).map_err(|e| EncodeError::Json(e.to_string()))?;
+        let own_seq = envelope.seq.replace(PLACEHOLDER);
+        let json = serde_json::to_string(&*envelope);
+        envelope.seq = own_seq;
+        let json = json.map_err(|e| EncodeError::Json(e.to_string()))?;
         let at = json
             .find(FIELD)
             .ok_or_else(|| EncodeError::Json("the serialised envelope has no seq".into()))?;
@@ -131,7 +134,8 @@ mod tests {
             json!({"seq": 9223372036854775807_i64, "note": "\"seq\":9223372036854775807"});
         for data in [json!({"orderId": 42}), hostile] {
             let mut envelope = durable("org-1", data);
-            let parts = EnvelopeAroundSeq::of(&envelope).unwrap();
+            let parts = EnvelopeAroundSeq::of(&mut envelope).unwrap();
+            assert_eq!(envelope.seq, None, "the envelope's own seq is put back");
             for seq in [1_i64, 42, 9_007_199_254_740_993] {
                 let joined = format!("{}{seq}{}", parts.head, parts.tail);
                 envelope.seq = Some(seq);
@@ -167,7 +171,7 @@ mod tests {
     #[test]
     fn every_assigned_pointer_decodes_and_stays_under_the_limit() {
         let big = "x".repeat(900);
-        let envelopes: Vec<EventEnvelope> = (0..40)
+        let mut envelopes: Vec<EventEnvelope> = (0..40)
             .map(|n| {
                 durable(
                     if n % 3 == 0 { "a" } else { "b\"quoted" },
@@ -176,7 +180,7 @@ mod tests {
             })
             .collect();
         let parts: Vec<EnvelopeAroundSeq> = envelopes
-            .iter()
+            .iter_mut()
             .map(|e| EnvelopeAroundSeq::of(e).unwrap())
             .collect();
         let numbers = assign_to_pointers(
