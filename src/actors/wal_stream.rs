@@ -7,10 +7,12 @@
 //! drops the slot with the session), and starts `pgoutput` in binary mode
 //! on the schema's publication. Then, like a LISTEN reconnect, it tells the
 //! relay to re-read every active scope from its watermark, since what
-//! committed before the slot existed is not in the stream. Rows are held
-//! until their transaction's commit record and then handed over whole, so
-//! the live path reads nothing back from the outbox. After each commit the
-//! slot is told how far the relay got, and the server may recycle the WAL.
+//! committed before the slot existed is not in the stream. The server
+//! sends a transaction only once it has committed, so its rows are handed
+//! over as soon as they are read (as a run, when several are already
+//! waiting), and the live path reads nothing back from the outbox. After
+//! each commit the slot is told how far the relay got, and the server may
+//! recycle the WAL.
 //!
 //! A stream can die without an error (a dropped flow). After `health` of
 //! silence the stream sends itself a probe, a non-transactional logical
@@ -24,9 +26,11 @@ use actix::Addr;
 use bytes::Bytes;
 use eventrelay_publisher::backoff::Backoff;
 use eventrelay_publisher::{Identifier, PgConnectOptions, RootCert, SslMode};
+use futures_util::FutureExt;
 use pgwire_replication::{
     PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig,
 };
+use tokio::time::Instant;
 use tokio_postgres::config::Host;
 
 use super::listener::supervised_forward;
@@ -168,24 +172,49 @@ impl Link<'_> {
         let channel = source.channel.as_str();
         let mut decoder = OutboxDecoder::new();
         let mut open = OpenTransaction::default();
-        let mut probe: Option<(String, tokio::time::Instant)> = None;
+        let mut probe: Option<(String, Instant)> = None;
+        // One timer for the whole stream, moved on only when it fires,
+        // rather than a timer made and dropped for every message.
+        let mut heard_at = Instant::now();
+        let silence = tokio::time::sleep_until(heard_at + source.health);
+        tokio::pin!(silence);
         loop {
-            let wait = match &probe {
-                Some((_, deadline)) => tokio::time::sleep_until(*deadline),
-                None => tokio::time::sleep(source.health),
+            // pgoutput (protocol 1) sends a transaction only once it has
+            // committed, so its rows go to the relay as soon as nothing
+            // more of it is already waiting, not only at its commit
+            // message, which the server sends after them.
+            let ready = if open.changes.is_empty() {
+                None
+            } else {
+                client.recv().now_or_never()
             };
-            let event = tokio::select! {
-                event = client.recv() => event?,
-                () = wait => {
-                    if probe.is_some() {
-                        metrics.database_connections_dead.inc();
-                        return Err(StreamError::Dead(patience));
+            let event = match ready {
+                Some(event) => event?,
+                None => {
+                    if !open.changes.is_empty() {
+                        self.hand_over(std::mem::take(&mut open.changes), false)?;
                     }
-                    let token = send_probe(&source.probe_via, patience).await?;
-                    probe = Some((token, tokio::time::Instant::now() + patience));
-                    continue;
+                    tokio::select! {
+                        event = client.recv() => event?,
+                        () = &mut silence => {
+                            let now = Instant::now();
+                            if probe.is_some() {
+                                metrics.database_connections_dead.inc();
+                                return Err(StreamError::Dead(patience));
+                            }
+                            if heard_at + source.health > now {
+                                silence.as_mut().reset(heard_at + source.health);
+                                continue;
+                            }
+                            let token = send_probe(&source.probe_via, patience).await?;
+                            probe = Some((token, now + patience));
+                            silence.as_mut().reset(now + patience);
+                            continue;
+                        }
+                    }
                 }
             };
+            heard_at = Instant::now();
             let Some(event) = event else {
                 return Err(StreamError::Ended);
             };
@@ -242,7 +271,8 @@ impl Link<'_> {
                     commit_time_micros,
                     ..
                 } => {
-                    self.hand_over(std::mem::take(&mut open))?;
+                    let transaction = std::mem::take(&mut open);
+                    self.hand_over(transaction.changes, transaction.deliveries_queued)?;
                     let committed_unix = commit_time_micros.saturating_add(POSTGRES_EPOCH_MICROS);
                     let now = chrono::Utc::now().timestamp_micros();
                     metrics
@@ -263,12 +293,13 @@ impl Link<'_> {
         }
     }
 
-    /// Hands a committed transaction's changes to the relay, in order:
+    /// Hands changes of a committed transaction to the relay, in order:
     /// each run of rows as one message, each ephemeral payload as it came,
-    /// and whether it queued webhook deliveries with the last message.
-    fn hand_over(&self, transaction: OpenTransaction) -> Result<(), StreamError> {
+    /// and whether the transaction queued webhook deliveries (known at its
+    /// commit) with the last message.
+    fn hand_over(&self, changes: Vec<Pending>, deliveries_queued: bool) -> Result<(), StreamError> {
         let mut rows = Vec::new();
-        for change in transaction.changes {
+        for change in changes {
             match change {
                 Pending::Row(row) => rows.push(row),
                 Pending::Message(content) => {
@@ -279,7 +310,7 @@ impl Link<'_> {
                 }
             }
         }
-        self.send_rows(rows, transaction.deliveries_queued);
+        self.send_rows(rows, deliveries_queued);
         Ok(())
     }
 
