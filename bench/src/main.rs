@@ -17,9 +17,10 @@ use eventrelay_bench::alloc_counter::CountingAllocator;
 use eventrelay_bench::database::{create_schema, create_schema_for, drop_schema};
 use eventrelay_bench::publish::{Pace, Source};
 use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
-use eventrelay_bench::report::{Table, ms, size, verdict};
+use eventrelay_bench::report::{Table, median, ms, size, verdict};
 use eventrelay_bench::scenarios::emit_cost::WriteKind;
 use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
+use eventrelay_bench::scenarios::paired_fanout::{self, PairedPlan};
 use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
     connection_heap, emit_cost, pools, publish_throughput, replay, storm, tail_memory,
@@ -62,7 +63,8 @@ struct Args {
     logical_database_url: Option<String>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
     /// wakeup, fanout, sessions, pools, http2, scopes, replay, webhooks,
-    /// storm, memory).
+    /// storm, memory; wakeup-latency is the wake-up modes' commit-to-receive
+    /// rows without their emit-cost rounds).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -175,8 +177,10 @@ async fn run_scenarios(
     if wanted("publish") {
         publish_rows(args, schema, &scale, table).await?;
     }
-    if wanted("wakeup") {
-        wakeup_rows(args, &scale, table).await?;
+    if wanted("wakeup") || wanted("wakeup-latency") {
+        // `wakeup-latency` alone skips the emit-cost rounds.
+        let emit_cost = args.only.is_empty() || wanted("wakeup");
+        wakeup_rows(args, &scale, table, emit_cost).await?;
     }
     if wanted("fanout") {
         fanout_rows(args, schema, &scale, table).await?;
@@ -809,20 +813,14 @@ fn tail_rows(table: &mut Table) {
 /// logical`: what emitting costs a writer at 1, 8 and 32 writers (a plain
 /// write; the outbox row with no wake-up at all, the floor; notify mode
 /// and logical mode, each with its relay running), then commit-to-receive
-/// latency and relay CPU at 1,000 subscribers × 100 ev/s in each mode.
-/// The middle value (the mean of the two middle ones for an even count).
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let middle = sorted.len() / 2;
-    if sorted.len() % 2 == 0 {
-        (sorted[middle - 1] + sorted[middle]) / 2.0
-    } else {
-        sorted[middle]
-    }
-}
-
-async fn wakeup_rows(args: &Args, scale: &Scale, table: &mut Table) -> BenchResult<()> {
+/// latency and relay CPU with both modes' relays running at once, for one
+/// subscriber and for 1,000 subscribers × 100 ev/s.
+async fn wakeup_rows(
+    args: &Args,
+    scale: &Scale,
+    table: &mut Table,
+    emit_cost: bool,
+) -> BenchResult<()> {
     let Some(db) = args.logical_database_url.as_deref() else {
         eprintln!("wake-up modes: no --logical-database-url, skipped");
         return Ok(());
@@ -831,19 +829,26 @@ async fn wakeup_rows(args: &Args, scale: &Scale, table: &mut Table) -> BenchResu
     let logical_schema = format!("wake_logical_{}", std::process::id());
     create_schema_for(db, &notify_schema, WakeupMode::Notify).await?;
     create_schema_for(db, &logical_schema, WakeupMode::Logical).await?;
-    let outcome = wakeup_measure(args, scale, table, db, &notify_schema, &logical_schema).await;
+    let schemas = [notify_schema.as_str(), logical_schema.as_str()];
+    let mut outcome = Ok(());
+    if emit_cost {
+        outcome = wakeup_emit_cost(args, scale, table, db, schemas).await;
+    }
+    if outcome.is_ok() {
+        outcome = wakeup_latency(args, scale, table, db, schemas).await;
+    }
     drop_schema(db, &notify_schema).await;
     drop_schema(db, &logical_schema).await;
     outcome
 }
 
-async fn wakeup_measure(
+/// What emitting costs a writer in each mode, against the floor.
+async fn wakeup_emit_cost(
     args: &Args,
     scale: &Scale,
     table: &mut Table,
     db: &str,
-    notify_schema: &str,
-    logical_schema: &str,
+    [notify_schema, logical_schema]: [&str; 2],
 ) -> BenchResult<()> {
     const WRITERS: [usize; 3] = [1, 8, 32];
     // Rounds of floor, notify and logical back to back, each figure the
@@ -852,7 +857,6 @@ async fn wakeup_measure(
     // Every other round runs the three in reverse, so no case always comes
     // last, on the largest tables.
     const ROUNDS: usize = 5;
-    const LATENCY_ROUNDS: usize = 3;
     emit_cost::prepare(db, notify_schema).await?;
     emit_cost::prepare(db, logical_schema).await?;
     let mut plain = Vec::new();
@@ -903,57 +907,11 @@ async fn wakeup_measure(
     }
     let (floor_rounds, mode_rounds) = (&rounds[0], [&rounds[1], &rounds[2]]);
     let floor: Vec<f64> = floor_rounds.iter().map(|r| median(r)).collect();
-    // Commit-to-receive in both modes, in alternating order for the same
-    // reason: a single pair of runs minutes apart compares the machine's
-    // hours as much as the modes.
-    let mut fanouts: [Vec<FanoutFigures>; 2] = [Vec::new(), Vec::new()];
-    for round in 0..LATENCY_ROUNDS {
-        let mut order = [
-            (0, WakeupMode::Notify, notify_schema),
-            (1, WakeupMode::Logical, logical_schema),
-        ];
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        for (slot, mode, schema) in order {
-            let mut settings = RelaySettings::new(db, schema);
-            settings.wakeup = mode.as_str();
-            let mut relay = start_relay(args, settings).await?;
-            eprintln!(
-                "wake-up modes: round {} of {LATENCY_ROUNDS}, {mode}, fan-out {} subscribers",
-                round + 1,
-                scale.small_fanout
-            );
-            let plan = FanoutPlan {
-                subscribers: scale.small_fanout,
-                scopes: 1,
-                scope_prefix: format!("wake-{mode}-{round}"),
-                pace: Pace::PerSecond(100.0),
-                duration: scale.fixed_run,
-                writers: 4,
-                source: emit_source(db, schema),
-            };
-            let fanout = fanout::run(&plan, &relay_server(&relay)).await?;
-            relay.terminate(Duration::from_secs(10)).await?;
-            fanouts[slot].push(fanout);
-        }
-    }
-    let [notify_fanouts, logical_fanouts] = fanouts;
-    let mut modes = Vec::new();
-    for (slot, (mode, fanouts)) in [
-        (WakeupMode::Notify, notify_fanouts),
-        (WakeupMode::Logical, logical_fanouts),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let emits: Vec<f64> = mode_rounds[slot].iter().map(|r| median(r)).collect();
-        modes.push((mode, emits, fanouts));
-    }
-    let (notify, logical) = (&modes[0], &modes[1]);
+    let emits = |slot: usize| -> Vec<f64> { mode_rounds[slot].iter().map(|r| median(r)).collect() };
+    let (notify, logical) = (emits(0), emits(1));
     for (index, writers) in WRITERS.into_iter().enumerate() {
         let of_floor = |tps: f64| tps / floor[index];
-        let ratio = of_floor(logical.1[index]);
+        let ratio = of_floor(logical[index]);
         let target = if writers == 1 {
             "–".to_owned()
         } else {
@@ -965,53 +923,116 @@ async fn wakeup_measure(
                 "plain {:.0} tx/s · outbox row, no wake-up (floor) {:.0} · notify {:.0} ({:.2}× floor) · logical {:.0} ({ratio:.2}× floor) · medians of {ROUNDS} rounds",
                 plain[index],
                 floor[index],
-                notify.1[index],
-                of_floor(notify.1[index]),
-                logical.1[index],
+                notify[index],
+                of_floor(notify[index]),
+                logical[index],
             ),
             target,
         );
     }
-    let p50_ms = |fanouts: &[FanoutFigures]| -> Vec<f64> {
-        fanouts
-            .iter()
-            .map(|f| f.latency.p50.as_secs_f64() * 1000.0)
-            .collect()
+    Ok(())
+}
+
+/// Commit-to-receive in both modes at once: a relay per mode, each with its
+/// subscribers, and events going to one mode, then the other, in slices of
+/// half a second (A B, B A, …). Rounds of a relay each, minutes apart, let
+/// the machine's drift decide which mode looked faster; slices this short
+/// give both modes the same minutes. First with one subscriber per mode,
+/// which times the wake-up itself, then with the full fan-out.
+async fn wakeup_latency(
+    args: &Args,
+    scale: &Scale,
+    table: &mut Table,
+    db: &str,
+    schemas: [&str; 2],
+) -> BenchResult<()> {
+    let mut relays = Vec::new();
+    for (mode, schema) in WAKEUP_MODES.into_iter().zip(schemas) {
+        let mut settings = RelaySettings::new(db, schema);
+        settings.wakeup = mode.as_str();
+        relays.push(start_relay(args, settings).await?);
+    }
+    let servers: Vec<Server> = relays.iter().map(relay_server).collect();
+    let mut outcome = Ok(());
+    // The fan-out as long as three rounds of each mode would take.
+    for (subscribers, duration) in [
+        (1, scale.fixed_run * 2),
+        (scale.small_fanout, scale.fixed_run * 6),
+    ] {
+        outcome = wakeup_pair_row(table, db, schemas, &servers, subscribers, duration).await;
+        if outcome.is_err() {
+            break;
+        }
+    }
+    for relay in &mut relays {
+        relay.terminate(Duration::from_secs(10)).await?;
+    }
+    outcome
+}
+
+const WAKEUP_MODES: [WakeupMode; 2] = [WakeupMode::Notify, WakeupMode::Logical];
+
+/// One paired run of the wake-up modes' relays, as rows of the table.
+async fn wakeup_pair_row(
+    table: &mut Table,
+    db: &str,
+    schemas: [&str; 2],
+    servers: &[Server],
+    subscribers: usize,
+    duration: Duration,
+) -> BenchResult<()> {
+    const PER_SECOND: f64 = 100.0;
+    eprintln!(
+        "wake-up modes: {subscribers} subscriber(s) per mode, both relays running, events alternating between them for {duration:?}"
+    );
+    let plan = PairedPlan {
+        subscribers,
+        scope_prefix: format!("wake-{}-{subscribers}", std::process::id()),
+        per_second: PER_SECOND,
+        slice: (PER_SECOND / 2.0) as usize,
+        duration,
+        writers: 4,
+        sources: schemas.map(|schema| emit_source(db, schema)),
     };
-    let notify_p50 = median(&p50_ms(&notify.2));
-    for (mode, _, fanouts) in &modes {
-        let p50s = p50_ms(fanouts);
-        let p50 = median(&p50s);
+    let figures = paired_fanout::run(&plan, [&servers[0], &servers[1]]).await?;
+    let [notify, logical] = &figures.sides;
+    for (mode, side) in WAKEUP_MODES.into_iter().zip(&figures.sides) {
         let target = match mode {
             WakeupMode::Notify => "–".to_owned(),
             WakeupMode::Logical => format!(
-                "median p50 ≤ notify's: {p50:.2} against {notify_p50:.2} ms {}",
-                verdict(p50 <= notify_p50)
+                "p50 ≤ notify's: {} against {} {}",
+                ms(logical.latency.p50),
+                ms(notify.latency.p50),
+                verdict(logical.latency.p50 <= notify.latency.p50)
             ),
         };
-        let cpu_per_event: Vec<f64> = fanouts
-            .iter()
-            .map(|f| f.cpu_seconds_per_1000 * scale.small_fanout as f64)
-            .collect();
-        let last = fanouts.last().ok_or("no fan-out round ran")?;
         table.add(
             format!(
-                "wake-up {mode}: fan-out {} subs, 1 scope, 100 ev/s, SQL emit (commit-to-receive), \
-                 {LATENCY_ROUNDS} rounds in alternating order",
-                scale.small_fanout
+                "wake-up {mode}: {subscribers} sub(s), 1 scope, {PER_SECOND} ev/s, SQL emit (commit-to-receive), \
+                 both modes in one run, alternating every {} events",
+                plan.slice
             ),
             format!(
-                "p50 per round {} ms · median {p50:.2} ms · relay CPU s per 1,000 events, median {:.3} · last round: {}",
-                p50s.iter()
-                    .map(|p| format!("{p:.2}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                median(&cpu_per_event),
-                fanout_summary(last)
+                "p50 {} · p99 {} · max {} · {} of {} received from {} events · {:.3} relay CPU s per 1,000 deliveries",
+                ms(side.latency.p50),
+                ms(side.latency.p99),
+                ms(side.latency.max),
+                side.delivered,
+                side.expected,
+                side.published,
+                side.cpu_seconds_per_1000,
             ),
             target,
         );
     }
+    table.add(
+        format!("wake-up modes, {subscribers} sub(s): slice pairs (one slice of each mode, back to back)"),
+        format!(
+            "logical's p50 ≤ notify's in {} of {} pairs · median difference (logical − notify) {:+.2} ms",
+            figures.second_not_slower, figures.pairs, figures.median_difference_ms
+        ),
+        "–",
+    );
     Ok(())
 }
 

@@ -34,6 +34,13 @@ pub enum Source {
     HttpPublishEphemeral { base: String },
     /// An nchan publisher location (`POST`).
     Nchan { url: String },
+    /// Two sources taking turns in slices of `slice` consecutive event
+    /// numbers, in the order A B B A (see [`slice_side`]), so that neither
+    /// always goes first and both see the same stretch of the run.
+    Alternating {
+        sources: Box<[Source; 2]>,
+        slice: usize,
+    },
 }
 
 impl Source {
@@ -43,8 +50,18 @@ impl Source {
             Source::HttpPublish { .. } => "HTTP publish",
             Source::HttpPublishEphemeral { .. } => "HTTP publish, ephemeral lane",
             Source::Nchan { .. } => "nchan HTTP publish",
+            Source::Alternating { sources, .. } => sources[0].label(),
         }
     }
+}
+
+/// Which of two alternating sources publishes event `number` when they
+/// take turns in slices of `slice` events: slices go A B, then B A, and so
+/// on, so each pair of slices holds one of each, and neither side always
+/// publishes first in its pair.
+pub fn slice_side(number: usize, slice: usize) -> usize {
+    let index = number / slice.max(1);
+    (index ^ (index >> 1)) & 1
 }
 
 /// How fast events go out.
@@ -121,11 +138,26 @@ enum Writer {
         /// The lane of eventrelay events (nchan has none).
         lane: &'static str,
     },
+    Alternating {
+        writers: Box<[Writer; 2]>,
+        slice: usize,
+    },
 }
 
 impl Writer {
     async fn open(source: &Source) -> BenchResult<Writer> {
         Ok(match source {
+            Source::Alternating { sources, slice } => {
+                let [first, second] = &**sources;
+                let writers = [
+                    Box::pin(Writer::open(first)).await?,
+                    Box::pin(Writer::open(second)).await?,
+                ];
+                Writer::Alternating {
+                    writers: Box::new(writers),
+                    slice: *slice,
+                }
+            }
             Source::Emit {
                 database_url,
                 schema,
@@ -156,6 +188,10 @@ impl Writer {
 
     async fn publish(&mut self, number: usize, scope: &str, log: &CommitLog) -> BenchResult<()> {
         match self {
+            Writer::Alternating { writers, slice } => {
+                let writer = &mut writers[slice_side(number, *slice)];
+                Box::pin(writer.publish(number, scope, log)).await?;
+            }
             Writer::Emit { client, publisher } => {
                 let transaction = client.transaction().await?;
                 publisher

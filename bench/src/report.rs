@@ -62,3 +62,19 @@ pub fn size(bytes: f64) -> String {
 pub fn verdict(met: bool) -> &'static str {
     if met { "**met**" } else { "**missed**" }
 }
+
+/// The middle value (the mean of the two middle ones for an even count);
+/// zero for none.
+pub fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    if sorted.len() % 2 == 0 {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    } else {
+        sorted[middle]
+    }
+}

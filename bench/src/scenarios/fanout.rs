@@ -42,7 +42,7 @@ pub enum Server {
 }
 
 impl Server {
-    fn pids(&self) -> &[u32] {
+    pub(crate) fn pids(&self) -> &[u32] {
         match self {
             Server::Eventrelay { pids, .. }
             | Server::EventrelayTls { pids, .. }
@@ -50,7 +50,7 @@ impl Server {
         }
     }
 
-    fn transport(&self, subscribers: usize) -> BenchResult<Transport> {
+    pub(crate) fn transport(&self, subscribers: usize) -> BenchResult<Transport> {
         match self {
             Server::EventrelayTls {
                 http2_streams_per_connection: Some(streams),
@@ -61,7 +61,7 @@ impl Server {
         }
     }
 
-    fn target(&self, subscriber: usize, scope: &str) -> StreamTarget {
+    pub(crate) fn target(&self, subscriber: usize, scope: &str) -> StreamTarget {
         match self {
             Server::Eventrelay { address, .. } | Server::EventrelayTls { address, .. } => {
                 StreamTarget {
@@ -186,7 +186,7 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
     })
 }
 
-fn cpu_per_1000(before: Usage, after: Usage, delivered: u64) -> f64 {
+pub(crate) fn cpu_per_1000(before: Usage, after: Usage, delivered: u64) -> f64 {
     if delivered == 0 {
         return 0.0;
     }
