@@ -1000,9 +1000,9 @@ async fn wakeup_pair_row(
         let target = match mode {
             WakeupMode::Notify => "–".to_owned(),
             WakeupMode::Logical => format!(
-                "p50 ≤ notify's: {} against {} {}",
-                ms(logical.latency.p50),
-                ms(notify.latency.p50),
+                "p50 ≤ notify's: {:.3} against {:.3} ms {}",
+                logical.latency.p50.as_secs_f64() * 1000.0,
+                notify.latency.p50.as_secs_f64() * 1000.0,
                 verdict(logical.latency.p50 <= notify.latency.p50)
             ),
         };

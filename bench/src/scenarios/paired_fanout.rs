@@ -62,28 +62,20 @@ pub async fn run(plan: &PairedPlan, servers: [&Server; 2]) -> BenchResult<Paired
     let log = CommitLog::new(capacity);
     let scopes = [0, 1].map(|side| format!("{}-{side}", plan.scope_prefix));
     let mut subscribers = Vec::new();
-    let mut opened = Ok(());
-    for (server, scope) in servers.iter().zip(&scopes) {
-        let targets = (0..plan.subscribers)
-            .map(|i| server.target(i, scope))
-            .collect();
-        let transport = match server.transport(plan.subscribers) {
-            Ok(transport) => transport,
-            Err(error) => {
-                opened = Err(error);
-                break;
-            }
-        };
-        match Subscribers::open_over(targets, Arc::clone(&log), CONNECT_CONCURRENCY, transport)
-            .await
-        {
-            Ok(open) => subscribers.push(open),
-            Err(error) => {
-                opened = Err(error);
-                break;
-            }
+    let opened: BenchResult<()> = async {
+        for (server, scope) in servers.iter().zip(&scopes) {
+            let targets = (0..plan.subscribers)
+                .map(|i| server.target(i, scope))
+                .collect();
+            let transport = server.transport(plan.subscribers)?;
+            subscribers.push(
+                Subscribers::open_over(targets, Arc::clone(&log), CONNECT_CONCURRENCY, transport)
+                    .await?,
+            );
         }
+        Ok(())
     }
+    .await;
     let measured = match opened {
         Ok(()) => publish_and_drain(plan, servers, &scopes, &subscribers, &log).await,
         Err(error) => Err(error),
@@ -95,25 +87,24 @@ pub async fn run(plan: &PairedPlan, servers: [&Server; 2]) -> BenchResult<Paired
     let Drained {
         published,
         per_side,
-        expected,
         idle,
         after,
     } = measured?;
-    let slice = plan.slice;
+    let slice = plan.slice.max(1);
 
     // Latencies per side, and per slice for the pairs.
-    let slices = published.div_ceil(slice.max(1));
+    let slices = published.div_ceil(slice);
     let mut by_slice: Vec<Vec<u64>> = vec![Vec::new(); slices];
     let mut sides: [SideFigures; 2] = Default::default();
     for (side, outcomes) in outcomes.iter().enumerate() {
         let mut latencies = latencies_of(outcomes, &log, |number, latency| {
-            if let Some(samples) = by_slice.get_mut(number / slice.max(1)) {
+            if let Some(samples) = by_slice.get_mut(number / slice) {
                 samples.push(latency);
             }
         });
         sides[side] = SideFigures {
             published: per_side[side],
-            expected: expected[side],
+            expected: (per_side[side] * plan.subscribers) as u64,
             delivered: latencies.len() as u64,
             latency: Percentiles::of(&mut latencies),
             cpu_seconds_per_1000: cpu_per_1000(idle[side], after[side], latencies.len() as u64),
@@ -134,7 +125,6 @@ pub async fn run(plan: &PairedPlan, servers: [&Server; 2]) -> BenchResult<Paired
 struct Drained {
     published: usize,
     per_side: [usize; 2],
-    expected: [u64; 2],
     /// Each server's CPU and memory before publishing, and after draining.
     idle: [Usage; 2],
     after: [Usage; 2],
@@ -151,7 +141,7 @@ async fn publish_and_drain(
 ) -> BenchResult<Drained> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = servers.map(|server| proc_stats::usage(server.pids()));
-    let slice = plan.slice;
+    let slice = plan.slice.max(1);
     let scopes = scopes.clone();
     let scope_of = Arc::new(move |number: usize| scopes[slice_side(number, slice)].clone());
     let source = Source::Alternating {
@@ -179,7 +169,6 @@ async fn publish_and_drain(
     Ok(Drained {
         published,
         per_side,
-        expected,
         idle,
         after,
     })
