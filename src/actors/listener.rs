@@ -5,6 +5,10 @@
 //! between checkouts, dropping the LISTEN) and must bypass transaction-mode
 //! poolers, hence its own URL setting. Every payload goes through the wire
 //! codec; one that does not decode is dropped with a warning and counted.
+//! The rows a pointer carries are the exception: the listener reads only
+//! the pointer, and the relay decodes the rows if the scope has
+//! subscribers (rows no one is watching are dropped unread, so unreadable
+//! ones are counted only where someone watches).
 //! When the connection fails it reconnects with full-jitter backoff, and
 //! after every (re)connect tells the relay, which re-reads what it may have
 //! missed.
@@ -29,13 +33,14 @@ use eventrelay_publisher::listen::{self, HealthCheck, ListenConnection};
 use eventrelay_publisher::{ConnectError, PgConnectOptions};
 use eventrelay_wire::{
     DecodeError, EventNotification, MAX_NOTIFY_PAYLOAD_BYTES, decode_notification_within,
+    defer_carried_rows,
 };
 use tokio::sync::mpsc;
 
 use super::relay::{DeliveriesQueued, Ephemeral, ListenerConnected, Pointer, Relay};
 use super::wal_stream::{LogicalSource, stream_forever};
 use crate::metrics::{ActorKind, Metrics};
-use crate::store::{Database, StoredEvent};
+use crate::store::Database;
 
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
@@ -415,25 +420,26 @@ fn forward(payload: &str, limit: usize, relay: &Addr<Relay>, metrics: &Metrics) 
         return;
     }
     let to_relay = metrics.actor(ActorKind::Relay);
+    // Most payloads under load are pointers carrying rows: the relay
+    // decodes those rows only for a scope with subscribers.
+    if let Some(pointer) = defer_carried_rows(payload, limit) {
+        to_relay.queued();
+        relay.do_send(Pointer {
+            scope_key: pointer.scope_key.clone(),
+            seq: pointer.seq,
+            carried: Some(pointer),
+        });
+        return;
+    }
     match decode_notification_within(payload.as_bytes(), limit) {
-        Ok(EventNotification::Pointer {
-            scope_key,
-            seq,
-            carried,
-        }) => {
+        Ok(EventNotification::Pointer { scope_key, seq, .. }) => {
+            // A bare pointer, or rows in a form the deferred reading leaves
+            // alone (a field given twice): those rows are read back.
             to_relay.queued();
             relay.do_send(Pointer {
                 scope_key,
                 seq,
-                carried: carried.map(|rows| {
-                    rows.events
-                        .into_iter()
-                        .map(|envelope| StoredEvent {
-                            envelope,
-                            txid: Some(rows.txid),
-                        })
-                        .collect()
-                }),
+                carried: None,
             });
         }
         Ok(EventNotification::Inline { envelope }) => {

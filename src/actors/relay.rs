@@ -17,7 +17,7 @@ use actix::{
     Actor, ActorContext, Addr, ArbiterHandle, AsyncContext, Context, Handler, Message, Recipient,
     ResponseFuture,
 };
-use eventrelay_wire::{EventEnvelope, Subscriber};
+use eventrelay_wire::{DeferredPointer, EventEnvelope, Subscriber};
 
 use super::encoded::EncodedEvent;
 use super::hub::{
@@ -267,8 +267,10 @@ pub struct Pointer {
     pub scope_key: String,
     pub seq: i64,
     /// The rows themselves, when they travelled with the pointer: handed on
-    /// as decoded rows are, with no read of the outbox.
-    pub carried: Option<Vec<StoredEvent>>,
+    /// as decoded rows are, with no read of the outbox. They are decoded
+    /// here, once the scope is known to have subscribers, not by the
+    /// listener: a relay drops the rows of every other scope unread.
+    pub carried: Option<DeferredPointer>,
 }
 
 impl Handler<Pointer> for Relay {
@@ -282,13 +284,27 @@ impl Handler<Pointer> for Relay {
         let Some(scope) = self.scopes.get(&msg.scope_key) else {
             return;
         };
-        match msg.carried {
-            Some(rows) => self.supervised(|relay| relay.decoded(rows)),
-            None => {
+        let rows = match msg.carried.map(|pointer| pointer.decode_rows()) {
+            Some(Ok(rows)) => rows,
+            unread => {
+                if let Some(Err(reason)) = unread {
+                    // The pointer is sound: its rows are read back instead.
+                    self.metrics.notifications_malformed.inc();
+                    tracing::warn!(scope_key = %msg.scope_key, seq = msg.seq, %reason,
+                        "rows carried by a pointer are unreadable; reading them from the outbox");
+                }
                 let from = scope.state.read_from_for_pointer(msg.seq);
                 self.schedule_read(&msg.scope_key, from, ctx);
+                return;
             }
-        }
+        };
+        let txid = Some(rows.txid);
+        let stored = rows
+            .events
+            .into_iter()
+            .map(|envelope| StoredEvent { envelope, txid })
+            .collect();
+        self.supervised(|relay| relay.decoded(stored));
     }
 }
 

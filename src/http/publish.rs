@@ -8,9 +8,10 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use eventrelay_publisher::{NewEvent, PublishError};
+use eventrelay_publisher::{EventEnvelope, NewEvent, PublishError};
 use eventrelay_wire::EncodeError;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 use tokio_postgres::error::SqlState;
 
 use super::AppState;
@@ -25,7 +26,26 @@ const PUBLISH: Guard = Guard {
     name: "publish token",
 };
 
+/// The events of a publish body: one event object or an array of them.
 fn parse_events(body: &[u8], max_batch: usize) -> Result<Vec<NewEvent>, ApiError> {
+    // A well-formed body is read straight into events, without building a
+    // JSON tree first; only a body that fails is read again as a tree, to
+    // name the event at fault and what is wrong with it.
+    let direct = match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => serde_json::from_slice::<NewEvent>(body).map(|event| vec![event]),
+        Some(b'[') => serde_json::from_slice::<Vec<NewEvent>>(body),
+        _ => return explain_refusal(body, max_batch),
+    };
+    match direct {
+        Ok(events) if !events.is_empty() && events.len() <= max_batch => Ok(events),
+        _ => explain_refusal(body, max_batch),
+    }
+}
+
+/// Reads a body event by event, so an error names the event at fault. It
+/// accepts whatever a JSON tree accepts (a key given twice keeps its last
+/// value), so a body the direct read refused may still pass here.
+fn explain_refusal(body: &[u8], max_batch: usize) -> Result<Vec<NewEvent>, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(ErrorCode::InvalidBody, format!("body is not JSON: {e}"))
     })?;
@@ -129,7 +149,13 @@ pub async fn publish_events(
         .metrics
         .events_published
         .inc_by(envelopes.len() as u64);
-    Ok(HttpResponse::Ok().json(json!({ "events": envelopes })))
+    Ok(HttpResponse::Ok().json(Published { events: &envelopes }))
+}
+
+/// The answer to a publish: the events as written, in request order.
+#[derive(Serialize)]
+struct Published<'a> {
+    events: &'a [EventEnvelope],
 }
 
 #[cfg(test)]
@@ -146,6 +172,18 @@ mod tests {
         assert_eq!(parse_events(b"nope", 10).unwrap_err().code, "invalid_body");
         assert_eq!(parse_events(b"[]", 10).unwrap_err().code, "invalid_body");
         assert_eq!(parse_events(b"3", 10).unwrap_err().code, "invalid_body");
+        let spaced = b" \n [{\"type\":\"a\",\"scopeKey\":\"s\",\"lane\":\"durable\",\"data\":{\"n\":[1,2.5,null]}}]";
+        assert_eq!(parse_events(spaced, 10).unwrap().len(), 1);
+        // Read straight or as a tree, a body gives the same events.
+        for body in [&one[..], &two[..], &spaced[..]] {
+            assert_eq!(
+                parse_events(body, 10).unwrap(),
+                explain_refusal(body, 10).unwrap()
+            );
+        }
+        // A key given twice keeps its last value, as a JSON tree reads it.
+        let twice = br#"{"type":"a","type":"b","scopeKey":"s","lane":"durable"}"#;
+        assert_eq!(parse_events(twice, 10).unwrap()[0].event_type, "b");
         let wrong = br#"[{"type":"a","scopeKey":"s","lane":"sometimes"}]"#;
         let error = parse_events(wrong, 10).unwrap_err();
         assert_eq!(error.code, "invalid_event");

@@ -30,8 +30,8 @@ pub use envelope::{
     validate_event_type, validate_scope_key,
 };
 pub use notification::{
-    CarriedRows, DELIVERIES_QUEUED, DecodeError, EncodeError, EventNotification,
+    CarriedRows, DELIVERIES_QUEUED, DecodeError, DeferredPointer, EncodeError, EventNotification,
     INLINE_BATCH_VERSION, MAX_NOTIFY_PAYLOAD_BYTES, decode_notification,
-    decode_notification_within, encode_inline, encode_inline_batch, encode_inline_batch_within,
-    encode_inline_within, encode_pointer, encode_pointer_carrying,
+    decode_notification_within, defer_carried_rows, encode_inline, encode_inline_batch,
+    encode_inline_batch_within, encode_inline_within, encode_pointer, encode_pointer_carrying,
 };

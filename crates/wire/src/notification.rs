@@ -336,6 +336,64 @@ pub fn decode_notification_within(
     }
 }
 
+/// A pointer that carries rows, read only as far as routing needs: its
+/// scope and seq, with the rows left undecoded. Decoding a few dozen rows
+/// is most of what a notification costs a relay, and a relay with no
+/// subscriber in the scope drops them unread; one that has subscribers
+/// decodes them with [`DeferredPointer::decode_rows`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeferredPointer {
+    pub scope_key: String,
+    pub seq: i64,
+    payload: String,
+    max: usize,
+}
+
+impl DeferredPointer {
+    /// The carried rows, decoded and checked exactly as
+    /// [`decode_notification_within`] does; the error is the reason they
+    /// are unreadable (the pointer itself is sound: read its rows back).
+    pub fn decode_rows(&self) -> Result<CarriedRows, String> {
+        match decode_notification_within(self.payload.as_bytes(), self.max) {
+            Ok(EventNotification::Pointer {
+                carried: Some(rows),
+                ..
+            }) => Ok(rows),
+            Err(DecodeError::UnreadableCarriedRows { reason, .. }) => Err(reason),
+            Ok(other) => Err(format!("not a pointer carrying rows: {other:?}")),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+}
+
+/// Reads `payload` as a pointer carrying rows without decoding the rows.
+/// `None` for anything else, or anything not plainly well formed (a bare
+/// pointer, another kind, a field given twice, `x` or `r` null or
+/// missing): decode those with [`decode_notification_within`], which names
+/// what is wrong.
+pub fn defer_carried_rows(payload: &str, max: usize) -> Option<DeferredPointer> {
+    /// The routing fields; the rows are skipped over, not built.
+    #[derive(Deserialize)]
+    struct Head<'a> {
+        k: &'a str,
+        s: String,
+        q: i64,
+        x: Option<u64>,
+        r: Option<serde::de::IgnoredAny>,
+    }
+    if payload.len() > max {
+        return None;
+    }
+    let head: Head<'_> = serde_json::from_str(payload).ok()?;
+    let carries = head.k == "ptr" && head.x.is_some() && head.r.is_some();
+    (carries && head.q > 0 && validate_scope_key(&head.s).is_ok()).then(|| DeferredPointer {
+        scope_key: head.s,
+        seq: head.q,
+        payload: payload.to_owned(),
+        max,
+    })
+}
+
 fn decode_pointer(object: &Map<String, Value>) -> Result<EventNotification, DecodeError> {
     let scope_key = match object.get("s") {
         Some(Value::String(s)) => s.clone(),
@@ -543,6 +601,67 @@ mod tests {
             decode_notification(br#"{"k":"ptr","s":"","q":7,"x":9,"r":[]}"#),
             Err(DecodeError::InvalidPointer(_))
         ));
+    }
+
+    #[test]
+    fn a_deferred_pointer_routes_like_the_full_decode_and_decodes_its_rows_the_same() {
+        let rows = vec![durable(7, "org-1"), durable(8, "org-1")];
+        let carrying = encode_pointer_carrying(9, &rows).unwrap();
+        let deferred = defer_carried_rows(&carrying, MAX_NOTIFY_PAYLOAD_BYTES).unwrap();
+        assert_eq!((deferred.scope_key.as_str(), deferred.seq), ("org-1", 7));
+        let Ok(EventNotification::Pointer { carried, .. }) =
+            decode_notification(carrying.as_bytes())
+        else {
+            panic!("the carrying pointer decodes");
+        };
+        assert_eq!(Some(deferred.decode_rows().unwrap()), carried);
+
+        // Sound routing fields with unreadable rows: deferred, and the rows
+        // fail with the full decode's reason.
+        let row = serde_json::to_value(durable(7, "org-1")).unwrap();
+        for unreadable in [
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9, "r": []}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9, "r": [{"id": "nope"}]}),
+            json!({"k": "ptr", "s": "org-1", "q": 6, "x": 9, "r": [row]}),
+            json!({"k": "ptr", "s": "org-1", "q": 7, "x": 9, "r": "rows"}),
+        ] {
+            let payload = unreadable.to_string();
+            let deferred = defer_carried_rows(&payload, MAX_NOTIFY_PAYLOAD_BYTES)
+                .unwrap_or_else(|| panic!("{payload} is routable"));
+            let Err(DecodeError::UnreadableCarriedRows { reason, .. }) =
+                decode_notification(payload.as_bytes())
+            else {
+                panic!("{payload} has unreadable rows");
+            };
+            assert_eq!(deferred.decode_rows(), Err(reason), "{payload}");
+        }
+
+        // Anything else is left to the full decode, which names the fault.
+        let ephemeral = encode_inline(
+            &NewEvent::ephemeral("typing", "org-1", json!({})).into_envelope(Utc::now()),
+        )
+        .unwrap();
+        for other in [
+            encode_pointer("org-1", 7).unwrap(),
+            ephemeral,
+            DELIVERIES_QUEUED.to_owned(),
+            carrying.replace(r#""k":"ptr""#, r#""k":"ptr","k":"ptr""#),
+            carrying.replace(r#""x":9"#, r#""x":null"#),
+            carrying.replace(r#""x":9"#, r#""x":-9"#),
+            carrying.replace(r#""q":7"#, r#""q":0"#),
+            carrying.replace(r#""q":7"#, r#""q":7.5"#),
+            carrying.replace(r#""s":"org-1""#, r#""s":"""#),
+            carrying.replace(r#""k":"ptr""#, r#""k":"PTR""#),
+            format!("{carrying} trailing"),
+            "not json".to_owned(),
+        ] {
+            assert_eq!(
+                defer_carried_rows(&other, MAX_NOTIFY_PAYLOAD_BYTES),
+                None,
+                "{other}"
+            );
+        }
+        assert_eq!(defer_carried_rows(&carrying, carrying.len() - 1), None);
     }
 
     #[test]
