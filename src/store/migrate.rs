@@ -71,6 +71,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "caller_announced_rows",
         sql: include_str!("../../migrations/0009_caller_announced_rows.sql"),
     },
+    Migration {
+        version: 10,
+        name: "lean_publish_statements",
+        sql: include_str!("../../migrations/0010_lean_publish_statements.sql"),
+    },
 ];
 
 /// Why the schema could not be brought up to date.
