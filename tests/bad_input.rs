@@ -1298,10 +1298,12 @@ async fn garbage_notifications_are_dropped_counted_and_harmless() {
     }
     // Well-formed pointers that lead nowhere: a seq past every row, and a
     // scope no one watches. They decode, so they are not counted, and
-    // deliver nothing.
+    // deliver nothing. Rows carried into a scope no one watches are
+    // dropped unread, so even unreadable ones are not counted.
     for pointer in [
         format!(r#"{{"k":"ptr","s":"org-1","q":{}}}"#, i64::MAX),
         r#"{"k":"ptr","s":"nobody-here","q":1}"#.to_owned(),
+        r#"{"k":"ptr","s":"nobody-here","q":1,"x":9,"r":[{"id":"not an event"}]}"#.to_owned(),
     ] {
         client
             .execute(
@@ -1353,7 +1355,7 @@ async fn garbage_notifications_are_dropped_counted_and_harmless() {
     let frame = stream.next_event().await;
     assert_eq!(frame.json()["id"], last.id.to_string());
     eprintln!(
-        "bad notifications: {} malformed payloads dropped and counted, 2 stray pointers ignored, \
+        "bad notifications: {} malformed payloads dropped and counted, 3 stray pointers ignored, \
          {} later events delivered in order",
         malformed.len(),
         emitted.len() + 1
