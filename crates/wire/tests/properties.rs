@@ -1,5 +1,6 @@
 //! Property tests: the codec round-trips, decoding arbitrary input never
-//! panics, and SSE frames read back exactly as written by a reader that
+//! panics, a pointer read without its rows agrees with the full decode,
+//! and SSE frames read back exactly as written by a reader that
 //! follows the EventSource parsing rules.
 
 #![allow(
@@ -12,8 +13,8 @@
 use chrono::{TimeZone, Utc};
 use eventrelay_wire::sse::frame;
 use eventrelay_wire::{
-    Audience, EventEnvelope, EventNotification, Lane, decode_notification, encode_inline,
-    encode_pointer,
+    Audience, DecodeError, EventEnvelope, EventNotification, Lane, MAX_NOTIFY_PAYLOAD_BYTES,
+    decode_notification, defer_carried_rows, encode_inline, encode_pointer,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -128,6 +129,26 @@ proptest! {
     #[test]
     fn decoding_json_like_text_never_panics(text in r#"\{("[a-z]{1,2}":("[a-z]*"|[0-9\-\.e]{1,8}|null|\{\}|\[\]|true),?){0,5}\}"#) {
         let _ = decode_notification(text.as_bytes());
+    }
+
+    #[test]
+    fn a_deferred_pointer_agrees_with_the_full_decode(
+        text in r#"\{"k":"(ptr|ptr|evt)","s":"(org-1|org-1|org\\n1)","q":(7|7|0|7\.5),"x":(9|9|null|-1),"r":(\[\]|\[1\]|\[\{\}\]|"a"|null)\}"#
+    ) {
+        let _ = defer_carried_rows(&text, text.len().saturating_sub(1));
+        if let Some(deferred) = defer_carried_rows(&text, MAX_NOTIFY_PAYLOAD_BYTES) {
+            match decode_notification(text.as_bytes()) {
+                Ok(EventNotification::Pointer { scope_key, seq, carried: Some(rows) }) => {
+                    prop_assert_eq!((scope_key, seq), (deferred.scope_key.clone(), deferred.seq));
+                    prop_assert_eq!(deferred.decode_rows(), Ok(rows));
+                }
+                Err(DecodeError::UnreadableCarriedRows { scope_key, seq, reason }) => {
+                    prop_assert_eq!((scope_key, seq), (deferred.scope_key.clone(), deferred.seq));
+                    prop_assert_eq!(deferred.decode_rows(), Err(reason));
+                }
+                other => prop_assert!(false, "{} was deferred but decodes as {:?}", text, other),
+            }
+        }
     }
 
     #[test]
