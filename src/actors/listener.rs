@@ -37,7 +37,9 @@ use eventrelay_wire::{
 };
 use tokio::sync::mpsc;
 
-use super::relay::{DeliveriesQueued, Ephemeral, ListenerConnected, Pointer, Relay};
+use super::relay::{
+    DeliveriesQueued, Ephemeral, ListenerConnected, Pointer, Relay, count_unreadable_rows,
+};
 use super::wal_stream::{LogicalSource, stream_forever};
 use crate::metrics::{ActorKind, Metrics};
 use crate::store::Database;
@@ -462,8 +464,7 @@ fn forward(payload: &str, limit: usize, relay: &Addr<Relay>, metrics: &Metrics) 
             reason,
         }) => {
             // The pointer is sound: its rows are read back instead.
-            metrics.notifications_malformed.inc();
-            tracing::warn!(%scope_key, seq, %reason, "rows carried by a pointer are unreadable; reading them from the outbox");
+            count_unreadable_rows(metrics, &scope_key, seq, &reason);
             to_relay.queued();
             relay.do_send(Pointer {
                 scope_key,

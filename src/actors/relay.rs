@@ -284,28 +284,33 @@ impl Handler<Pointer> for Relay {
         let Some(scope) = self.scopes.get(&msg.scope_key) else {
             return;
         };
-        let rows = match msg.carried.map(|pointer| pointer.decode_rows()) {
-            Some(Ok(rows)) => rows,
+        match msg.carried.map(|pointer| pointer.decode_rows()) {
+            Some(Ok(rows)) => {
+                let txid = Some(rows.txid);
+                let stored = rows
+                    .events
+                    .into_iter()
+                    .map(|envelope| StoredEvent { envelope, txid })
+                    .collect();
+                self.supervised(|relay| relay.decoded(stored));
+            }
             unread => {
                 if let Some(Err(reason)) = unread {
-                    // The pointer is sound: its rows are read back instead.
-                    self.metrics.notifications_malformed.inc();
-                    tracing::warn!(scope_key = %msg.scope_key, seq = msg.seq, %reason,
-                        "rows carried by a pointer are unreadable; reading them from the outbox");
+                    count_unreadable_rows(&self.metrics, &msg.scope_key, msg.seq, &reason);
                 }
                 let from = scope.state.read_from_for_pointer(msg.seq);
                 self.schedule_read(&msg.scope_key, from, ctx);
-                return;
             }
-        };
-        let txid = Some(rows.txid);
-        let stored = rows
-            .events
-            .into_iter()
-            .map(|envelope| StoredEvent { envelope, txid })
-            .collect();
-        self.supervised(|relay| relay.decoded(stored));
+        }
     }
+}
+
+/// Rows that travelled with a sound pointer but do not decode: counted
+/// and logged as malformed; the caller reads them back from the outbox.
+pub(super) fn count_unreadable_rows(metrics: &Metrics, scope_key: &str, seq: i64, reason: &str) {
+    metrics.notifications_malformed.inc();
+    tracing::warn!(%scope_key, seq, %reason,
+        "rows carried by a pointer are unreadable; reading them from the outbox");
 }
 
 /// Committed outbox rows of one transaction, decoded from the replication
