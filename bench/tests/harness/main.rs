@@ -1,0 +1,13 @@
+//! The load tool's own tests, in one binary: short runs of its scenarios
+//! against real relays, so `bench/run` is known to work without running it.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and figures are printed for the reader"
+)]
+
+mod http1_fanout;
+mod http2_fanout;
+mod restart_storm;

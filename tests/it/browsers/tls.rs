@@ -1,0 +1,585 @@
+//! HTTPS and HTTP/2 served by the relay itself, over TCP with certificates
+//! made here (a CA and a leaf for 127.0.0.1): ALPN offers h2 and
+//! http/1.1; streams, heartbeats, replay and the connection cap behave over
+//! HTTP/2 as over HTTP/1.1, many streams sharing one connection; a renewed
+//! certificate is served without a restart; and a missing, unreadable,
+//! malformed or mismatched pair stops the start with an error naming the
+//! setting.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::support::server::{TEST_SECRET, TestServer, token};
+use crate::support::{DEADLINE, TestDb};
+use eventrelay::auth::{AuthConfig, JwtConfig, build_resolver};
+use eventrelay::config::{Config, TlsConfig};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+use reqwest::{StatusCode, Version};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+/// A certificate authority that signs leaves for 127.0.0.1.
+struct TestCa {
+    certificate: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl TestCa {
+    fn new(name: &str) -> TestCa {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let key = KeyPair::generate().unwrap();
+        let certificate = params.self_signed(&key).unwrap();
+        TestCa { certificate, key }
+    }
+
+    /// A leaf for 127.0.0.1 and localhost: (certificate PEM, key PEM).
+    fn leaf(&self) -> (String, String) {
+        let params =
+            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let leaf = params
+            .signed_by(&key, &self.certificate, &self.key)
+            .unwrap();
+        (leaf.pem(), key.serialize_pem())
+    }
+
+    /// A client that trusts this CA only; HTTP/2 when the server offers it.
+    fn client(&self) -> reqwest::Client {
+        self.client_builder().build().unwrap()
+    }
+
+    fn client_builder(&self) -> reqwest::ClientBuilder {
+        reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(self.certificate.pem().as_bytes()).unwrap(),
+            )
+    }
+}
+
+/// A folder for one test's files, removed at the end.
+struct Folder(PathBuf);
+
+impl Folder {
+    fn new() -> Folder {
+        let path =
+            std::env::temp_dir().join(format!("eventrelay-tls-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&path).unwrap();
+        Folder(path)
+    }
+
+    fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+}
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tls(cert: &Path, key: &Path) -> TlsConfig {
+    TlsConfig {
+        cert_file: Some(cert.to_owned()),
+        key_file: Some(key.to_owned()),
+    }
+}
+
+/// The relay's https:// base (TestServer announces it as http://).
+fn https(server: &TestServer) -> String {
+    server.base.replacen("http://", "https://", 1)
+}
+
+async fn wait_ready(client: &reqwest::Client, base: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Ok(response) = client.get(format!("{base}/readyz")).send().await
+            && response.status() == 200
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "relay never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One SSE frame, as the fields a client reads.
+#[derive(Debug, Default)]
+struct Frame {
+    id: Option<String>,
+    event: Option<String>,
+    data: String,
+    comment: Option<String>,
+}
+
+/// A stream read frame by frame, with a deadline on every read.
+struct Stream {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Stream {
+    async fn open(
+        client: &reqwest::Client,
+        base: &str,
+        token: &str,
+        last_event_id: Option<i64>,
+    ) -> Result<Stream, (StatusCode, Value)> {
+        let mut request = client.get(format!("{base}/v1/events")).bearer_auth(token);
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let response = request.send().await.expect("relay answers");
+        if response.status() != StatusCode::OK {
+            let status = response.status();
+            return Err((status, response.json().await.unwrap_or(Value::Null)));
+        }
+        assert_eq!(response.version(), Version::HTTP_2, "the stream is HTTP/2");
+        Ok(Stream {
+            response,
+            buffer: String::new(),
+        })
+    }
+
+    async fn frame(&mut self) -> Frame {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let raw: String = self.buffer.drain(..end + 2).collect();
+                let mut frame = Frame::default();
+                let mut data = Vec::new();
+                for line in raw.trim_end().lines() {
+                    if let Some(comment) = line.strip_prefix(':') {
+                        frame.comment = Some(comment.trim().to_owned());
+                        continue;
+                    }
+                    let (field, value) = line.split_once(": ").unwrap_or((line, ""));
+                    match field {
+                        "id" => frame.id = Some(value.to_owned()),
+                        "event" => frame.event = Some(value.to_owned()),
+                        "data" => data.push(value.to_owned()),
+                        _ => {}
+                    }
+                }
+                frame.data = data.join("\n");
+                return frame;
+            }
+            let chunk = tokio::time::timeout(DEADLINE, self.response.chunk())
+                .await
+                .expect("a frame before the deadline")
+                .expect("the stream reads")
+                .expect("the stream is open");
+            self.buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+
+    /// Reads through `ready`: the event frames replayed before it, and its
+    /// `resync`.
+    async fn ready(&mut self) -> (Vec<Frame>, bool) {
+        let mut replayed = Vec::new();
+        loop {
+            let frame = self.frame().await;
+            if frame.event.as_deref() == Some("ready") && frame.id.is_none() {
+                let data: Value = serde_json::from_str(&frame.data).unwrap();
+                return (replayed, data["resync"].as_bool().unwrap());
+            }
+            if frame.event.is_some() {
+                replayed.push(frame);
+            }
+        }
+    }
+
+    async fn next_event(&mut self) -> Frame {
+        loop {
+            let frame = self.frame().await;
+            if frame.event.is_some() {
+                return frame;
+            }
+        }
+    }
+}
+
+async fn publish(client: &reqwest::Client, base: &str, event_type: &str) -> i64 {
+    let response = client
+        .post(format!("{base}/v1/events"))
+        .bearer_auth(crate::support::server::PUBLISH_TOKEN)
+        .json(&json!({"type": event_type, "scopeKey": "org-1", "lane": "durable", "data": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    body["events"][0]["seq"].as_i64().unwrap()
+}
+
+/// A relay serving TLS with a leaf of a fresh test CA; the CA (for clients)
+/// and the folder holding the certificate live as long as the server.
+fn tls_server(db: &TestDb, configure: impl FnOnce(&mut Config)) -> (TestServer, TestCa, Folder) {
+    let ca = TestCa::new("eventrelay test CA");
+    let folder = Folder::new();
+    let (cert, key) = ca.leaf();
+    let (cert, key) = (
+        folder.write("cert.pem", &cert),
+        folder.write("key.pem", &key),
+    );
+    let server = TestServer::start(db, |config| {
+        config.http.tls = tls(&cert, &key);
+        configure(config);
+    });
+    (server, ca, folder)
+}
+
+#[tokio::test]
+async fn streams_over_http2_behave_as_over_http1() {
+    let db = TestDb::new().await;
+    let (server, ca, _folder) = tls_server(&db, |config| {
+        config.sse.heartbeat_secs = 1;
+        config.sse.replay_lookback = 0;
+        config.sse.max_connections_per_subscriber = 3;
+    });
+    let base = https(&server);
+    let client = ca.client();
+    wait_ready(&client, &base).await;
+
+    // ALPN: HTTP/2 for a client that offers it, HTTP/1.1 for one that does
+    // not, and no plain HTTP on the TLS port.
+    let response = client.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(response.version(), Version::HTTP_2);
+    let http1 = ca.client_builder().http1_only().build().unwrap();
+    let response = http1.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(
+        (response.status(), response.version()),
+        (StatusCode::OK, Version::HTTP_11)
+    );
+    assert!(reqwest::get(server.url("/healthz")).await.is_err());
+
+    // Live events and heartbeats.
+    let alice = token("alice", "org-1", json!({}));
+    let mut live = Stream::open(&client, &base, &alice, None).await.unwrap();
+    let (replayed, resync) = live.ready().await;
+    assert!(replayed.is_empty() && resync);
+    let first = publish(&client, &base, "order.created").await;
+    let frame = live.next_event().await;
+    assert_eq!(frame.event.as_deref(), Some("order.created"));
+    assert_eq!(frame.id, Some(first.to_string()));
+    loop {
+        if live.frame().await.comment.as_deref() == Some("hb") {
+            break;
+        }
+    }
+
+    // Replay from Last-Event-ID, on a second stream of the same connection.
+    let second = publish(&client, &base, "order.paid").await;
+    assert_eq!(live.next_event().await.id, Some(second.to_string()));
+    let mut resumed = Stream::open(&client, &base, &alice, Some(first))
+        .await
+        .unwrap();
+    let (replayed, resync) = resumed.ready().await;
+    assert!(!resync);
+    let ids: Vec<_> = replayed.iter().map(|f| f.id.clone().unwrap()).collect();
+    assert_eq!(ids, vec![second.to_string()]);
+
+    // The connection cap counts HTTP/2 streams like connections, and a
+    // stream the client resets gives its place back.
+    let third = Stream::open(&client, &base, &alice, None).await.unwrap();
+    let (status, body) = Stream::open(&client, &base, &alice, None)
+        .await
+        .err()
+        .expect("the fourth stream is over the cap");
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["error"]["code"], "too_many_connections");
+    drop(third);
+    let deadline = Instant::now() + DEADLINE;
+    let mut fourth = loop {
+        match Stream::open(&client, &base, &alice, None).await {
+            Ok(stream) => break stream,
+            Err((StatusCode::TOO_MANY_REQUESTS, _)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(other) => panic!("the reset stream never gave its place back: {other:?}"),
+        }
+    };
+    fourth.ready().await;
+    let last = publish(&client, &base, "order.shipped").await;
+    for stream in [&mut live, &mut resumed, &mut fourth] {
+        assert_eq!(stream.next_event().await.id, Some(last.to_string()));
+    }
+}
+
+#[tokio::test]
+async fn a_client_closing_an_https_stream_is_released_at_once() {
+    let db = TestDb::new().await;
+    // The default 20 s heartbeat: only the peek can notice the close.
+    let (server, ca, _folder) = tls_server(&db, |config| {
+        assert_eq!(config.sse.heartbeat_secs, 20);
+    });
+    let base = https(&server);
+    let http1 = ca.client_builder().http1_only().build().unwrap();
+    wait_ready(&http1, &base).await;
+
+    let mut response = http1
+        .get(format!("{base}/v1/events"))
+        .bearer_auth(token("alice", "org-1", json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (response.status(), response.version()),
+        (StatusCode::OK, Version::HTTP_11)
+    );
+    let mut seen = String::new();
+    while !seen.contains("event: ready") {
+        let chunk = tokio::time::timeout(DEADLINE, response.chunk())
+            .await
+            .expect("the stream starts")
+            .unwrap()
+            .expect("the stream stays open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let observer = ca.client();
+    assert_eq!(
+        crate::support::metric_with(&observer, &base, "eventrelay_sse_connections").await,
+        1.0
+    );
+
+    // Dropping an unfinished response closes its connection.
+    drop(response);
+    drop(http1);
+    let closed_at = Instant::now();
+    loop {
+        let open = crate::support::metric_with(&observer, &base, "eventrelay_sse_connections").await;
+        if open == 0.0 {
+            break;
+        }
+        assert!(
+            closed_at.elapsed() < Duration::from_secs(1),
+            "{open} HTTPS streams still counted a second after the client closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_renewed_certificate_is_served_without_a_restart() {
+    let db = TestDb::new().await;
+    let (old_ca, new_ca) = (TestCa::new("old CA"), TestCa::new("new CA"));
+    let folder = Folder::new();
+    let (cert, key) = old_ca.leaf();
+    let (cert_path, key_path) = (
+        folder.write("cert.pem", &cert),
+        folder.write("key.pem", &key),
+    );
+    let server = TestServer::start(&db, |config| config.http.tls = tls(&cert_path, &key_path));
+    let base = https(&server);
+    wait_ready(&old_ca.client(), &base).await;
+    // Fresh clients, so every request makes a new handshake.
+    let handshakes = |ca: &TestCa| {
+        let client = ca.client();
+        let url = format!("{base}/healthz");
+        async move { client.get(url).send().await.is_ok() }
+    };
+    assert!(handshakes(&old_ca).await);
+    assert!(!handshakes(&new_ca).await);
+
+    // A renewal caught half-way (a new certificate, the old key) is not
+    // used: the old pair keeps serving.
+    let (cert, key) = new_ca.leaf();
+    std::fs::write(&cert_path, &cert).unwrap();
+    let deadline = Instant::now() + eventrelay::http::tls::CHECK_INTERVAL * 2;
+    while Instant::now() < deadline {
+        assert!(
+            handshakes(&old_ca).await,
+            "the old pair stays while the new one is half written"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::fs::write(&key_path, &key).unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while !handshakes(&new_ca).await {
+        assert!(
+            Instant::now() < deadline,
+            "the renewed certificate is never served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!handshakes(&old_ca).await);
+}
+
+/// Runs the service with `tls` and returns its start-up error.
+fn start_error(tls: TlsConfig) -> String {
+    let mut config = Config::default();
+    config.http.tls = tls;
+    config.auth = Some(AuthConfig::Jwt(JwtConfig {
+        secret: Some(TEST_SECRET.into()),
+        ..JwtConfig::default()
+    }));
+    let resolver = build_resolver(config.auth.as_ref().unwrap()).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let result = actix_web::rt::System::new().block_on(eventrelay::server::run(
+        config,
+        resolver,
+        listener,
+        std::future::pending(),
+    ));
+    result.expect_err("the start fails").to_string()
+}
+
+#[test]
+fn a_bad_pair_stops_the_start_naming_the_setting() {
+    let ca = TestCa::new("CA");
+    let folder = Folder::new();
+    let (cert, key) = ca.leaf();
+    let (other_cert, other_key) = ca.leaf();
+    let cert = folder.write("cert.pem", &cert);
+    let key = folder.write("key.pem", &key);
+    let other_key = folder.write("other-key.pem", &other_key);
+    let other_cert = folder.write("other-cert.pem", &other_cert);
+    let missing = folder.0.join("missing.pem");
+    let not_pem = folder.write("not.pem", "this is not PEM\n");
+    let cut = folder.write("cut.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n");
+    for (tls_config, starts, says) in [
+        (
+            tls(&missing, &key),
+            "http.tls.cert_file: cannot read",
+            "missing.pem",
+        ),
+        (
+            tls(&cert, &missing),
+            "http.tls.key_file: cannot read",
+            "missing.pem",
+        ),
+        // A folder where a file should be: unreadable, even as root.
+        (tls(&folder.0, &key), "http.tls.cert_file: cannot read", ""),
+        (
+            tls(&not_pem, &key),
+            "http.tls.cert_file:",
+            "holds no PEM certificate",
+        ),
+        (tls(&cut, &key), "http.tls.cert_file:", "not valid PEM"),
+        (
+            tls(&cert, &not_pem),
+            "http.tls.key_file:",
+            "holds no PEM private key",
+        ),
+        (
+            tls(&cert, &cert),
+            "http.tls.key_file:",
+            "holds no PEM private key",
+        ),
+        (
+            tls(&cert, &other_key),
+            "http.tls.key_file:",
+            "does not belong to the certificate",
+        ),
+        (
+            tls(&other_cert, &key),
+            "http.tls.key_file:",
+            "does not belong to the certificate",
+        ),
+    ] {
+        let error = start_error(tls_config.clone());
+        assert!(error.starts_with(starts), "{tls_config:?}: {error}");
+        assert!(error.contains(says), "{tls_config:?}: {error}");
+    }
+
+    // Half a pair is refused by the configuration check itself.
+    for (tls_config, setting) in [
+        (
+            TlsConfig {
+                cert_file: Some(cert.clone()),
+                key_file: None,
+            },
+            "http.tls.key_file:",
+        ),
+        (
+            TlsConfig {
+                cert_file: None,
+                key_file: Some(key.clone()),
+            },
+            "http.tls.cert_file:",
+        ),
+        (
+            TlsConfig {
+                cert_file: Some(PathBuf::new()),
+                key_file: Some(key.clone()),
+            },
+            "http.tls.cert_file:",
+        ),
+    ] {
+        let mut config = Config::default();
+        config.http.tls = tls_config;
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.starts_with(setting), "{error}");
+    }
+}
+
+/// The command says what is wrong and exits with a failure, before it
+/// touches the database.
+#[test]
+fn serve_exits_with_the_error_on_a_mismatched_pair() {
+    let ca = TestCa::new("CA");
+    let folder = Folder::new();
+    let (cert, _) = ca.leaf();
+    let (_, other_key) = ca.leaf();
+    let cert = folder.write("cert.pem", &cert);
+    let key = folder.write("key.pem", &other_key);
+    let config = folder.write(
+        "eventrelay.toml",
+        &format!(
+            r#"
+[database]
+url = "postgres://nobody@127.0.0.1:1/nothing"
+[http]
+bind = "127.0.0.1:0"
+[http.tls]
+cert_file = "{}"
+key_file = "{}"
+[auth]
+mode = "jwt"
+secret = "{TEST_SECRET}"
+"#,
+            cert.display(),
+            key.display()
+        ),
+    );
+    let mut command = Command::new(env!("CARGO_BIN_EXE_eventrelay"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("EVENTRELAY_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
+        .env_remove("DATABASE_URL")
+        .args(["serve", "--config"])
+        .arg(&config)
+        .current_dir(&folder.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("serve did not stop on a mismatched pair");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("error: http.tls.key_file:")
+            && stderr.contains("does not belong to the certificate"),
+        "{stderr}"
+    );
+}

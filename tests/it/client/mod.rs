@@ -1,0 +1,3 @@
+//! The Rust SSE client against the real relay.
+
+mod rust_client;

@@ -1,0 +1,9 @@
+//! Postgres as the relay meets it: migrations, outbox reads, TLS, poolers, dead connections, prepared statements, the embedded database.
+
+mod dead_connections;
+mod embedded;
+mod migrations;
+mod outbox_reads;
+mod pooler;
+mod prepared_statements;
+mod tls;

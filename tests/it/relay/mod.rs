@@ -1,0 +1,5 @@
+//! The relay end to end: commits reach subscribers, replay, audiences, isolation between scopes, actors restarted under supervision.
+
+mod delivery;
+mod isolation;
+mod supervision;
