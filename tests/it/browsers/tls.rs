@@ -352,7 +352,8 @@ async fn a_client_closing_an_https_stream_is_released_at_once() {
     drop(http1);
     let closed_at = Instant::now();
     loop {
-        let open = crate::support::metric_with(&observer, &base, "eventrelay_sse_connections").await;
+        let open =
+            crate::support::metric_with(&observer, &base, "eventrelay_sse_connections").await;
         if open == 0.0 {
             break;
         }

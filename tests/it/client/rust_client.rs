@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::support::server::{TestServer, token};
 use crate::support::{DEADLINE, TestDb};
-use eventrelay::publisher::{EventEnvelope, NewEvent, Publisher};
+use eventrelay::publisher::NewEvent;
 use eventrelay_client::{ClientBuilder, ClientError, ClientHandle, Event, State, Status};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -99,9 +99,13 @@ async fn events_arrive_and_a_relay_restart_loses_no_durable_event() {
     );
 
     let first = db.emit(durable(1)).await;
-    let tick = db.emit(NewEvent::ephemeral("sync.progress", "org-1", json!({"done": 1})),
-    )
-    .await;
+    let tick = db
+        .emit(NewEvent::ephemeral(
+            "sync.progress",
+            "org-1",
+            json!({"done": 1}),
+        ))
+        .await;
     let received = next(&mut events).await;
     assert_eq!(received.envelope.id, first.id);
     assert_eq!(received.envelope.seq, first.seq);

@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::{TestDb, test_in_both_wakeup_modes};
 use crate::support::cluster::Cluster;
 use crate::support::flaky_receiver::{FlakyReceiver, Mischief};
 use crate::support::process::{RelayProcess, free_port, relay_config};
 use crate::support::server::{TestServer, token};
+use crate::support::{TestDb, test_in_both_wakeup_modes};
 use eventrelay::publisher::{NewEvent, Publisher};
 use eventrelay::store::WakeupMode;
 use eventrelay_client::{ClientBuilder, ClientHandle, State};

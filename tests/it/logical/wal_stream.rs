@@ -5,12 +5,11 @@
 //! `faults.rs`.
 
 use std::process::Command;
-use std::time::Duration;
 
 use crate::support::cluster::Cluster;
 use crate::support::process::{RelayProcess, free_port, relay_config};
 use crate::support::server::{TestServer, token};
-use crate::support::{DEADLINE, TestDb, eventually};
+use crate::support::{TestDb, eventually};
 use eventrelay::publisher::{NewEvent, Publisher};
 use eventrelay::store::WakeupMode;
 use serde_json::json;

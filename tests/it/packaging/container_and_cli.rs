@@ -107,7 +107,10 @@ fn serve_stops_cleanly_on_sigterm() {
         .env("EVENTRELAY_DATABASE__CHANNEL", names.channel.as_str())
         .env("EVENTRELAY_HTTP__BIND", "127.0.0.1:0")
         .env("EVENTRELAY_AUTH__MODE", "jwt")
-        .env("EVENTRELAY_AUTH__SECRET", crate::support::server::TEST_SECRET)
+        .env(
+            "EVENTRELAY_AUTH__SECRET",
+            crate::support::server::TEST_SECRET,
+        )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -10,7 +10,7 @@ use crate::support::freezer::Freezer;
 use crate::support::receiver::Receiver;
 use crate::support::server::{TestServer, token};
 use crate::support::{DEADLINE, TestDb, database_url};
-use eventrelay::publisher::{NewEvent, Publisher};
+use eventrelay::publisher::NewEvent;
 use eventrelay::webhooks::NewSubscription;
 use serde_json::{Value, json};
 

@@ -1,7 +1,7 @@
 //! The outbox read side against a real Postgres.
 
-use chrono::{Duration, Utc};
 use crate::support::TestDb;
+use chrono::{Duration, Utc};
 use eventrelay::publisher::{NewEvent, Publisher};
 use eventrelay::store::Outbox;
 use serde_json::json;

@@ -10,7 +10,6 @@
 //! connection; the first test shows that this setup does catch that.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::time::Duration;
 
 use crate::support::pgbouncer::PgBouncer;

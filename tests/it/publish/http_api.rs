@@ -1,8 +1,8 @@
 //! The HTTP surface as documented: every route in the OpenAPI document
 //! exists, errors are JSON with stable codes, limits are enforced.
 
-use crate::support::{TestDb, eventually};
 use crate::support::server::{PUBLISH_TOKEN, TestServer};
+use crate::support::{TestDb, eventually};
 use serde_json::{Value, json};
 
 #[tokio::test]

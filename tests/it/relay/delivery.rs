@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::support::server::{Frame, TestServer, token, token_for};
 use crate::support::{DEADLINE, TestDb, eventually, test_in_both_wakeup_modes};
-use eventrelay::publisher::{Audience, NewEvent, Publisher};
+use eventrelay::publisher::{Audience, NewEvent};
 use eventrelay::store::WakeupMode;
 use serde_json::{Value, json};
 
@@ -35,7 +35,7 @@ async fn a_commit_reaches_the_subscriber_and_a_rollback_never_does(mode: WakeupM
     let mut client = db.connect().await;
     let tx = client.transaction().await.unwrap();
     db.publisher()
-        .tx.emit(durable("order.rolled_back", "org-1"))
+        .emit(&tx, durable("order.rolled_back", "org-1"))
         .await
         .unwrap();
     tx.rollback().await.unwrap();
@@ -76,7 +76,8 @@ async fn the_stream_has_the_documented_framing_and_headers() {
         stream.next_frame().await.unwrap().event.as_deref(),
         Some("ready")
     );
-    db.emit(NewEvent::ephemeral("tick", "org-1", json!({"n": 1}))).await;
+    db.emit(NewEvent::ephemeral("tick", "org-1", json!({"n": 1})))
+        .await;
     let tick = stream.next_event().await;
     assert_eq!(tick.id, None, "ephemeral frames carry no id");
     assert_eq!(tick.json()["lane"], "ephemeral");
@@ -120,16 +121,15 @@ async fn audience_by_users_and_permission_fails_closed(mode: WakeupMode) {
         )
         .await;
 
-    db.emit(durable("for.alice", "org-1").with_audience(Audience::users(["alice"])),
-    )
-    .await;
-    db.emit(durable("needs.orders.read", "org-1")
+    db.emit(durable("for.alice", "org-1").with_audience(Audience::users(["alice"])))
+        .await;
+    db.emit(
+        durable("needs.orders.read", "org-1")
             .with_audience(Audience::permission(json!({"orders": ["read"]}))),
     )
     .await;
-    db.emit(durable("strange.permission", "org-1").with_audience(Audience::permission(json!(42))),
-    )
-    .await;
+    db.emit(durable("strange.permission", "org-1").with_audience(Audience::permission(json!(42))))
+        .await;
     db.emit(durable("everyone", "org-1")).await;
     db.emit(durable("everyone", "org-2")).await;
 
@@ -345,8 +345,9 @@ async fn a_transaction_of_many_events_arrives_whole_from_one_wake_up(mode: Wakeu
     let tx = client.transaction().await.unwrap();
     let mut expected = Vec::new();
     for _ in 0..25 {
-        let envelope = db.publisher()
-            .tx.emit(durable("bulk", "org-1"))
+        let envelope = db
+            .publisher()
+            .emit(&tx, durable("bulk", "org-1"))
             .await
             .unwrap();
         expected.push(envelope.id.to_string());
@@ -367,13 +368,15 @@ async fn transactions_committing_out_of_seq_order_both_arrive(mode: WakeupMode) 
     let mut first = db.connect().await;
     let mut second = db.connect().await;
     let tx1 = first.transaction().await.unwrap();
-    let low = db.publisher()
-        .tx1.emit(durable("low", "org-1"))
+    let low = db
+        .publisher()
+        .emit(&tx1, durable("low", "org-1"))
         .await
         .unwrap();
     let tx2 = second.transaction().await.unwrap();
-    let high = db.publisher()
-        .tx2.emit(durable("high", "org-1"))
+    let high = db
+        .publisher()
+        .emit(&tx2, durable("high", "org-1"))
         .await
         .unwrap();
     assert!(low.seq < high.seq);
@@ -403,7 +406,7 @@ async fn rows_that_travel_with_their_pointer_reach_subscribers_without_an_outbox
         let event = NewEvent::durable("many", "org-1", json!({"n": n}));
         emitted.push(
             db.publisher()
-                .tx.emit(event)
+                .emit(&tx, event)
                 .await
                 .unwrap()
                 .id
@@ -666,9 +669,8 @@ async fn an_embedding_application_supplies_its_own_resolver() {
     assert_eq!(status, 401);
     let (mut vip, _) = server.subscribe_with_header("Club vip-ann").await;
     let (mut guest, _) = server.subscribe_with_header("Club bob").await;
-    db.emit(durable("party", "club").with_audience(Audience::permission(json!("vip-room"))),
-    )
-    .await;
+    db.emit(durable("party", "club").with_audience(Audience::permission(json!("vip-room"))))
+        .await;
     db.emit(durable("lobby", "club")).await;
     assert_eq!(vip.next_event().await.event.as_deref(), Some("party"));
     assert_eq!(vip.next_event().await.event.as_deref(), Some("lobby"));
@@ -734,16 +736,19 @@ async fn no_history_after_a_listener_reconnect_yet_late_commits_arrive() {
     server.ready().await;
     // History, with a transaction still open whose seq sits among it.
     for n in 0..5 {
-        db.emit(NewEvent::durable("history", "org-1", json!({"n": n}))).await;
+        db.emit(NewEvent::durable("history", "org-1", json!({"n": n})))
+            .await;
     }
     let mut late_writer = db.connect().await;
     let late_tx = late_writer.transaction().await.unwrap();
-    let late = db.publisher()
-        .late_tx.emit(durable("late", "org-1"))
+    let late = db
+        .publisher()
+        .emit(&late_tx, durable("late", "org-1"))
         .await
         .unwrap();
     for n in 5..8 {
-        db.emit(NewEvent::durable("history", "org-1", json!({"n": n}))).await;
+        db.emit(NewEvent::durable("history", "org-1", json!({"n": n})))
+            .await;
     }
 
     let (mut stream, _) = server

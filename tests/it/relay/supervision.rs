@@ -6,11 +6,12 @@
 #![cfg(feature = "fault-injection")]
 use crate::support::TestDb;
 use crate::support::server::{TestServer, token};
-use eventrelay::publisher::{NewEvent, Publisher};
+use eventrelay::publisher::NewEvent;
 use serde_json::json;
 
 async fn emit(db: &TestDb, n: usize) -> eventrelay::publisher::EventEnvelope {
-    db.emit(NewEvent::durable("n", "org-1", json!({"n": n}))).await
+    db.emit(NewEvent::durable("n", "org-1", json!({"n": n})))
+        .await
 }
 
 async fn inject(db: &TestDb, target: &str) {

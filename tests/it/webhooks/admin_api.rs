@@ -5,9 +5,9 @@
 //! dispatcher is switched off so nothing changes a delivery behind a test's
 //! back.
 
-use chrono::{DateTime, Utc};
 use crate::support::TestDb;
 use crate::support::server::{PUBLISH_TOKEN, TestServer};
+use chrono::{DateTime, Utc};
 use eventrelay::publisher::{NewEvent, PgExecutor, Publisher};
 use eventrelay::webhooks::NewSubscription;
 use eventrelay::webhooks::WebhookStore;

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::support::{TestDb, eventually, test_in_both_wakeup_modes};
 use crate::support::receiver::{Receiver, Reply};
 use crate::support::server::TestServer;
+use crate::support::{TestDb, eventually, test_in_both_wakeup_modes};
 use eventrelay::config::Config;
 use eventrelay::publisher::{Audience, NewEvent, Publisher, WebhookHeaders, WebhookSecret, verify};
 use eventrelay::store::WakeupMode;
@@ -71,14 +71,16 @@ async fn a_delivery_is_signed_and_carries_the_envelope_without_its_audience(mode
     let receiver = Receiver::start([]);
     let server = TestServer::start(&db, webhooks(&receiver.url, &[50]));
     server.ready().await;
-    let event = db.emit(NewEvent::durable("order.created", "org-1", json!({"orderId": 7}))
-            .with_audience(Audience::users(["alice"])),
-    )
-    .await;
-    db.emit(NewEvent::durable("user.created", "org-1", json!({}))).await;
-    db.emit(NewEvent::ephemeral("order.progress", "org-1", json!({})),
-    )
-    .await;
+    let event = db
+        .emit(
+            NewEvent::durable("order.created", "org-1", json!({"orderId": 7}))
+                .with_audience(Audience::users(["alice"])),
+        )
+        .await;
+    db.emit(NewEvent::durable("user.created", "org-1", json!({})))
+        .await;
+    db.emit(NewEvent::ephemeral("order.progress", "org-1", json!({})))
+        .await;
 
     let request = receiver.wait_for(1).await.remove(0);
     let secret = WebhookSecret::parse(SECRET).unwrap();
@@ -114,7 +116,9 @@ async fn failures_are_retried_on_the_schedule_and_then_the_delivery_is_dead() {
     let receiver = Receiver::start([Reply::Status(500), Reply::Status(502), Reply::Status(500)]);
     let server = TestServer::start(&db, webhooks(&receiver.url, &[50, 50]));
     server.ready().await;
-    let event = db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    let event = db
+        .emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     assert_eq!(settled(&db).await, [("dead".to_owned(), 3)]);
     let received = receiver.received();
     assert_eq!(received.len(), 3);
@@ -143,7 +147,8 @@ async fn a_retry_that_succeeds_is_delivered() {
     let receiver = Receiver::start([Reply::Status(503)]);
     let server = TestServer::start(&db, webhooks(&receiver.url, &[50, 50]));
     server.ready().await;
-    db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     assert_eq!(settled(&db).await, [("delivered".to_owned(), 2)]);
 }
 
@@ -153,7 +158,8 @@ async fn gone_gives_up_at_once() {
     let receiver = Receiver::start([Reply::Status(410)]);
     let server = TestServer::start(&db, webhooks(&receiver.url, &[50, 50]));
     server.ready().await;
-    db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     assert_eq!(settled(&db).await, [("gone".to_owned(), 1)]);
     assert_eq!(receiver.received().len(), 1);
 }
@@ -165,7 +171,8 @@ async fn a_redirect_is_never_followed() {
     let receiver = Receiver::start([Reply::WithHeader(302, "location", elsewhere)]);
     let server = TestServer::start(&db, webhooks(&receiver.url, &[50]));
     server.ready().await;
-    db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     assert_eq!(settled(&db).await, [("delivered".to_owned(), 2)]);
     assert!(receiver.received().iter().all(|r| r.path == "/hook"));
     let client = db.connect().await;
@@ -198,7 +205,8 @@ async fn a_timeout_is_retried() {
         config.webhooks.lease_ms = 1_000;
     });
     server.ready().await;
-    db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     assert_eq!(settled(&db).await, [("delivered".to_owned(), 2)]);
     let client = db.connect().await;
     let error: String = client
@@ -222,7 +230,8 @@ async fn retry_after_is_honoured_over_the_schedule() {
     // The schedule alone would wait a minute.
     let server = TestServer::start(&db, webhooks(&receiver.url, &[60_000]));
     server.ready().await;
-    db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     assert_eq!(settled(&db).await, [("delivered".to_owned(), 2)]);
 }
 
@@ -238,7 +247,9 @@ async fn a_dispatcher_stopped_mid_request_has_its_delivery_sent_again() {
     };
     let first = TestServer::start(&db, configure.clone());
     first.ready().await;
-    let event = db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    let event = db
+        .emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     receiver.wait_for(1).await;
     drop(first); // mid-request: the attempt is never recorded
 
@@ -303,7 +314,8 @@ async fn a_rolled_back_event_leaves_no_delivery() {
         .await
         .unwrap();
     tx.rollback().await.unwrap();
-    db.emit(NewEvent::durable("order.paid", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("order.paid", "org-1", json!({})))
+        .await;
     assert_eq!(settled(&db).await, [("delivered".to_owned(), 1)]);
     let body: Value = serde_json::from_slice(&receiver.received()[0].body).unwrap();
     assert_eq!(body["type"], "order.paid");
@@ -319,7 +331,8 @@ async fn internal_addresses_are_refused_unless_allowed() {
         config.webhooks.allow_private_networks = false;
     });
     server.ready().await;
-    db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     assert_eq!(settled(&db).await, [("dead".to_owned(), 2)]);
     assert!(receiver.received().is_empty());
     let client = db.connect().await;
@@ -368,7 +381,8 @@ async fn a_rotated_secret_keeps_signing_during_its_grace_window() {
         )
         .await
         .unwrap();
-    db.emit(NewEvent::durable("anything", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("anything", "org-1", json!({})))
+        .await;
     let request = receiver.wait_for(1).await.remove(0);
     for secret in ["old-secret-old-secret", "new-secret-new-secret"] {
         verify(
@@ -393,7 +407,8 @@ async fn a_vanished_subscription_gives_up_at_once() {
         webhooks(&url, &[300])(config);
     });
     server.ready().await;
-    db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     receiver.wait_for(1).await;
     let client = db.connect().await;
     client
@@ -460,7 +475,8 @@ async fn only_a_transaction_that_queues_deliveries_announces_them_and_once() {
     );
 
     // Nothing queued: pointers only.
-    db.emit(NewEvent::durable("user.deleted", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("user.deleted", "org-1", json!({})))
+        .await;
     let sent = notifications.drain(&db).await;
     assert!(!sent.is_empty(), "the pointer still goes out");
     assert!(sent.iter().all(|p| !p.contains(r#""due""#)), "{sent:?}");
@@ -487,11 +503,12 @@ async fn events_without_deliveries_do_not_wake_the_webhook_workers() {
     let woken = "eventrelay_actor_handling_seconds_count{actor=\"dispatcher\"}";
     let before = server.metric(woken).await;
     for n in 0..20 {
-        db.emit(NewEvent::durable("user.created", "org-1", json!({"n": n})),
-        )
-        .await;
+        db.emit(NewEvent::durable("user.created", "org-1", json!({"n": n})))
+            .await;
     }
-    let order = db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    let order = db
+        .emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     // Commits reach the relay in order, so once the last one is delivered
     // the twenty before it have been through the relay too.
     let request = receiver.wait_for(1).await.remove(0);
@@ -516,13 +533,16 @@ async fn a_schema_from_before_delivery_announcements_still_gets_its_webhooks_pro
         config.database.migrate = false;
     });
     server.ready().await;
-    db.emit(NewEvent::durable("order.created", "org-1", json!({}))).await;
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
     receiver.wait_for(1).await;
     // By now every worker has looked and found nothing more, and waits for
     // a wake-up or its 30-second idle look; the second event must not wait
     // for the look.
     let emitted = std::time::Instant::now();
-    let event = db.emit(NewEvent::durable("order.paid", "org-1", json!({}))).await;
+    let event = db
+        .emit(NewEvent::durable("order.paid", "org-1", json!({})))
+        .await;
     let request = receiver.wait_for(2).await.remove(1);
     assert_eq!(request.headers["webhook-id"], event.id.to_string());
     // Woken by the commit, it takes milliseconds; the workers' own looks
