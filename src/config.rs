@@ -165,20 +165,6 @@ pub struct SseConfig {
     /// Frames a subscriber may have queued before it counts as too slow and
     /// is disconnected.
     pub queue_capacity: usize,
-    /// How a connection's session runs: `stream` (the response body owns
-    /// the queue, timers and de-duplication; the default) or `actor` (an
-    /// actix actor owns them and feeds the body through a channel). Both
-    /// speak the same protocol; `actor` costs more memory per connection.
-    pub session: SessionModel,
-}
-
-/// See [`SseConfig::session`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SessionModel {
-    #[default]
-    Stream,
-    Actor,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -305,7 +291,6 @@ impl Default for SseConfig {
             retry_ms: 3000,
             replay_lookback: 100,
             queue_capacity: 1024,
-            session: SessionModel::Stream,
         }
     }
 }

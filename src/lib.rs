@@ -10,8 +10,7 @@
 //!   driver), the relay and its per-scope state, the per-scope hub that
 //!   fans out, holds the tail and enforces the connection cap.
 //! - [`sse`]: the SSE connection: the `GET /v1/events` handler, the session
-//!   (the response stream, or an actor with `sse.session = "actor"`), the
-//!   closed-client check.
+//!   (the response stream itself), the closed-client check.
 //! - [`http`]: the rest of the HTTP API (publish, admin, operations, CORS,
 //!   TLS) and its one error type with stable [`http::error::ErrorCode`]s.
 //! - [`webhooks`]: the webhook domain: model and rules, store, admin logic,

@@ -11,24 +11,22 @@ use actix::{Actor, Arbiter};
 use actix_web::{App, HttpServer, web};
 use eventrelay_publisher::{Publisher, SchemaRegistry};
 
-use crate::actors::listener::NotificationSource;
-use crate::actors::listener::StopListener;
-use crate::actors::relay::StopRelay;
-use crate::actors::relay::TailSettings;
+use crate::actors::listener::{LogicalSource, NotificationSource, StopListener, Targets};
+use crate::actors::mailbox::Counted;
+use crate::actors::relay::{StopRelay, TailSettings};
 use crate::actors::tail_budget::TailBudget;
-use crate::actors::wal_stream::LogicalSource;
 use crate::actors::{Listener, Relay};
 use crate::auth::SubscriberResolver;
 use crate::config::Config;
 use crate::group_commit::{GroupSettings, Publishing};
-use crate::http::AppState;
+use crate::http::{AppState, OpenStreams};
 use crate::metrics::ActorKind;
 use crate::metrics::Metrics;
 use crate::reload::{ReloadError, ReloadReport, Reloading};
 use crate::store::StoreError;
 use crate::store::{
-    ANNOUNCES_BATCHED_ROWS, ANNOUNCES_QUEUED_DELIVERIES, Database, DatabaseError, MigrateError,
-    Outbox, WakeupError, WakeupMode, has_migration, migrate_for,
+    Database, DatabaseError, MigrateError, Outbox, WakeupError, WakeupMode, check_schema,
+    migrate_for,
 };
 use crate::webhooks::{Dispatcher, SetWorkers, StopDispatcher, WebhookStore};
 use tokio::sync::watch;
@@ -119,6 +117,8 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
             if !report.applied.is_empty() {
                 tracing::info!(applied = ?report.applied, %schema, "migrations applied");
             }
+        } else {
+            check_schema(&client, &schema).await?;
         }
         crate::store::wakeup::check_ready(&client, &schema, wakeup).await?;
     }
@@ -250,17 +250,8 @@ pub async fn run_with(
         .db
         .clone()
         .with_wait_histogram(metrics.database_pool_wait_seconds.clone());
-    // A schema migrated before batches announced their own rows (possible
-    // with `database.migrate` off) leaves announcing to its trigger.
-    let batches_announced = {
-        let conn = db.get().await?;
-        has_migration(&conn, &schema, ANNOUNCES_BATCHED_ROWS)
-            .await
-            .map_err(MigrateError::Database)?
-    };
     let mut publisher = Publisher::new(schema.as_str())?
-        .with_ephemeral_max_bytes(config.publish.ephemeral_max_bytes)
-        .with_batches_announced(batches_announced);
+        .with_ephemeral_max_bytes(config.publish.ephemeral_max_bytes);
     if let Some(dir) = &config.publish.schemas_dir {
         publisher = publisher.with_registry(load_schemas(Path::new(dir))?);
     }
@@ -277,29 +268,25 @@ pub async fn run_with(
             .sync_config_subscriptions(&*conn, &config.webhooks.subscriptions)
             .await?;
     }
-    // A schema migrated before its trigger announced queued deliveries
-    // (possible with `database.migrate` off) still gets its webhooks
-    // promptly: the dispatcher is then woken by every pointer, as before.
-    let wake_dispatcher_on_pointers =
-        config.webhooks.enabled && config.database.wakeup == WakeupMode::Notify && {
-            let conn = db.get().await?;
-            !has_migration(&conn, &schema, ANNOUNCES_QUEUED_DELIVERIES)
-                .await
-                .map_err(MigrateError::Database)?
-        };
     let listener_connected = Arc::new(AtomicBool::new(false));
+    // Each long-lived actor holds a sender of this channel until it has
+    // stopped; shutdown waits for the channel to close.
+    let (actors_running, mut actors_stopped) = tokio::sync::mpsc::channel::<()>(1);
     let dispatcher = if config.webhooks.enabled {
-        Some(
-            Dispatcher::new(
-                db.clone(),
-                webhooks.clone(),
-                config.webhooks.clone(),
-                Arc::clone(&listener_connected),
-                Arc::clone(&metrics),
-            )
-            .map_err(ServeError::WebhookClient)?
-            .start(),
+        let dispatcher = Dispatcher::new(
+            db.clone(),
+            webhooks.clone(),
+            config.webhooks.clone(),
+            Arc::clone(&listener_connected),
+            Arc::clone(&metrics),
+            actors_running.clone(),
         )
+        .map_err(ServeError::WebhookClient)?
+        .start();
+        Some(Counted::new(
+            dispatcher,
+            metrics.actor(ActorKind::Dispatcher).clone(),
+        ))
     } else {
         None
     };
@@ -313,15 +300,19 @@ pub async fn run_with(
             budget: TailBudget::new(config.hub.tails_max_bytes, metrics.tails_bytes.clone()),
         },
         Arc::clone(&metrics),
-        dispatcher.as_ref().map(|d| d.clone().recipient()),
+        actors_running.clone(),
     )
-    .waking_dispatcher_on_pointers(wake_dispatcher_on_pointers)
     .start();
+    let relay = Counted::new(relay, metrics.actor(ActorKind::Relay).clone());
     let listener_actor = Listener::new(
         backend.notifications,
-        relay.clone(),
+        Targets {
+            relay: relay.clone(),
+            deliveries_due: dispatcher.as_ref().map(Counted::recipient),
+            metrics: Arc::clone(&metrics),
+        },
         Arc::clone(&listener_connected),
-        Arc::clone(&metrics),
+        actors_running,
     )
     .start();
     let janitor = actix::spawn(prune_forever(
@@ -359,8 +350,10 @@ pub async fn run_with(
             },
         ))
     });
-    let open_streams = metrics.connections.clone();
-    let trimmer = actix::spawn(crate::memory::trim_after_departures(open_streams.clone()));
+    let trimmer = actix::spawn(crate::memory::trim_after_departures(
+        metrics.connections.clone(),
+    ));
+    let (open_streams, streams_open, mut streams_ended) = OpenStreams::channel();
     let state = web::Data::new(AppState {
         config: live,
         reload: reload_handle,
@@ -376,13 +369,13 @@ pub async fn run_with(
         development_secret: config.development_secret.clone(),
         cors,
         closing: closing_streams.subscribe(),
+        open_streams,
     });
     let inspector = config.http.inspector;
     let mut server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
-            .configure(|c| crate::http::inspector::routes(c, inspector))
-            .configure(routes)
+            .configure(|c| crate::http::routes(c, inspector))
     })
     .on_connect(crate::sse::peer::on_connect)
     .disable_signals()
@@ -414,7 +407,10 @@ pub async fn run_with(
     tokio::task::yield_now().await;
     stop_listening(&listening);
     closing_streams.send_replace(true);
-    streams_ended(&open_streams, HTTP_SHUTDOWN_GRACE).await;
+    // Every stream holds a sender; the channel closes when the last ends.
+    // Streams whose clients stopped reading get the grace period, no more.
+    drop(streams_open);
+    let _ = tokio::time::timeout(HTTP_SHUTDOWN_GRACE, streams_ended.recv()).await;
     // Only now is the server stopped. Its workers may drop their
     // connections at once rather than gracefully (a stopped accept thread
     // can end a worker before the worker reads its own stop), so every
@@ -443,9 +439,17 @@ pub async fn run_with(
     }
     listener_actor.do_send(StopListener);
     if let Some(dispatcher) = dispatcher {
-        dispatcher.do_send(StopDispatcher);
+        dispatcher.addr().do_send(StopDispatcher);
     }
-    relay.do_send(StopRelay);
+    relay.addr().do_send(StopRelay);
+    drop(relay);
+    // Each of these actors drops its sender when it has stopped.
+    if tokio::time::timeout(HTTP_SHUTDOWN_GRACE, actors_stopped.recv())
+        .await
+        .is_err()
+    {
+        tracing::warn!("an actor did not stop within {HTTP_SHUTDOWN_GRACE:?}; stopping the rest");
+    }
     for arbiter in arbiters {
         arbiter.stop();
     }
@@ -454,15 +458,6 @@ pub async fn run_with(
         embedded.shutdown().await;
     }
     result.map_err(ServeError::Http)
-}
-
-/// Waits until every stream has ended (the open-streams gauge reaches
-/// zero), or `grace` has passed for streams whose clients stopped reading.
-async fn streams_ended(open_streams: &prometheus_client::metrics::gauge::Gauge, grace: Duration) {
-    let deadline = tokio::time::Instant::now() + grace;
-    while open_streams.get() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Binds the relay's HTTP address with the configured accept queue
@@ -491,7 +486,7 @@ fn stop_listening(listening: &std::net::TcpListener) {
 struct Reloaders {
     db: Database,
     webhooks: WebhookStore,
-    dispatcher: Option<actix::Addr<Dispatcher>>,
+    dispatcher: Option<Counted<actix::Addr<Dispatcher>>>,
     metrics: Arc<Metrics>,
 }
 
@@ -551,7 +546,6 @@ async fn reload_once(
     if merged.webhooks.workers != current.webhooks.workers
         && let Some(dispatcher) = &reach.dispatcher
     {
-        reach.metrics.actor(ActorKind::Dispatcher).queued();
         dispatcher.do_send(SetWorkers(merged.webhooks.workers));
     }
     live.send_replace(Arc::new(merged));
@@ -585,21 +579,4 @@ async fn prune_forever(
             Err(error) => tracing::warn!(%error, "outbox pruning failed; will retry"),
         }
     }
-}
-
-/// Every route: `/v1/events` (the SSE stream and the publish API share the
-/// path, so one resource holds both methods, behind the CORS policy), then
-/// the rest of the HTTP API.
-fn routes(config: &mut web::ServiceConfig) {
-    config
-        .service(
-            web::resource("/v1/events")
-                .wrap(actix_web::middleware::from_fn(
-                    crate::http::cors::middleware,
-                ))
-                .route(web::get().to(crate::sse::stream_events))
-                .route(web::post().to(crate::http::publish::publish_events))
-                .default_service(web::to(crate::http::not_found)),
-        )
-        .configure(crate::http::routes);
 }

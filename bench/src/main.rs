@@ -62,7 +62,7 @@ struct Args {
     #[arg(long)]
     logical_database_url: Option<String>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
-    /// wakeup, fanout, sessions, pools, http2, scopes, replay, webhooks,
+    /// wakeup, fanout, pools, http2, scopes, replay, webhooks,
     /// storm, memory; wakeup-latency is the wake-up modes' commit-to-receive
     /// rows without their emit-cost rounds).
     #[arg(long, value_delimiter = ',')]
@@ -184,9 +184,6 @@ async fn run_scenarios(
     }
     if wanted("fanout") {
         fanout_rows(args, schema, &scale, table).await?;
-    }
-    if wanted("sessions") {
-        session_rows(args, schema, &scale, table).await?;
     }
     if wanted("pools") {
         pool_rows(args, schema, &scale, table).await?;
@@ -675,64 +672,6 @@ async fn pool_rows(args: &Args, schema: &str, scale: &Scale, table: &mut Table) 
             format!(
                 "all replayed: {}",
                 verdict(f.received == (f.subscribers * f.events) as u64)
-            ),
-        );
-    }
-    Ok(())
-}
-
-/// The stream session against the actor session: idle memory per
-/// connection and commit-to-receive latency with many subscribers.
-async fn session_rows(
-    args: &Args,
-    schema: &str,
-    scale: &Scale,
-    table: &mut Table,
-) -> BenchResult<()> {
-    let db = args.database_url.as_str();
-    let subscribers = scale.large_fanout;
-    let mut figures = Vec::new();
-    for model in ["stream", "actor"] {
-        let mut settings = RelaySettings::new(db, schema);
-        settings.session = model;
-        let relay = start_relay(args, settings).await?;
-        eprintln!("sessions: {model}, {subscribers} subscribers");
-        let plan = FanoutPlan {
-            subscribers,
-            scopes: 1,
-            scope_prefix: format!("session-{model}"),
-            pace: Pace::PerSecond(10.0),
-            duration: scale.fixed_run,
-            writers: 4,
-            source: emit_source(db, schema),
-        };
-        let f = fanout::run(&plan, &relay_server(&relay)).await?;
-        table.add(
-            format!(
-                "sse.session = \"{model}\": {subscribers} subs, 1 scope, 10 ev/s, emit (commit-to-receive)"
-            ),
-            format!(
-                "idle RSS per connection {} · {}",
-                size(f.idle_rss_per_connection),
-                fanout_summary(&f)
-            ),
-            format!("all received: {}", verdict(f.delivered == f.expected)),
-        );
-        figures.push(f);
-    }
-    if let [stream, actor] = figures.as_slice() {
-        let extra = actor.idle_rss_per_connection - stream.idle_rss_per_connection;
-        let p99 = actor.latency.p99.as_secs_f64() / stream.latency.p99.as_secs_f64().max(1e-9);
-        table.add(
-            format!("actor session against stream session, {subscribers} subscribers"),
-            format!("{} more per idle connection · p99 {:.2}×", size(extra), p99),
-            format!(
-                "actor kept if ≤ 1 KiB more and p99 ≤ 1.1×: {}",
-                if extra <= 1024.0 && p99 <= 1.1 {
-                    "actor"
-                } else {
-                    "stream"
-                }
             ),
         );
     }

@@ -25,8 +25,6 @@ pub struct RelaySettings {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// `publish.group_commit_ms`; 0 turns group commit off.
     pub group_commit_ms: u64,
-    /// `sse.session`: `stream` or `actor`.
-    pub session: &'static str,
     pub arbiters: usize,
     pub pool_size: usize,
     pub webhook_workers: usize,
@@ -49,7 +47,6 @@ impl RelaySettings {
             webhook_url: None,
             tls: None,
             group_commit_ms: 2,
-            session: "stream",
             arbiters: 2,
             pool_size: 16,
             webhook_workers: 4,
@@ -91,7 +88,6 @@ inspector = false
 max_age_secs = 3600
 queue_capacity = {queue}
 replay_lookback = {lookback}
-session = "{session}"
 
 [hub]
 arbiters = {arbiters}
@@ -123,7 +119,6 @@ workers = {webhook_workers}
             secret = SUBSCRIBER_SECRET,
             token = PUBLISH_TOKEN,
             group = self.group_commit_ms,
-            session = self.session,
             arbiters = self.arbiters,
             pool_size = self.pool_size,
             webhook_workers = self.webhook_workers,

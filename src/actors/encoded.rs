@@ -14,7 +14,8 @@ use eventrelay_wire::{Audience, EventEnvelope, Subscriber, is_permitted, sse};
 pub struct EncodedEvent {
     seq: Option<i64>,
     /// The transaction that wrote a durable event, to hide it from
-    /// subscribers that joined after it committed.
+    /// subscribers that joined after it committed; `None` for ephemeral
+    /// events.
     txid: Option<u64>,
     occurred_at: DateTime<Utc>,
     event_type: Box<str>,
@@ -25,11 +26,15 @@ pub struct EncodedEvent {
 
 impl EncodedEvent {
     pub fn new(envelope: EventEnvelope) -> Self {
-        Self::written_by(envelope, None)
+        Self::encode(envelope, None)
     }
 
     /// A durable event with the transaction that wrote it.
-    pub fn written_by(envelope: EventEnvelope, txid: Option<u64>) -> Self {
+    pub fn written_by(envelope: EventEnvelope, txid: u64) -> Self {
+        Self::encode(envelope, Some(txid))
+    }
+
+    fn encode(envelope: EventEnvelope, txid: Option<u64>) -> Self {
         let frame = Bytes::from(sse::event_frame(&envelope));
         EncodedEvent {
             seq: envelope.seq,
@@ -47,8 +52,7 @@ impl EncodedEvent {
         self.seq
     }
 
-    /// The writing transaction; `None` for ephemeral events and rows from
-    /// before transactions were recorded.
+    /// The writing transaction; `None` for ephemeral events.
     pub fn txid(&self) -> Option<u64> {
         self.txid
     }

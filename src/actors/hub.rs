@@ -53,8 +53,8 @@ struct Member {
 
 impl Member {
     fn wants(&self, event: &EncodedEvent) -> bool {
-        match (&self.hide_committed_before, event.seq()) {
-            (Some(snapshot), Some(_)) => !snapshot.is_visible(event.txid()),
+        match (&self.hide_committed_before, event.txid()) {
+            (Some(snapshot), Some(txid)) => !snapshot.is_visible(txid),
             _ => true,
         }
     }

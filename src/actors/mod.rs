@@ -6,11 +6,11 @@
 pub mod encoded;
 pub mod hub;
 pub mod listener;
+pub mod mailbox;
 pub mod relay;
 pub mod scope;
 pub mod tail;
 pub mod tail_budget;
-pub mod wal_stream;
 
 pub use encoded::EncodedEvent;
 pub use listener::Listener;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{
-    Actor, ActorContext, Addr, ArbiterHandle, AsyncContext, Context, Handler, Message, Recipient,
+    Actor, ActorContext, Addr, ArbiterHandle, AsyncContext, Context, Handler, Message,
     ResponseFuture,
 };
 use eventrelay_wire::{DeferredPointer, EventEnvelope, Subscriber};
@@ -23,12 +23,12 @@ use super::encoded::EncodedEvent;
 use super::hub::{
     Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral, TooManyStreams,
 };
+use super::mailbox::Counted;
 use super::scope::{History, ScopeState};
 use super::tail::Bound;
 use super::tail_budget::TailBudget;
 use crate::metrics::{ActorKind, Metrics};
 use crate::store::{Database, Outbox, Snapshot, StoreError, StoredEvent};
-use crate::webhooks::DeliveriesDue;
 
 /// Rows per outbox read, and events per hub message.
 const PAGE: i64 = 500;
@@ -51,16 +51,14 @@ pub struct Relay {
     arbiters: Vec<ArbiterHandle>,
     tails: TailSettings,
     metrics: Arc<Metrics>,
-    /// The webhook dispatcher, told when a transaction queued deliveries.
-    deliveries_due: Option<Recipient<DeliveriesDue>>,
-    /// Tell it on every pointer too (a schema older than `{"k":"due"}`).
-    dispatcher_on_pointers: bool,
     scopes: HashMap<String, ActiveScope>,
     next_session: u64,
+    /// Dropped with the relay once it has stopped: shutdown waits for that.
+    _running: tokio::sync::mpsc::Sender<()>,
 }
 
 struct ActiveScope {
-    hub: Addr<Hub>,
+    hub: Counted<Addr<Hub>>,
     /// The sessions subscribed here: an unsubscribe from a session this
     /// scope never had (its scope was dropped by a restart) changes nothing.
     sessions: std::collections::HashSet<u64>,
@@ -74,7 +72,7 @@ impl Relay {
         arbiters: Vec<ArbiterHandle>,
         tails: TailSettings,
         metrics: Arc<Metrics>,
-        deliveries_due: Option<Recipient<DeliveriesDue>>,
+        running: tokio::sync::mpsc::Sender<()>,
     ) -> Self {
         assert!(
             !arbiters.is_empty(),
@@ -86,25 +84,9 @@ impl Relay {
             arbiters,
             tails,
             metrics,
-            deliveries_due,
-            dispatcher_on_pointers: false,
             scopes: HashMap::new(),
             next_session: 0,
-        }
-    }
-
-    /// Also wakes the webhook dispatcher on every pointer, for a schema
-    /// whose trigger does not yet announce queued deliveries itself (one
-    /// migrated before `{"k":"due"}` existed, with `database.migrate` off).
-    pub fn waking_dispatcher_on_pointers(mut self, on_pointers: bool) -> Self {
-        self.dispatcher_on_pointers = on_pointers;
-        self
-    }
-
-    fn wake_dispatcher(&self) {
-        if let Some(dispatcher) = &self.deliveries_due {
-            self.metrics.actor(ActorKind::Dispatcher).queued();
-            dispatcher.do_send(DeliveriesDue);
+            _running: running,
         }
     }
 
@@ -122,7 +104,10 @@ impl Relay {
                     Arc::clone(&self.metrics),
                 )
                 .on_arbiter(arbiter);
-                let hub = Hub::start_in_arbiter(&self.arbiters[arbiter], |_| hub);
+                let hub = Counted::new(
+                    Hub::start_in_arbiter(&self.arbiters[arbiter], |_| hub),
+                    self.metrics.actor(ActorKind::Hub).clone(),
+                );
                 self.metrics.active_scopes.set(active as i64 + 1);
                 entry.insert(ActiveScope {
                     hub,
@@ -161,7 +146,6 @@ impl Relay {
         match msg.result {
             Ok(rows) => {
                 for batch in scope.state.read_done(msg.from, rows, PAGE as usize) {
-                    self.metrics.actor(ActorKind::Hub).queued();
                     scope.hub.do_send(PublishDurable {
                         read_after: batch.read_after,
                         events: batch.events,
@@ -196,7 +180,7 @@ impl Relay {
         };
         let db = self.db.clone();
         let outbox = self.outbox.clone();
-        let relay = ctx.address();
+        let relay = Counted::new(ctx.address(), self.metrics.actor(ActorKind::Relay).clone());
         let scope_key = scope_key.to_owned();
         let metrics = Arc::clone(&self.metrics);
         actix::spawn(async move {
@@ -208,7 +192,6 @@ impl Relay {
             if let Ok(rows) = &result {
                 metrics.outbox_read_rows.observe(rows.len() as f64);
             }
-            metrics.actor(ActorKind::Relay).queued();
             relay.do_send(ReadDone {
                 scope_key,
                 from,
@@ -278,15 +261,12 @@ impl Handler<Pointer> for Relay {
 
     fn handle(&mut self, msg: Pointer, ctx: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        if self.dispatcher_on_pointers {
-            self.wake_dispatcher();
-        }
         let Some(scope) = self.scopes.get(&msg.scope_key) else {
             return;
         };
         match msg.carried.map(|pointer| pointer.decode_rows()) {
             Some(Ok(rows)) => {
-                let txid = Some(rows.txid);
+                let txid = rows.txid;
                 let stored = rows
                     .events
                     .into_iter()
@@ -319,9 +299,6 @@ pub(super) fn count_unreadable_rows(metrics: &Metrics, scope_key: &str, seq: i64
 #[rtype(result = "()")]
 pub struct Decoded {
     pub rows: Vec<StoredEvent>,
-    /// The transaction queued webhook deliveries: the dispatcher is woken
-    /// for these only, not for every commit.
-    pub deliveries_queued: bool,
 }
 
 impl Handler<Decoded> for Relay {
@@ -329,24 +306,7 @@ impl Handler<Decoded> for Relay {
 
     fn handle(&mut self, msg: Decoded, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        if msg.deliveries_queued {
-            self.wake_dispatcher();
-        }
         self.supervised(|relay| relay.decoded(msg.rows));
-    }
-}
-
-/// A transaction queued webhook deliveries (notify mode's `{"k":"due"}`).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct DeliveriesQueued;
-
-impl Handler<DeliveriesQueued> for Relay {
-    type Result = ();
-
-    fn handle(&mut self, _: DeliveriesQueued, _: &mut Context<Self>) {
-        let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        self.wake_dispatcher();
     }
 }
 
@@ -368,7 +328,6 @@ impl Relay {
                 continue;
             };
             for batch in scope.state.decoded(rows, PAGE as usize) {
-                self.metrics.actor(ActorKind::Hub).queued();
                 scope.hub.do_send(PublishDurable {
                     read_after: batch.read_after,
                     events: batch.events,
@@ -389,7 +348,6 @@ impl Handler<Ephemeral> for Relay {
     fn handle(&mut self, msg: Ephemeral, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
         if let Some(scope) = self.scopes.get(&msg.0.scope_key) {
-            self.metrics.actor(ActorKind::Hub).queued();
             scope
                 .hub
                 .do_send(PublishEphemeral(Arc::new(EncodedEvent::new(msg.0))));
@@ -475,8 +433,7 @@ impl Handler<Subscribe> for Relay {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
         self.next_session += 1;
         let session = self.next_session;
-        let metrics = Arc::clone(&self.metrics);
-        let relay = ctx.address();
+        let relay = Counted::new(ctx.address(), self.metrics.actor(ActorKind::Relay).clone());
         let scope_key = msg.subscriber.scope_key.clone();
         let scope = self.activate(&msg.subscriber.scope_key, &msg.joined);
         scope.sessions.insert(session);
@@ -484,7 +441,6 @@ impl Handler<Subscribe> for Relay {
             .replay_after
             .is_none()
             .then(|| Arc::clone(&msg.joined.snapshot));
-        metrics.actor(ActorKind::Hub).queued();
         let attach = scope.hub.send(Attach {
             session,
             subscriber: msg.subscriber,
@@ -501,7 +457,6 @@ impl Handler<Subscribe> for Relay {
             };
             // Counted above, but no session will ever unsubscribe: undo
             // it, or the scope stays active for ever.
-            metrics.actor(ActorKind::Relay).queued();
             relay.do_send(Unsubscribe { scope_key, session });
             Err(refused)
         })
@@ -527,7 +482,6 @@ impl Handler<Unsubscribe> for Relay {
         if !scope.sessions.remove(&msg.session) {
             return;
         }
-        self.metrics.actor(ActorKind::Hub).queued();
         scope.hub.do_send(Detach {
             session: msg.session,
         });
@@ -571,7 +525,6 @@ impl Handler<InjectFault> for Relay {
             InjectFault::Relay => self.supervised(|_| panic!("fault injected into the relay")),
             InjectFault::Hub(scope_key) => {
                 if let Some(scope) = self.scopes.get(&scope_key) {
-                    self.metrics.actor(ActorKind::Hub).queued();
                     scope.hub.do_send(super::hub::InjectFault);
                 }
             }

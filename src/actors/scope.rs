@@ -40,7 +40,7 @@ impl History {
     /// True for an event that had committed before activation. Everything
     /// above `newest` is new; below it, only a transaction that was still
     /// running (a late commit) is.
-    pub fn contains(&self, seq: i64, txid: Option<u64>) -> bool {
+    pub fn contains(&self, seq: i64, txid: u64) -> bool {
         seq <= self.newest && self.snapshot.is_visible(txid)
     }
 }
@@ -204,10 +204,7 @@ mod tests {
         let mut envelope =
             NewEvent::durable("t", "s", json!({"seq": seq})).into_envelope(Utc::now());
         envelope.seq = Some(seq);
-        StoredEvent {
-            envelope,
-            txid: Some(txid),
-        }
+        StoredEvent { envelope, txid }
     }
 
     /// Rows by transactions that started after activation.
@@ -239,12 +236,11 @@ mod tests {
         // Seqs 1..=5 existed; the transaction 103 that wrote seq 3 was
         // still running.
         let history = History::new(Arc::new(Snapshot::parse("103:106:103").unwrap()), 5);
-        assert!(history.contains(1, Some(100)));
-        assert!(history.contains(4, Some(104)));
-        assert!(history.contains(2, None), "rows from before txids");
-        assert!(!history.contains(3, Some(103)), "a late commit is new");
-        assert!(!history.contains(6, Some(99)), "above newest is always new");
-        assert!(!history.contains(4, Some(106)), "started after activation");
+        assert!(history.contains(1, 100));
+        assert!(history.contains(4, 104));
+        assert!(!history.contains(3, 103), "a late commit is new");
+        assert!(!history.contains(6, 99), "above newest is always new");
+        assert!(!history.contains(4, 106), "started after activation");
     }
 
     #[test]

@@ -8,6 +8,17 @@ use eventrelay::store::migrate_for as apply_migrations;
 use super::{CliError, Database, Target, parse_json};
 
 #[derive(Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// Drop the schema and everything in it (events, deliveries,
+    /// subscriptions) first, then create it again: for a development
+    /// database left by an earlier build.
+    #[arg(long)]
+    reset: bool,
+}
+
+#[derive(Args)]
 pub struct EmitArgs {
     #[command(flatten)]
     pub database: Database,
@@ -34,16 +45,24 @@ pub struct EmitArgs {
     resources: Vec<String>,
 }
 
-/// Applies the migrations and reports what was applied.
-pub async fn migrate(database: Database) -> Result<(), CliError> {
+/// Applies the migrations (after dropping the schema, with `--reset`) and
+/// reports what was applied.
+pub async fn migrate(args: MigrateArgs) -> Result<(), CliError> {
     let Target {
         url,
         schema,
         channel,
         wakeup,
-    } = database.resolve()?;
+    } = args.database.resolve()?;
     let mut client = eventrelay::connect(&url).await?;
-    let report = apply_migrations(&mut client, &schema, &channel, wakeup).await?;
+    let report = if args.reset {
+        let report =
+            eventrelay::store::migrate::reset(&mut client, &schema, &channel, wakeup).await?;
+        println!("schema {schema}: dropped with everything in it, and created again");
+        report
+    } else {
+        apply_migrations(&mut client, &schema, &channel, wakeup).await?
+    };
     println!(
         "schema {schema}: applied {:?}, {} already in place; relays woken by {wakeup} on channel {channel}",
         report.applied, report.already_applied

@@ -31,7 +31,7 @@ use serde_json::Value;
 use tracing_subscriber::EnvFilter;
 
 pub use deliveries::DeliveriesCommand;
-pub use migrate::EmitArgs;
+pub use migrate::{EmitArgs, MigrateArgs};
 pub use serve::{HealthArgs, ReloadArgs};
 pub use subscriptions::SubscriptionsCommand;
 pub use token::TokenArgs;
@@ -60,7 +60,7 @@ pub enum Command {
     /// Exit 0 when the relay at --url answers 200 (for container health checks).
     Health(HealthArgs),
     /// Create or upgrade eventrelay's tables and SQL functions.
-    Migrate(Database),
+    Migrate(MigrateArgs),
     /// Emit one event (for trying things out and for scripts).
     Emit(EmitArgs),
     /// Inspect the webhook delivery log, redeliver, prune. Prints JSON lines.
@@ -212,7 +212,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Health(args) => serve::health(args).await,
         Command::CheckConfig(args) => serve::check_config(args).await,
         Command::Token(args) => token::token(args),
-        Command::Migrate(database) => migrate::migrate(database).await,
+        Command::Migrate(args) => migrate::migrate(args).await,
         Command::Emit(args) => migrate::emit(args).await,
         Command::Deliveries(command) => deliveries::run(command).await,
         Command::Subscriptions(command) => subscriptions::run(command).await,

@@ -26,7 +26,6 @@ use super::AppState;
 use super::body::read_body;
 use super::error::{ApiError, ErrorCode};
 use super::token::Guard;
-use crate::metrics::ActorKind;
 use crate::reload::ReloadError;
 use crate::store::{Connection, StoreError};
 use crate::webhooks::{
@@ -369,7 +368,6 @@ pub async fn redeliver(state: Admin, id: web::Path<String>) -> Result<HttpRespon
     // The dispatcher may be asleep until its next known due time; the
     // redelivered row is due now.
     if let Some(dispatcher) = &state.dispatcher {
-        state.metrics.actor(ActorKind::Dispatcher).queued();
         dispatcher.do_send(DeliveriesDue);
     }
     delivery_with_attempts(&state, &conn, &id).await
@@ -417,28 +415,6 @@ pub async fn reload(state: Admin) -> Result<HttpResponse, ApiError> {
             ReloadError::Stopping => ApiError::unavailable(error.to_string()),
         }),
     }
-}
-
-/// Registers the admin routes under `/v1/admin`.
-pub fn routes(config: &mut web::ServiceConfig) {
-    config.service(
-        web::scope("/v1/admin")
-            .route("/subscriptions", web::post().to(create_subscription))
-            .route("/subscriptions", web::get().to(list_subscriptions))
-            .route("/subscriptions/{id}", web::get().to(get_subscription))
-            .route("/subscriptions/{id}", web::patch().to(update_subscription))
-            .route("/subscriptions/{id}", web::delete().to(delete_subscription))
-            .route(
-                "/subscriptions/{id}/rotate-secret",
-                web::post().to(rotate_secret),
-            )
-            .route("/reload", web::post().to(reload))
-            .route("/deliveries", web::get().to(list_deliveries))
-            // Registered before `{id}` so `prune` is never taken for an id.
-            .route("/deliveries/prune", web::post().to(prune_deliveries))
-            .route("/deliveries/{id}", web::get().to(get_delivery))
-            .route("/deliveries/{id}/redeliver", web::post().to(redeliver)),
-    );
 }
 
 #[cfg(test)]

@@ -16,37 +16,27 @@ use crate::auth::{Algorithm, MintOptions, TokenSpec, mint_token};
 const PAGE: &str = include_str!("inspector.html");
 const CLIENT: &str = include_str!("../../clients/js/eventrelay-client.js");
 
-/// Registers the inspector's routes when it is on.
-pub fn routes(config: &mut web::ServiceConfig, enabled: bool) {
-    if enabled {
-        config
-            .route("/inspector", web::get().to(page))
-            .route("/inspector/", web::get().to(page))
-            .route("/inspector/eventrelay-client.js", web::get().to(client))
-            .route("/inspector/token", web::post().to(token));
-    }
-}
-
-async fn page() -> HttpResponse {
+pub async fn page() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
         .insert_header(("cache-control", "no-store"))
         .body(PAGE)
 }
 
-async fn client() -> HttpResponse {
+pub async fn client() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/javascript; charset=utf-8")
         .body(CLIENT)
 }
 
 #[derive(Deserialize)]
-struct MintRequest {
+/// The inspector's token form.
+pub struct MintRequest {
     subscriber: String,
     scope: String,
 }
 
-async fn token(
+pub async fn token(
     state: web::Data<AppState>,
     request: web::Json<MintRequest>,
 ) -> Result<HttpResponse, ApiError> {

@@ -8,6 +8,7 @@ pub mod error;
 pub mod inspector;
 pub mod ops;
 pub mod publish;
+pub mod routes;
 pub mod tls;
 pub mod token;
 
@@ -15,14 +16,15 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use actix::Addr;
-use actix_web::web;
 
 use crate::actors::Relay;
+use crate::actors::mailbox::Counted;
 use crate::auth::SubscriberResolver;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::store::{Database, Outbox};
 use error::{ApiError, ErrorCode};
+pub use routes::routes;
 
 /// What every handler can reach.
 pub struct AppState {
@@ -31,7 +33,7 @@ pub struct AppState {
     pub config: crate::reload::LiveConfig,
     /// Asks the service to reload its configuration, when it can.
     pub reload: Option<crate::reload::ReloadHandle>,
-    pub relay: Addr<Relay>,
+    pub relay: Counted<Addr<Relay>>,
     pub resolver: Arc<dyn SubscriberResolver>,
     pub db: Database,
     pub outbox: Outbox,
@@ -43,7 +45,7 @@ pub struct AppState {
     pub webhooks: crate::webhooks::WebhookStore,
     /// The webhook dispatcher, when it runs on this replica (a redelivery
     /// tells it that a delivery is due).
-    pub dispatcher: Option<Addr<crate::webhooks::Dispatcher>>,
+    pub dispatcher: Option<Counted<Addr<crate::webhooks::Dispatcher>>>,
     /// Set in development mode only, for the inspector's token minting.
     pub development_secret: Option<crate::secret::Secret>,
     /// Which other origins' pages may read `/v1/events`.
@@ -51,6 +53,33 @@ pub struct AppState {
     /// Turns true when the service starts stopping: every stream then ends
     /// cleanly, so clients reconnect (to another replica) at once.
     pub closing: tokio::sync::watch::Receiver<bool>,
+    /// Every stream holds one of these while it is open.
+    pub open_streams: OpenStreams,
+}
+
+/// What a shutdown waits for: each open stream holds a sender of one
+/// channel, and the channel closes when the last is dropped. The state
+/// keeps only a weak handle, so it never holds the channel open itself.
+#[derive(Clone)]
+pub struct OpenStreams(tokio::sync::mpsc::WeakSender<()>);
+
+impl OpenStreams {
+    /// The handle for the state, and the receiver whose `recv` answers
+    /// `None` once the returned sender and every stream's hold are dropped.
+    pub fn channel() -> (
+        Self,
+        tokio::sync::mpsc::Sender<()>,
+        tokio::sync::mpsc::Receiver<()>,
+    ) {
+        let (sender, receiver) = tokio::sync::mpsc::channel(1);
+        (OpenStreams(sender.downgrade()), sender, receiver)
+    }
+
+    /// A hold for one stream; `None` once the service is stopping and the
+    /// channel has closed.
+    pub fn hold(&self) -> Option<tokio::sync::mpsc::Sender<()>> {
+        self.0.upgrade()
+    }
 }
 
 impl AppState {
@@ -58,35 +87,6 @@ impl AppState {
     pub fn config(&self) -> Arc<Config> {
         Arc::clone(&self.config.borrow())
     }
-}
-
-/// Registers every route.
-pub fn routes(config: &mut web::ServiceConfig) {
-    config
-        .app_data(web::QueryConfig::default().error_handler(|error, _| {
-            ApiError::bad_request(ErrorCode::InvalidQuery, error.to_string()).into()
-        }))
-        // JSON bodies read by the extractor (the inspector's token form) get
-        // this API's error shape too, not the framework's plain text.
-        .app_data(web::JsonConfig::default().error_handler(|error, _| {
-            use actix_web::error::JsonPayloadError;
-            match error {
-                JsonPayloadError::Overflow { .. }
-                | JsonPayloadError::OverflowKnownLength { .. } => ApiError::new(
-                    actix_web::http::StatusCode::PAYLOAD_TOO_LARGE,
-                    ErrorCode::PayloadTooLarge,
-                    error.to_string(),
-                ),
-                _ => ApiError::bad_request(ErrorCode::InvalidBody, error.to_string()),
-            }
-            .into()
-        }))
-        .route("/healthz", web::get().to(ops::healthz))
-        .route("/readyz", web::get().to(ops::readyz))
-        .route("/metrics", web::get().to(ops::metrics))
-        .route("/openapi.json", web::get().to(ops::openapi))
-        .configure(admin::routes)
-        .default_service(web::to(not_found));
 }
 
 /// Any path (or method of `/v1/events`) the API does not have.

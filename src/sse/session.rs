@@ -18,8 +18,9 @@ use tokio::time::{Instant, Interval};
 
 use super::peer::{PEEK_EVERY, PeerSocket};
 use crate::actors::EncodedEvent;
+use crate::actors::mailbox::Counted;
 use crate::actors::relay::{Relay, Unsubscribe};
-use crate::metrics::{ActorKind, Metrics, SourceLabel};
+use crate::metrics::{Metrics, SourceLabel};
 use crate::store::{Database, Outbox, StoreError};
 
 /// Rows per page when replaying from the outbox.
@@ -99,10 +100,13 @@ pub struct Session {
 /// Undoes a session's registrations when its stream is dropped, however it
 /// ends (client gone, age cap, error).
 pub struct Registration {
-    pub relay: Addr<Relay>,
+    pub relay: Counted<Addr<Relay>>,
     pub scope_key: String,
     pub session: u64,
     pub metrics: Arc<Metrics>,
+    /// Held for the stream's life: shutdown waits until every stream has
+    /// dropped its hold (see [`crate::http::OpenStreams`]).
+    _open: Option<tokio::sync::mpsc::Sender<()>>,
 }
 
 impl Registration {
@@ -110,10 +114,11 @@ impl Registration {
     /// when the matching `Drop` will bring it down, however the stream ends
     /// (even before a session is built).
     pub fn new(
-        relay: Addr<Relay>,
+        relay: Counted<Addr<Relay>>,
         scope_key: String,
         session: u64,
         metrics: Arc<Metrics>,
+        open: Option<tokio::sync::mpsc::Sender<()>>,
     ) -> Registration {
         metrics.connections.inc();
         Registration {
@@ -121,13 +126,13 @@ impl Registration {
             scope_key,
             session,
             metrics,
+            _open: open,
         }
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.metrics.actor(ActorKind::Relay).queued();
         self.relay.do_send(Unsubscribe {
             scope_key: std::mem::take(&mut self.scope_key),
             session: self.session,

@@ -4,29 +4,23 @@
 //! connection permit (429 past the cap), parse `Last-Event-ID` (400 when
 //! malformed), subscribe through the relay, and stream the session.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
-use bytes::Bytes;
 use chrono::Utc;
-use futures_util::Stream;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::peer::PeerSocket;
-use super::session::{Registration, Replay, Session, SessionParams, StreamError, count_replay};
-use super::session_actor::SessionActor;
+use super::session::{Registration, Replay, Session, SessionParams, count_replay};
 use crate::actors::hub::TooManyStreams;
 use crate::actors::relay::{JoinPoint, Subscribe, SubscribeError};
 use crate::auth::Credentials;
-use crate::config::SessionModel;
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
-use crate::metrics::ActorKind;
 use crate::store::{JoinView, StoreError};
 
 #[derive(Debug, Deserialize)]
@@ -126,7 +120,6 @@ pub async fn stream_events(
             .map_err(failed)?
     };
     let (queue, receiver) = mpsc::channel(sse.queue_capacity);
-    state.metrics.actor(ActorKind::Relay).queued();
     let attached = state
         .relay
         .send(Subscribe {
@@ -154,6 +147,7 @@ pub async fn stream_events(
         subscriber.scope_key.clone(),
         attached.session,
         Arc::clone(&state.metrics),
+        state.open_streams.hold(),
     );
 
     let (replay, resync) = match (last_event_id, replay_from, attached.from_tail) {
@@ -193,19 +187,7 @@ pub async fn stream_events(
         closing: state.closing.clone(),
         peer: request.conn_data::<PeerSocket>().copied(),
     };
-    let body: Pin<Box<dyn Stream<Item = Result<Bytes, StreamError>>>> = match sse.session {
-        SessionModel::Stream => {
-            Box::pin(Session::new(params, subscriber, receiver, registration).into_stream())
-        }
-        SessionModel::Actor => Box::pin(SessionActor::start(
-            params,
-            subscriber,
-            receiver,
-            registration,
-            sse.queue_capacity,
-            Arc::clone(&state.metrics),
-        )),
-    };
+    let body = Session::new(params, subscriber, receiver, registration).into_stream();
     Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "text/event-stream"))
         .insert_header((header::CACHE_CONTROL, "no-store"))

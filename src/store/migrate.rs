@@ -9,9 +9,8 @@
 
 use std::fmt::Write as _;
 
-use eventrelay_publisher::{Identifier, PgExecutor};
+use eventrelay_publisher::Identifier;
 use sha2::{Digest, Sha256};
-use tokio_postgres::types::Type;
 
 use super::wakeup::WakeupMode;
 
@@ -24,64 +23,18 @@ pub struct Migration {
 }
 
 /// Every migration, in the order they apply. A test checks this list
-/// against the `migrations/` directory.
-pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "outbox",
-        sql: include_str!("../../migrations/0001_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "webhooks",
-        sql: include_str!("../../migrations/0002_webhooks.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "coalesce_notify",
-        sql: include_str!("../../migrations/0003_coalesce_notify.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "delivery_correctness",
-        sql: include_str!("../../migrations/0004_delivery_correctness.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "statement_triggers",
-        sql: include_str!("../../migrations/0005_statement_triggers.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "wakeup_modes",
-        sql: include_str!("../../migrations/0006_wakeup_modes.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "delivery_wakeups",
-        sql: include_str!("../../migrations/0007_delivery_wakeups.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "pointer_rows",
-        sql: include_str!("../../migrations/0008_pointer_rows.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "caller_announced_rows",
-        sql: include_str!("../../migrations/0009_caller_announced_rows.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "lean_publish_statements",
-        sql: include_str!("../../migrations/0010_lean_publish_statements.sql"),
-    },
-];
+/// against the `migrations/` directory. Version 1 is the whole schema;
+/// later changes append versions 2, 3, … and never edit an applied one.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "schema",
+    sql: include_str!("../../migrations/0001_schema.sql"),
+}];
 
 /// Why the schema could not be brought up to date.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
-    #[error("database error while migrating: {0}")]
+    #[error("database error while migrating: {}", server_said(.0))]
     Database(#[from] tokio_postgres::Error),
     #[error(
         "schema {schema} has migration {version} applied, which this build of eventrelay does not know; \
@@ -97,6 +50,28 @@ pub enum MigrateError {
         version: i32,
         name: &'static str,
     },
+    #[error(
+        "schema {schema} was created by a development build of eventrelay from before its \
+         schema's first version (it records migration {version} as {applied_name:?}, this \
+         build's is {name:?}); drop the schema and let eventrelay create it again, or run \
+         `eventrelay migrate --reset` on a development database (it deletes every event \
+         and webhook delivery in the schema)"
+    )]
+    EarlierBuild {
+        schema: String,
+        version: i32,
+        applied_name: String,
+        name: &'static str,
+    },
+}
+
+/// The server's own words for a failed statement (tokio-postgres shows
+/// only "db error"), or the client's when the server said nothing.
+fn server_said(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => error.to_string(),
+    }
 }
 
 /// What a run did.
@@ -119,39 +94,6 @@ impl Migration {
             },
         )
     }
-}
-
-/// The first migration whose outbox trigger announces queued webhook
-/// deliveries with `{"k":"due"}`.
-pub const ANNOUNCES_QUEUED_DELIVERIES: i32 = 7;
-
-/// The first migration with `outbox_announce_rows`, with which a batch's
-/// INSERT announces its own rows.
-pub const ANNOUNCES_BATCHED_ROWS: i32 = 9;
-
-/// Whether `schema` has migration `version` applied (false when the schema
-/// was never migrated).
-pub async fn has_migration(
-    db: &impl PgExecutor,
-    schema: &Identifier,
-    version: i32,
-) -> Result<bool, tokio_postgres::Error> {
-    let rows = db
-        .query_typed(
-            "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = 'schema_migrations')",
-            &[(&schema.as_str(), Type::TEXT)],
-        )
-        .await?;
-    if !rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
-        return Ok(false);
-    }
-    let rows = db
-        .query_typed(
-            &format!("SELECT EXISTS (SELECT 1 FROM {schema}.schema_migrations WHERE version = $1)"),
-            &[(&version, Type::INT4)],
-        )
-        .await?;
-    Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
 }
 
 /// Brings `schema` up to date and points its SQL functions at `channel`,
@@ -192,34 +134,8 @@ pub async fn migrate_for(
     ))
     .await?;
 
-    let applied: Vec<(i32, String)> = tx
-        .query(
-            "SELECT version, checksum FROM schema_migrations ORDER BY version",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
-    for (version, checksum) in &applied {
-        let known = MIGRATIONS.iter().find(|m| m.version == *version);
-        match known {
-            None => {
-                return Err(MigrateError::UnknownVersion {
-                    schema: schema.to_string(),
-                    version: *version,
-                });
-            }
-            Some(migration) if migration.checksum() != *checksum => {
-                return Err(MigrateError::ChecksumMismatch {
-                    schema: schema.to_string(),
-                    version: migration.version,
-                    name: migration.name,
-                });
-            }
-            Some(_) => {}
-        }
-    }
+    let applied = applied_migrations(&tx, schema).await?;
+    check_applied(schema, &applied)?;
 
     let mut report = MigrationReport {
         applied: Vec::new(),
@@ -228,7 +144,7 @@ pub async fn migrate_for(
     for migration in MIGRATIONS {
         if applied
             .iter()
-            .any(|(version, _)| *version == migration.version)
+            .any(|(version, _, _)| *version == migration.version)
         {
             continue;
         }
@@ -251,6 +167,100 @@ pub async fn migrate_for(
     super::wakeup::apply(&tx, schema, wakeup).await?;
     tx.commit().await?;
     Ok(report)
+}
+
+/// Refuses to run against `schema` when what it records was not applied by
+/// this build (see [`check_applied`]); for relays that do not migrate.
+pub async fn check_schema(
+    client: &tokio_postgres::Client,
+    schema: &Identifier,
+) -> Result<(), MigrateError> {
+    // Unnamed statements throughout: this runs outside a transaction,
+    // possibly through a transaction-mode pooler.
+    let table = format!("{schema}.schema_migrations");
+    let exists = client
+        .query_typed(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[(&table, tokio_postgres::types::Type::TEXT)],
+        )
+        .await?
+        .first()
+        .is_some_and(|row| row.get::<_, bool>(0));
+    if !exists {
+        return Ok(()); // never migrated: the wake-up check names that
+    }
+    check_applied(schema, &applied_migrations(client, schema).await?)
+}
+
+/// (version, name, checksum) of every migration `schema_migrations`
+/// records.
+async fn applied_migrations(
+    db: &impl tokio_postgres::GenericClient,
+    schema: &Identifier,
+) -> Result<Vec<(i32, String, String)>, tokio_postgres::Error> {
+    Ok(db
+        .query_typed(
+            &format!(
+                "SELECT version, name, checksum FROM {schema}.schema_migrations ORDER BY version"
+            ),
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect())
+}
+
+/// Every applied migration must be one of this build's, unedited: a
+/// version it does not know was applied by a newer build, a name that
+/// differs marks a schema from before the first version.
+fn check_applied(
+    schema: &Identifier,
+    applied: &[(i32, String, String)],
+) -> Result<(), MigrateError> {
+    for (version, name, checksum) in applied {
+        let known = MIGRATIONS.iter().find(|m| m.version == *version);
+        match known {
+            Some(migration) if migration.name != name => {
+                return Err(MigrateError::EarlierBuild {
+                    schema: schema.to_string(),
+                    version: *version,
+                    applied_name: name.clone(),
+                    name: migration.name,
+                });
+            }
+            None => {
+                return Err(MigrateError::UnknownVersion {
+                    schema: schema.to_string(),
+                    version: *version,
+                });
+            }
+            Some(migration) if migration.checksum() != *checksum => {
+                return Err(MigrateError::ChecksumMismatch {
+                    schema: schema.to_string(),
+                    version: migration.version,
+                    name: migration.name,
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Drops `schema` with everything in it (events, deliveries, subscriptions
+/// from the admin API), then creates it again. For development databases
+/// only: what the schema held is gone.
+pub async fn reset(
+    client: &mut tokio_postgres::Client,
+    schema: &Identifier,
+    channel: &Identifier,
+    wakeup: WakeupMode,
+) -> Result<MigrationReport, MigrateError> {
+    client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .await?;
+    migrate_for(client, schema, channel, wakeup).await
 }
 
 #[cfg(test)]

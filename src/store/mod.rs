@@ -15,8 +15,7 @@ pub mod wakeup;
 pub use database::{Connection, Database, DatabaseError};
 pub use error::StoreError;
 pub use migrate::{
-    ANNOUNCES_BATCHED_ROWS, ANNOUNCES_QUEUED_DELIVERIES, MIGRATIONS, MigrateError, Migration,
-    MigrationReport, has_migration, migrate, migrate_for,
+    MIGRATIONS, MigrateError, Migration, MigrationReport, check_schema, migrate, migrate_for,
 };
 pub use outbox::{JoinView, Outbox, StoredEvent};
 pub use snapshot::Snapshot;

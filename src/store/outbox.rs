@@ -12,11 +12,11 @@ use super::error::StoreError;
 use super::snapshot::Snapshot;
 
 /// A durable event as read from the outbox, with the transaction that
-/// wrote it (`None` for rows written before transactions were recorded).
+/// wrote it.
 #[derive(Debug, Clone)]
 pub struct StoredEvent {
     pub envelope: EventEnvelope,
-    pub txid: Option<u64>,
+    pub txid: u64,
 }
 
 /// What the outbox looked like at the moment a subscriber joined.
@@ -195,19 +195,14 @@ impl Outbox {
 
 fn stored_from_row(row: &Row) -> Option<StoredEvent> {
     let seq: i64 = row.get("seq");
-    let txid = match row.get::<_, Option<String>>("txid") {
-        None => None,
-        Some(text) => match text.parse::<u64>() {
-            Ok(txid) => Some(txid),
-            Err(_) => {
-                tracing::warn!(
-                    seq,
-                    txid = text,
-                    "withholding outbox row with an unreadable txid"
-                );
-                return None;
-            }
-        },
+    let text: String = row.get("txid");
+    let Ok(txid) = text.parse::<u64>() else {
+        tracing::warn!(
+            seq,
+            txid = text,
+            "withholding outbox row with an unreadable txid"
+        );
+        return None;
     };
     OutboxRow {
         seq,
@@ -235,7 +230,7 @@ pub struct OutboxRow {
     pub audience: Option<serde_json::Value>,
     pub resources: Vec<String>,
     pub occurred_at: DateTime<Utc>,
-    pub txid: Option<u64>,
+    pub txid: u64,
 }
 
 impl OutboxRow {
@@ -254,8 +249,9 @@ impl OutboxRow {
             txid,
         } = self;
         if is_reserved_event_type(&event_type) {
-            // Only rows written before reserved names were refused can hold
-            // one; shown to a client, it would pass for a control frame.
+            // The table's constraint refuses these; should it ever be
+            // dropped, a row shown to a client would pass for a control
+            // frame.
             tracing::warn!(
                 seq,
                 event_type,

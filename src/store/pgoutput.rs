@@ -200,7 +200,7 @@ impl RowBuilder {
             occurred_at: self
                 .occurred_at
                 .ok_or(PgOutputError::Missing("occurred_at"))?,
-            txid: self.txid,
+            txid: self.txid.ok_or(PgOutputError::Missing("txid"))?,
         })
     }
 }
@@ -361,7 +361,7 @@ mod tests {
         assert_eq!(row.audience, None);
         assert_eq!(row.resources, resources);
         assert_eq!(row.occurred_at.timestamp_micros(), at.timestamp_micros());
-        assert_eq!(row.txid, Some(991));
+        assert_eq!(row.txid, 991);
     }
 
     #[test]

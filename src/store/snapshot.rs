@@ -53,10 +53,8 @@ impl Snapshot {
     }
 
     /// True when the transaction `txid` had committed when the snapshot was
-    /// taken (Postgres's `pg_visible_in_snapshot`). `None`, a row written
-    /// before transactions were recorded, counts as long committed.
-    pub fn is_visible(&self, txid: Option<u64>) -> bool {
-        let Some(txid) = txid else { return true };
+    /// taken (Postgres's `pg_visible_in_snapshot`).
+    pub fn is_visible(&self, txid: u64) -> bool {
         if txid < self.xmin {
             return true;
         }
@@ -87,22 +85,21 @@ mod tests {
     #[test]
     fn visibility_follows_postgres_rules() {
         let snapshot = Snapshot::parse("100:105:103,101").unwrap();
-        assert!(snapshot.is_visible(Some(99)), "finished before xmin");
-        assert!(snapshot.is_visible(Some(102)), "committed between");
-        assert!(snapshot.is_visible(Some(104)));
-        assert!(!snapshot.is_visible(Some(101)), "still running");
-        assert!(!snapshot.is_visible(Some(103)));
-        assert!(!snapshot.is_visible(Some(105)), "started after");
-        assert!(!snapshot.is_visible(Some(9_000)));
-        assert!(snapshot.is_visible(None), "rows from before txids");
+        assert!(snapshot.is_visible(99), "finished before xmin");
+        assert!(snapshot.is_visible(102), "committed between");
+        assert!(snapshot.is_visible(104));
+        assert!(!snapshot.is_visible(101), "still running");
+        assert!(!snapshot.is_visible(103));
+        assert!(!snapshot.is_visible(105), "started after");
+        assert!(!snapshot.is_visible(9_000));
         assert_eq!(format!("{snapshot:?}"), "100:105:101,103");
     }
 
     #[test]
     fn an_empty_in_progress_list_and_garbage() {
         let snapshot = Snapshot::parse("7:7:").unwrap();
-        assert!(snapshot.is_visible(Some(6)));
-        assert!(!snapshot.is_visible(Some(7)));
+        assert!(snapshot.is_visible(6));
+        assert!(!snapshot.is_visible(7));
         for bad in ["", "7", "7:x:", "9:7:", "7:9:10", "7:9:8,a", "-1:2:"] {
             assert!(Snapshot::parse(bad).is_err(), "{bad:?}");
         }

@@ -18,7 +18,7 @@ use chrono::Utc;
 use eventrelay_wire::EventEnvelope;
 use eventrelay_wire::webhook::{WebhookSecret, sign};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
-use tokio::sync::Notify;
+use tokio::sync::mpsc;
 
 use super::model::{AttemptRecord, Claimed};
 use super::settings::{MIN_RETRY_AFTER, WebhooksConfig};
@@ -37,13 +37,33 @@ const ERROR_PAUSE: Duration = Duration::from_secs(1);
 const MAX_ERROR_CHARS: usize = 500;
 
 /// How workers learn that deliveries may be due: the dispatcher's
-/// [`DeliveriesDue`] handler wakes them, and while the relay's LISTEN
-/// connection is down (`listening` false) no such message can come, so
-/// they look much more often.
+/// [`DeliveriesDue`] handler puts a wake-up in one channel all workers
+/// read, and one of them takes it (a wake-up sent while every worker is
+/// busy waits there, so none is missed; several coalesce into one). The
+/// dispatcher holds the only sender: when it stops, the channel closes and
+/// every worker ends. While the relay's LISTEN connection is down
+/// (`listening` false) no wake-up can come, so workers look much more
+/// often.
 #[derive(Clone)]
 struct WakeUps {
-    due: Arc<Notify>,
+    /// For a worker that found a delivery to wake the next; weak, so the
+    /// workers never hold their own channel open.
+    due: mpsc::WeakSender<()>,
+    inbox: Arc<tokio::sync::Mutex<mpsc::Receiver<()>>>,
     listening: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl WakeUps {
+    /// Waits for a wake-up; false once the dispatcher has gone.
+    async fn woken(&self) -> bool {
+        self.inbox.lock().await.recv().await.is_some()
+    }
+
+    fn wake_another(&self) {
+        if let Some(due) = self.due.upgrade() {
+            let _ = due.try_send(());
+        }
+    }
 }
 
 pub struct Dispatcher {
@@ -51,11 +71,16 @@ pub struct Dispatcher {
     store: WebhookStore,
     config: Arc<WebhooksConfig>,
     wake: WakeUps,
+    /// The one strong sender of the workers' wake-up channel.
+    due: mpsc::Sender<()>,
     metrics: Arc<Metrics>,
     http: reqwest::Client,
-    /// One stop flag per running worker; a worker whose flag is set
+    /// One lifeline per running worker: a worker whose sender is dropped
     /// finishes its delivery, then ends.
-    workers: Vec<Arc<std::sync::atomic::AtomicBool>>,
+    workers: Vec<mpsc::Sender<()>>,
+    /// Dropped with the dispatcher once it has stopped: shutdown waits for
+    /// that.
+    _running: tokio::sync::mpsc::Sender<()>,
 }
 
 impl Dispatcher {
@@ -65,19 +90,24 @@ impl Dispatcher {
         config: WebhooksConfig,
         listening: Arc<std::sync::atomic::AtomicBool>,
         metrics: Arc<Metrics>,
+        running: tokio::sync::mpsc::Sender<()>,
     ) -> Result<Self, reqwest::Error> {
         let http = build_client(&config)?;
+        let (due, inbox) = mpsc::channel(1);
         Ok(Dispatcher {
             db,
             store,
             config: Arc::new(config),
             wake: WakeUps {
-                due: Arc::new(Notify::new()),
+                due: due.downgrade(),
+                inbox: Arc::new(tokio::sync::Mutex::new(inbox)),
                 listening,
             },
+            due,
             metrics,
             http,
             workers: Vec::new(),
+            _running: running,
         })
     }
 }
@@ -139,15 +169,10 @@ impl Dispatcher {
     /// Runs `workers` workers: starts more, or lets the surplus finish
     /// their delivery and end.
     fn resize(&mut self, workers: usize, ctx: &mut Context<Self>) {
-        while self.workers.len() > workers {
-            if let Some(stop) = self.workers.pop() {
-                stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-        // Idle workers look at their stop flag when woken.
-        self.wake.due.notify_waiters();
+        // A dropped lifeline ends its worker after its delivery.
+        self.workers.truncate(workers);
         while self.workers.len() < workers {
-            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (lifeline, retired) = mpsc::channel(1);
             let work = Worker {
                 db: self.db.clone(),
                 store: self.store.clone(),
@@ -155,11 +180,11 @@ impl Dispatcher {
                 wake: self.wake.clone(),
                 metrics: Arc::clone(&self.metrics),
                 http: self.http.clone(),
-                stop: Arc::clone(&stop),
+                retired,
             };
             let worker = self.workers.len();
             ctx.spawn(work.run(worker).into_actor(self).map(|_, _, _| ()));
-            self.workers.push(stop);
+            self.workers.push(lifeline);
         }
     }
 }
@@ -192,7 +217,8 @@ impl actix::Handler<DeliveriesDue> for Dispatcher {
 
     fn handle(&mut self, _: DeliveriesDue, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Dispatcher).handling();
-        self.wake.due.notify_one();
+        // Full means a wake-up is already waiting for a worker.
+        let _ = self.due.try_send(());
     }
 }
 
@@ -218,21 +244,19 @@ struct Worker {
     wake: WakeUps,
     metrics: Arc<Metrics>,
     http: reqwest::Client,
-    stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Never sent on: it closes when the dispatcher drops this worker's
+    /// lifeline (fewer workers configured) or stops.
+    retired: mpsc::Receiver<()>,
 }
 
 impl Worker {
-    async fn run(self, worker: usize) {
+    async fn run(mut self, worker: usize) {
         let lease = Duration::from_millis(self.config.lease_ms);
         loop {
-            if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if self.retired.is_closed() {
                 tracing::debug!(worker, "webhook worker stopped");
                 return;
             }
-            // Register for wake-ups before looking, so none is missed.
-            let woken = self.wake.due.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
             let claimed: Result<_, StoreError> = async {
                 let conn = self.db.get().await?;
                 self.store.claim(&conn, lease).await
@@ -241,7 +265,7 @@ impl Worker {
             match claimed {
                 Ok(Some(claimed)) => {
                     // There may be more: let another worker look.
-                    self.wake.due.notify_one();
+                    self.wake.wake_another();
                     self.metrics.webhook_workers_busy.inc();
                     self.deliver(claimed).await;
                     self.metrics.webhook_workers_busy.dec();
@@ -256,7 +280,13 @@ impl Worker {
                             .saturating_duration_since(tokio::time::Instant::now())
                             .min(DEAF_POLL);
                         tokio::select! {
-                            _ = &mut woken => break,
+                            woken = self.wake.woken() => {
+                                if woken {
+                                    break;
+                                }
+                                return; // the dispatcher has gone
+                            }
+                            _ = self.retired.recv() => break, // ends at the loop's top
                             _ = tokio::time::sleep(step) => {}
                         }
                         let listening = self

@@ -2,7 +2,7 @@
 //! that is both the delivery log and the dispatch queue.
 //!
 //! Deliveries are written by a trigger on the outbox (see
-//! `migrations/0002_webhooks.sql`), so every way of emitting a durable event
+//! `migrations/0001_schema.sql`), so every way of emitting a durable event
 //! writes them in the event's own transaction. Claiming takes a due row with
 //! `FOR UPDATE SKIP LOCKED` and leases it; recording an attempt only counts
 //! when the lease was still ours, so two workers never both settle one

@@ -67,9 +67,6 @@ pub struct Publisher {
     emit_sql: Arc<str>,
     emit_batch_sql: Arc<str>,
     emit_batch_announced_sql: Arc<str>,
-    /// Whether a batch's INSERT announces its own rows (the schema has
-    /// `outbox_announce_rows`).
-    announces_batches: bool,
     notify_sql: Arc<str>,
     /// Largest encoded ephemeral payload: under the NOTIFY limit unless the
     /// schema's relays are woken by logical decoding.
@@ -118,7 +115,6 @@ impl Publisher {
             .into(),
             schema,
             registry: None,
-            announces_batches: true,
             ephemeral_max_bytes: MAX_NOTIFY_PAYLOAD_BYTES,
         })
     }
@@ -137,15 +133,6 @@ impl Publisher {
     /// [`with_ephemeral_max_bytes`](Self::with_ephemeral_max_bytes)).
     pub fn ephemeral_max_bytes(&self) -> usize {
         self.ephemeral_max_bytes
-    }
-
-    /// Whether a batch's INSERT announces its own rows (the default), or
-    /// leaves that to the outbox trigger. Announcing needs the SQL function
-    /// `outbox_announce_rows`, which `eventrelay migrate` installs since
-    /// schema version 9; turn it off for a schema not yet migrated that far.
-    pub fn with_batches_announced(mut self, announced: bool) -> Self {
-        self.announces_batches = announced;
-        self
     }
 
     /// Makes emit typed: only event types in `registry` are accepted, and
@@ -283,11 +270,7 @@ impl Publisher {
             payloads,
             first_ephemeral,
         } = batch;
-        let announced = if self.announces_batches {
-            announced_rows(&mut envelopes)
-        } else {
-            None
-        };
+        let announced = announced_rows(&mut envelopes);
         let durable: Vec<&EventEnvelope> = envelopes.iter().filter(|e| e.is_durable()).collect();
         let ids: Vec<uuid::Uuid> = durable.iter().map(|e| e.id).collect();
         let types: Vec<&str> = durable.iter().map(|e| e.event_type.as_str()).collect();

@@ -24,8 +24,9 @@ const SEQ_DIGITS_AT_MOST: usize = 19;
 
 /// What a carrying pointer adds around its rows and its scope key: the
 /// kind, `q` and `x` at their longest, and the brackets. The outbox
-/// trigger reckons with the same figure.
-const POINTER_OVERHEAD: usize = 80;
+/// trigger reads the same figure from the schema's `settings` row
+/// (`pointer_overhead`); a database test fails when the two differ.
+pub const POINTER_OVERHEAD: usize = 80;
 
 /// A durable row's envelope as JSON text, split where its seq goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

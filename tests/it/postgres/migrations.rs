@@ -1,7 +1,8 @@
 //! The migration runner against a real Postgres.
 
 use crate::support::TestDb;
-use eventrelay::store::{MIGRATIONS, MigrateError, migrate};
+use crate::support::process::eventrelay_command;
+use eventrelay::store::{MIGRATIONS, MigrateError, check_schema, migrate};
 
 #[tokio::test]
 async fn running_twice_applies_nothing_the_second_time() {
@@ -96,4 +97,84 @@ async fn the_channel_setting_follows_the_configuration() {
         .unwrap()
         .get(0);
     assert_eq!(channel, "another_channel");
+}
+
+/// The payload limits the outbox trigger works with are the ones the Rust
+/// side plans carried rows and ephemeral events with.
+#[tokio::test]
+async fn the_schema_reads_the_same_payload_limits_as_the_wire_crate() {
+    let db = TestDb::new().await;
+    let row = db
+        .connect()
+        .await
+        .query_one(
+            &format!(
+                "SELECT max_notify_payload, pointer_overhead FROM {}.settings",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, i32>(0) as usize,
+        eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES
+    );
+    assert_eq!(
+        row.get::<_, i32>(1) as usize,
+        eventrelay_wire::carrying::POINTER_OVERHEAD
+    );
+}
+
+/// A schema a development build made before the schema's first version is
+/// refused by name, whether the relay migrates or not, and `migrate
+/// --reset` makes it new.
+#[tokio::test]
+async fn a_schema_from_an_earlier_build_is_refused_until_reset() {
+    let db = TestDb::unmigrated();
+    let mut client = db.connect().await;
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.schema_migrations (version integer PRIMARY KEY,
+                 name text NOT NULL, checksum text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now());
+             INSERT INTO {schema}.schema_migrations (version, name, checksum)
+                 VALUES (1, 'outbox', 'old'), (2, 'webhooks', 'old');",
+            schema = db.schema
+        ))
+        .await
+        .unwrap();
+    for error in [
+        migrate(&mut client, &db.schema, &db.channel)
+            .await
+            .unwrap_err(),
+        check_schema(&client, &db.schema).await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(error, MigrateError::EarlierBuild { version: 1, .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("migrate --reset"), "{error}");
+    }
+
+    let output = eventrelay_command()
+        .args(["migrate", "--reset"])
+        .args(["--database-url", &db.url])
+        .args([
+            "--schema",
+            db.schema.as_str(),
+            "--channel",
+            db.channel.as_str(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = migrate(&mut client, &db.schema, &db.channel).await.unwrap();
+    assert_eq!(report.already_applied, MIGRATIONS.len());
+    assert!(report.applied.is_empty());
 }

@@ -323,14 +323,7 @@ async fn the_relay_serves_with_its_pool_behind_a_transaction_pooler() {
 
 /// Runs `eventrelay migrate` on `url` with nothing else configured.
 fn migrate(url: &str, db: &TestDb) -> (i32, String, String) {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_eventrelay"));
-    command.env_remove("DATABASE_URL");
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("EVENTRELAY_") {
-            command.env_remove(name);
-        }
-    }
-    let output = command
+    let output = crate::support::process::eventrelay_command()
         .args(["migrate", "--database-url", url])
         .args(["--schema", db.schema.as_str()])
         .args(["--channel", db.channel.as_str()])

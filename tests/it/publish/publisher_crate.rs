@@ -420,42 +420,6 @@ async fn a_statement_that_announced_itself_leaves_the_next_to_the_trigger() {
 }
 
 #[tokio::test]
-async fn a_schema_from_before_announcing_batches_leaves_them_to_its_trigger() {
-    // Migrated by an earlier release: every migration before the one that
-    // lets a batch announce its own rows.
-    let db = TestDb::migrated_before(eventrelay::store::ANNOUNCES_BATCHED_ROWS).await;
-    let client = db.connect().await;
-    let mut listener = db.listen().await;
-    let batch = || vec![NewEvent::durable("a", "org-1", json!({"n": 1}))];
-
-    let error = publisher(&db)
-        .emit_batch(&client, batch())
-        .await
-        .unwrap_err();
-    let PublishError::Database(error) = error.error else {
-        panic!("expected a database error, got {error}");
-    };
-    let message = error.as_db_error().map(|e| e.message().to_owned());
-    assert!(
-        message
-            .as_deref()
-            .is_some_and(|m| m.contains("outbox_announce_rows")),
-        "the error names what is missing: {message:?}"
-    );
-    let written = publisher(&db)
-        .with_batches_announced(false)
-        .emit_batch(&client, batch())
-        .await
-        .unwrap();
-    let seq = written[0].seq.unwrap();
-    assert_eq!(
-        pointers(&listener.drain(&db).await),
-        vec![("org-1".to_owned(), seq, Some(vec![seq]))],
-        "announced by the trigger"
-    );
-}
-
-#[tokio::test]
 async fn a_rolled_back_emit_leaves_no_row_and_no_notification() {
     let db = TestDb::new().await;
     let mut listener = db.listen().await;

@@ -1,6 +1,5 @@
 //! The SSE connection itself: clients that close, stall or churn, and the session protocol.
 
-mod actor_session;
 mod churn;
 mod closed_clients;
 mod slow_clients;

@@ -16,7 +16,7 @@ pub mod server;
 use std::time::Duration;
 
 use eventrelay::publisher::{EventEnvelope, Identifier, NewEvent, PgExecutor, Publisher};
-use eventrelay::store::{MIGRATIONS, WakeupMode, migrate, migrate_for};
+use eventrelay::store::{WakeupMode, migrate, migrate_for};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
@@ -153,39 +153,6 @@ impl TestDb {
         migrate_for(&mut client, &db.schema, &db.channel, WakeupMode::Logical)
             .await
             .expect("migrations apply");
-        db
-    }
-
-    /// A fresh schema as an earlier release left it: every migration
-    /// before `version`, recorded as that release would have.
-    pub async fn migrated_before(version: i32) -> Self {
-        let db = Self::unmigrated();
-        let mut client = db.connect().await;
-        let tx = client.transaction().await.unwrap();
-        tx.batch_execute(&format!(
-            "CREATE SCHEMA {schema}; SET LOCAL search_path TO {schema};
-             CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
-                 checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());",
-            schema = db.schema
-        ))
-        .await
-        .unwrap();
-        for migration in MIGRATIONS.iter().filter(|m| m.version < version) {
-            tx.batch_execute(migration.sql).await.unwrap();
-            tx.execute(
-                "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-                &[&migration.version, &migration.name, &migration.checksum()],
-            )
-            .await
-            .unwrap();
-        }
-        tx.execute(
-            "INSERT INTO settings (channel) VALUES ($1)",
-            &[&db.channel.as_str()],
-        )
-        .await
-        .unwrap();
-        tx.commit().await.unwrap();
         db
     }
 

@@ -52,6 +52,19 @@ level = "warn"
 
 /// A port nothing listens on right now, for a relay that must come back on
 /// the same address after a restart.
+/// The eventrelay binary as a command, with none of the test process's
+/// `DATABASE_URL` and `EVENTRELAY_*` settings: what it uses, it is given.
+pub fn eventrelay_command() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_eventrelay"));
+    command.env_remove("DATABASE_URL");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("EVENTRELAY_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

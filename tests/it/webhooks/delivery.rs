@@ -519,34 +519,3 @@ async fn events_without_deliveries_do_not_wake_the_webhook_workers() {
         "{wakeups} wake-ups for one transaction with deliveries among 21"
     );
 }
-
-#[tokio::test]
-async fn a_schema_from_before_delivery_announcements_still_gets_its_webhooks_promptly() {
-    // Migrated by an earlier release: every migration before the one that
-    // announces queued deliveries.
-    let db = TestDb::migrated_before(eventrelay::store::ANNOUNCES_QUEUED_DELIVERIES).await;
-
-    let receiver = Receiver::start([]);
-    let configure = webhooks(&receiver.url, &[50]);
-    let server = TestServer::start(&db, move |config| {
-        configure(config);
-        config.database.migrate = false;
-    });
-    server.ready().await;
-    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
-        .await;
-    receiver.wait_for(1).await;
-    // By now every worker has looked and found nothing more, and waits for
-    // a wake-up or its 30-second idle look; the second event must not wait
-    // for the look.
-    let emitted = std::time::Instant::now();
-    let event = db
-        .emit(NewEvent::durable("order.paid", "org-1", json!({})))
-        .await;
-    let request = receiver.wait_for(2).await.remove(1);
-    assert_eq!(request.headers["webhook-id"], event.id.to_string());
-    // Woken by the commit, it takes milliseconds; the workers' own looks
-    // come seconds apart.
-    let took = emitted.elapsed();
-    assert!(took < Duration::from_secs(2), "delivered after {took:?}");
-}

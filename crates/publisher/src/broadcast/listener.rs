@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio_postgres::Config;
 
-use super::subscription::{DEFAULT_CONNECT_TIMEOUT, Event, Source, SubscribeError};
+use super::source::{DEFAULT_CONNECT_TIMEOUT, Event, Source, SubscribeError};
 use crate::backoff::Backoff;
 use crate::connect::ConnectError;
 use crate::identifier::Identifier;

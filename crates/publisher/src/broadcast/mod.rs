@@ -32,6 +32,7 @@
 
 mod client;
 mod listener;
+mod source;
 mod subscription;
 
 use std::fmt;
@@ -49,9 +50,9 @@ use crate::identifier::{Identifier, IdentifierError};
 
 pub use client::{InTransaction, PlainClient};
 pub use listener::ListenTls;
+pub use source::{DEFAULT_CONNECT_TIMEOUT, SubscribeError};
 pub use subscription::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEALTH_CHECK, HandlerOutcome, SubscribeError, Subscription,
-    SubscriptionBuilder, SubscriptionStats,
+    DEFAULT_HEALTH_CHECK, HandlerOutcome, Subscription, SubscriptionBuilder, SubscriptionStats,
 };
 
 /// One statement, one round trip; `pg_notify` takes the channel as a value,

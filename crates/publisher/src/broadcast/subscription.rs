@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures_util::{FutureExt, Stream, StreamExt};
+use futures_util::{FutureExt, Stream};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
@@ -25,22 +25,9 @@ use crate::connect::{PgConnectOptions, TcpSettings};
 
 use super::BroadcastChannel;
 use super::listener::{ListenTls, PgListener};
+use super::source::{DEFAULT_CONNECT_TIMEOUT, Event, Source, StreamSource, SubscribeError};
 use crate::backoff::Backoff;
 use crate::identifier::Identifier;
-
-/// Why a subscription could not start. Only the first connection reports
-/// errors: once running, a subscription reconnects on its own.
-#[derive(Debug, thiserror::Error)]
-pub enum SubscribeError {
-    #[error(transparent)]
-    InvalidUrl(crate::connect::ConnectError),
-    #[error("cannot connect and LISTEN: {0}")]
-    Connect(#[source] tokio_postgres::Error),
-    #[error("the server closed the connection before LISTEN completed")]
-    Closed,
-    #[error("no answer from the server within {0:?}")]
-    Timeout(Duration),
-}
 
 /// What a message handler may return: nothing, or a `Result` whose error is
 /// logged and counted as a handler failure.
@@ -64,39 +51,9 @@ impl<E: fmt::Display> HandlerOutcome for Result<(), E> {
 /// server has to answer.
 pub const DEFAULT_HEALTH_CHECK: Duration = Duration::from_secs(30);
 
-/// Used when the URL sets no `connect_timeout`, so a reconnect to an
-/// unreachable host cannot hang for the operating system's minutes.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How long [`Subscription::stop`] waits for the task to close its
 /// connection before aborting it.
 const STOP_GRACE: Duration = Duration::from_secs(5);
-
-/// One thing the subscription task reacts to.
-pub(super) enum Event {
-    Payload(String),
-    /// A new connection is listening after a gap; anything sent in the gap
-    /// was lost.
-    Reconnected,
-}
-
-/// Where a subscription's payloads come from: a listening connection, or
-/// any stream of payload strings.
-pub(super) trait Source: Send + 'static {
-    /// The next event, or `None` when there will be no more.
-    fn next(&mut self) -> impl Future<Output = Option<Event>> + Send;
-    fn close(self) -> impl Future<Output = ()> + Send;
-}
-
-struct StreamSource(Pin<Box<dyn Stream<Item = String> + Send>>);
-
-impl Source for StreamSource {
-    async fn next(&mut self) -> Option<Event> {
-        self.0.next().await.map(Event::Payload)
-    }
-
-    async fn close(self) {}
-}
 
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 

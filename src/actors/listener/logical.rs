@@ -18,11 +18,9 @@
 //! silence the stream sends itself a probe, a non-transactional logical
 //! message through the pool, and expects it back within half of `health`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use actix::Addr;
 use bytes::Bytes;
 use eventrelay_publisher::backoff::Backoff;
 use eventrelay_publisher::{Identifier, PgConnectOptions, RootCert, SslMode};
@@ -33,9 +31,8 @@ use pgwire_replication::{
 use tokio::time::Instant;
 use tokio_postgres::config::Host;
 
-use super::listener::supervised_forward;
-use super::relay::{Decoded, ListenerConnected, Relay};
-use crate::metrics::{ActorKind, Metrics};
+use super::forward::{Targets, supervised_forward};
+use crate::actors::relay::Decoded;
 use crate::store::pgoutput::{Change, OutboxDecoder, PgOutputError};
 use crate::store::wakeup::publication_name;
 use crate::store::{Database, StoredEvent};
@@ -86,11 +83,10 @@ enum StreamError {
 }
 
 /// Streams until the actor that runs this stops.
-pub async fn stream_forever(
+pub(super) async fn stream_forever(
     source: LogicalSource,
-    relay: Addr<Relay>,
-    connected: Arc<AtomicBool>,
-    metrics: Arc<Metrics>,
+    targets: Targets,
+    connected: &AtomicBool,
 ) {
     let patience = (source.health / 2).max(Duration::from_millis(500));
     let mut backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP.min(patience * 2));
@@ -100,9 +96,8 @@ pub async fn stream_forever(
     loop {
         let link = Link {
             source: &source,
-            relay: &relay,
-            connected: &connected,
-            metrics: &metrics,
+            targets: &targets,
+            connected,
         };
         match link.stream_once(first, plain).await {
             Ok(()) => {}
@@ -128,9 +123,8 @@ pub async fn stream_forever(
 /// What one stream's life needs.
 struct Link<'a> {
     source: &'a LogicalSource,
-    relay: &'a Addr<Relay>,
+    targets: &'a Targets,
     connected: &'a AtomicBool,
-    metrics: &'a Metrics,
 }
 
 /// One change of the transaction being read.
@@ -153,10 +147,10 @@ impl Link<'_> {
     async fn stream_once(&self, first: bool, plain: bool) -> Result<(), StreamError> {
         let Link {
             source,
-            relay,
+            targets,
             connected,
-            metrics,
         } = *self;
+        let metrics = &targets.metrics;
         let patience = (source.health / 2).max(Duration::from_millis(500));
         let slot = format!("eventrelay_{}", uuid::Uuid::new_v4().simple());
         let mut client = open_stream(source, &slot, plain, patience).await?;
@@ -166,8 +160,7 @@ impl Link<'_> {
             metrics.replication_reconnects.inc();
         }
         tracing::info!(%slot, publication = %publication_name(&source.schema), "reading committed events from the replication stream");
-        metrics.actor(ActorKind::Relay).queued();
-        relay.do_send(ListenerConnected);
+        targets.connected();
 
         let channel = source.channel.as_str();
         let mut decoder = OutboxDecoder::new();
@@ -318,24 +311,22 @@ impl Link<'_> {
         if rows.is_empty() && !deliveries_queued {
             return;
         }
-        self.metrics.actor(ActorKind::Relay).queued();
-        self.relay.do_send(Decoded {
-            rows,
-            deliveries_queued,
-        });
+        if deliveries_queued {
+            self.targets.deliveries_queued();
+        }
+        if !rows.is_empty() {
+            self.targets.relay.do_send(Decoded { rows });
+        }
     }
 
     /// An ephemeral event's payload, decoded as a notification's would be.
     fn forward_ephemeral(&self, content: &[u8]) -> bool {
         match std::str::from_utf8(content) {
-            Ok(payload) => supervised_forward(
-                payload,
-                self.source.ephemeral_max_bytes,
-                self.relay,
-                self.metrics,
-            ),
+            Ok(payload) => {
+                supervised_forward(payload, self.source.ephemeral_max_bytes, self.targets)
+            }
             Err(_) => {
-                self.metrics.notifications_malformed.inc();
+                self.targets.metrics.notifications_malformed.inc();
                 tracing::warn!("dropping an ephemeral message that is not UTF-8");
                 true
             }

@@ -1,0 +1,500 @@
+-- eventrelay's schema: the transactional outbox, the SQL side of emitting
+-- and of waking relays, and webhooks.
+--
+-- Applied by `eventrelay migrate` (and at service start) with `search_path`
+-- set to the configured schema (default `eventrelay`), so every name below
+-- is created in that schema. Functions that read tables capture that
+-- search_path (SET search_path FROM CURRENT), so they keep working whatever
+-- the caller's search_path is. After this file the runner writes the
+-- settings row (the channel) and applies the wake-up mode.
+
+
+-- ---------------------------------------------------------------------------
+-- Settings
+-- ---------------------------------------------------------------------------
+
+-- What the SQL side needs to know; exactly one row, written by the
+-- migration runner.
+CREATE TABLE settings (
+    singleton boolean PRIMARY KEY DEFAULT true CONSTRAINT settings_single_row CHECK (singleton),
+    -- The channel notifications go out on (and the prefix of logical
+    -- messages in the logical wake-up mode).
+    channel   text NOT NULL CONSTRAINT settings_channel_not_empty CHECK (channel <> ''),
+    -- The highest seq pruning has deleted. A replay that starts below it
+    -- may have lost events, so the relay asks the client to re-read.
+    pruned_through bigint NOT NULL DEFAULT 0,
+    -- How relays are woken. `notify`: a pointer NOTIFY at COMMIT, sent by
+    -- the outbox_notify trigger. `logical`: nothing is sent at commit;
+    -- every relay decodes committed outbox inserts, and ephemeral events
+    -- sent as logical messages, from the write-ahead log, so emitting never
+    -- takes the cluster-wide lock NOTIFY holds through commit. The runner
+    -- records the mode here and makes the rest follow: it enables or
+    -- disables the outbox_notify trigger and creates or drops the
+    -- publication relays decode (named after this schema).
+    wakeup    text NOT NULL DEFAULT 'notify'
+        CONSTRAINT settings_wakeup_known CHECK (wakeup IN ('notify', 'logical')),
+    -- The size rules a carrying pointer is built under; outbox_notify reads
+    -- them with the channel, in the one query it makes here. The largest
+    -- payload to send: Postgres refuses a NOTIFY payload of 8000 bytes or
+    -- more. The room reserved for the pointer's own fields around its rows
+    -- and scope key: the kind, `q` and `x` at their longest (19 and 20
+    -- digits) and the brackets, which take 72 bytes. Writers that plan
+    -- pointers themselves (see outbox_announce_rows) reckon with the same
+    -- two numbers, so they must be kept equal to the ones compiled into
+    -- eventrelay (MAX_NOTIFY_PAYLOAD_BYTES and POINTER_OVERHEAD).
+    max_notify_payload integer NOT NULL DEFAULT 7999,
+    pointer_overhead   integer NOT NULL DEFAULT 80,
+    CONSTRAINT settings_notify_limits_valid
+        CHECK (max_notify_payload < 8000 AND pointer_overhead >= 72)
+);
+
+-- The channel notifications go out on; fails loudly when it was never set.
+CREATE FUNCTION notify_channel() RETURNS text
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    configured text;
+BEGIN
+    SELECT channel INTO configured FROM settings;
+    IF configured IS NULL THEN
+        RAISE EXCEPTION 'eventrelay: no notification channel is configured; run `eventrelay migrate`';
+    END IF;
+    RETURN configured;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------
+-- The outbox
+-- ---------------------------------------------------------------------------
+
+-- One row per durable event. `seq` is the replay watermark; it is assigned
+-- at INSERT and becomes visible at COMMIT, so readers must tolerate a lower
+-- seq appearing after a higher one.
+CREATE TABLE outbox (
+    seq         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id          uuid        NOT NULL CONSTRAINT outbox_id_unique UNIQUE,
+    type        text        NOT NULL
+        CONSTRAINT outbox_type_valid
+        CHECK (type <> '' AND octet_length(type) <= 200 AND type !~ '[\x01-\x1f\x7f-\x9f]')
+        -- Event types that streams use for their own frames are refused at
+        -- every emit path: emit(), the batch INSERT, and a plain INSERT.
+        CONSTRAINT outbox_type_not_reserved
+        CHECK (type NOT IN ('ready', 'open', 'error') AND NOT starts_with(type, 'eventrelay.')),
+    scope_key   text        NOT NULL
+        CONSTRAINT outbox_scope_key_valid
+        CHECK (scope_key <> '' AND octet_length(scope_key) <= 200 AND scope_key !~ '[\x01-\x1f\x7f-\x9f]'),
+    lane        text        NOT NULL DEFAULT 'durable'
+        CONSTRAINT outbox_lane_durable CHECK (lane = 'durable'),
+    data        jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    -- Only the keys `users` (an array of strings) and `permission` (opaque):
+    -- an audience rule the relay does not understand must never be stored.
+    audience    jsonb
+        CONSTRAINT outbox_audience_valid
+        CHECK (audience IS NULL OR (
+            jsonb_typeof(audience) = 'object'
+            AND audience - 'users' - 'permission' = '{}'::jsonb
+            AND (NOT audience ? 'users' OR jsonb_typeof(audience -> 'users') IN ('array', 'null'))
+            AND NOT jsonb_path_exists(audience, '$.users[*] ? (@.type() != "string")')
+        )),
+    resources   text[]      NOT NULL DEFAULT '{}',
+    -- When the event happened, as the caller says; may be any time.
+    occurred_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The transaction that wrote the row; every writer leaves it to this
+    -- default. A relay takes a snapshot when a subscriber joins, and an
+    -- event is new to that subscriber exactly when its transaction was not
+    -- yet visible in the snapshot: this tells a late commit (a low seq that
+    -- committed after the subscriber joined) from history (a low seq that
+    -- committed before), which seq distance alone cannot.
+    txid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    -- When the row was written. Retention counts from here, never from
+    -- `occurred_at`, which callers may set to any time.
+    written_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- Reading a scope after a seq (live relay and replay).
+CREATE INDEX outbox_scope_seq_idx ON outbox (scope_key, seq);
+-- Pruning by age.
+CREATE INDEX outbox_written_at_idx ON outbox (written_at);
+
+
+-- ---------------------------------------------------------------------------
+-- The envelope
+-- ---------------------------------------------------------------------------
+
+-- One outbox row as the JSON envelope relays see, its fields in the wire
+-- envelope's order (`audience` is null when unset). Notifications carry it as it is; a webhook delivery's body
+-- is the same envelope without `audience` (see outbox_enqueue_webhooks), so
+-- both are built here and nowhere else. A plain SQL function without a SET
+-- clause, so a query calling it has it inlined.
+CREATE FUNCTION outbox_envelope(n outbox) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT json_build_object(
+               'id', n.id,
+               'type', n.type,
+               'scopeKey', n.scope_key,
+               'lane', 'durable',
+               'seq', n.seq,
+               'data', n.data,
+               'audience', n.audience,
+               'resources', n.resources,
+               'occurredAt', to_char(n.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+           )::text
+$$;
+
+
+-- ---------------------------------------------------------------------------
+-- Waking relays
+-- ---------------------------------------------------------------------------
+--
+-- In the notify wake-up mode every committed outbox row wakes the relays
+-- with a pointer on the channel. A pointer carries the rows it points at,
+-- `{"k":"ptr","s":scope,"q":lowest seq,"x":txid,"r":[envelope, ...]}`,
+-- split over as many pointers as keep each payload within the limit in
+-- `settings`, so a relay hands the rows on without reading them back. A row
+-- too large to travel sends a bare pointer `{"k":"ptr","s":scope,"q":seq}`
+-- instead, and the relay reads the scope from that seq after COMMIT.
+-- NOTIFY is transactional: pointers are sent at COMMIT and discarded by
+-- ROLLBACK, together with the rows.
+
+-- A carrying pointer's text. STABLE, as `format` is: a function declared
+-- IMMUTABLE around a STABLE body is not inlined, and a SQL function that
+-- is not inlined is parsed and planned again on every call.
+CREATE FUNCTION outbox_carrying_pointer(scope_json text, seq bigint, txid xid8, carried text)
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT format('{"k":"ptr","s":%s,"q":%s,"x":%s,"r":[%s]}', scope_json, seq, txid, carried)
+$$;
+
+-- Runs once per INSERT statement (not per row): one set-based pass over
+-- the statement's new rows costs less than per-row trigger calls. It sends
+-- the pointers for the scopes the statement wrote, in order of their
+-- lowest seqs.
+--
+-- Scopes the transaction has announced with a bare pointer are skipped for
+-- the rest of the transaction: the read that bare pointer causes after
+-- COMMIT finds every row the transaction wrote there. They are kept in the
+-- transaction-local setting `eventrelay.announced_scopes`, keyed by this
+-- schema, which Postgres rolls back with a savepoint, so a pointer
+-- discarded with a savepoint is sent again. Past a few kilobytes the list
+-- stops growing and later scopes are announced again, which is correct,
+-- only not coalesced.
+--
+-- A statement that announced its own rows (outbox_announce_rows) has left
+-- the mark `eventrelay.rows_announced` = this schema: the trigger spends the
+-- mark and sends nothing, before it reads anything.
+--
+-- In the logical wake-up mode this trigger is disabled by the runner.
+CREATE FUNCTION outbox_notify() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    channel text;
+    max_payload int;
+    overhead int;
+    announced text;
+    grew boolean := false;
+    scope record;
+    written record;
+    scope_json text;
+    key text;
+    carried text;
+    first_seq bigint;
+    carried_txid xid8;
+BEGIN
+    -- The statement announced its rows itself: spend the mark, send nothing.
+    IF current_setting('eventrelay.rows_announced', true) = TG_TABLE_SCHEMA THEN
+        PERFORM set_config('eventrelay.rows_announced', '', true);
+        RETURN NULL;
+    END IF;
+    SELECT s.channel, s.max_notify_payload, s.pointer_overhead
+      INTO channel, max_payload, overhead
+      FROM settings s;
+    IF NOT FOUND THEN
+        -- Raises the error that names the missing setting.
+        channel := notify_channel();
+    END IF;
+    announced := coalesce(current_setting('eventrelay.announced_scopes', true), '');
+    -- Most statements write few small rows per scope: one query builds
+    -- each scope's whole pointer, and only a scope whose rows do not fit
+    -- in one payload is walked row by row.
+    FOR scope IN
+        SELECT n.scope_key,
+               min(n.seq) AS first_seq,
+               (array_agg(n.txid ORDER BY n.seq))[1] AS txid,
+               string_agg(outbox_envelope(n), ',' ORDER BY n.seq) AS carried
+        FROM new_rows n
+        GROUP BY n.scope_key
+        ORDER BY 2
+    LOOP
+        key := TG_TABLE_SCHEMA || '/' || md5(scope.scope_key) || ';';
+        CONTINUE WHEN position(key IN announced) > 0;
+        scope_json := to_json(scope.scope_key)::text;
+        IF octet_length(scope.carried) + octet_length(scope_json) + overhead <= max_payload THEN
+            PERFORM pg_notify(channel, outbox_carrying_pointer(scope_json, scope.first_seq, scope.txid, scope.carried));
+            CONTINUE;
+        END IF;
+        carried := '';
+        FOR written IN
+            SELECT n.seq, n.txid, outbox_envelope(n) AS envelope
+            FROM new_rows n
+            WHERE n.scope_key = scope.scope_key
+            ORDER BY n.seq
+        LOOP
+            IF octet_length(written.envelope) + octet_length(scope_json) + overhead > max_payload THEN
+                -- This row cannot travel: the rows gathered so far, then a
+                -- bare pointer, whose read finds the rest of this scope.
+                IF carried <> '' THEN
+                    PERFORM pg_notify(channel, outbox_carrying_pointer(scope_json, first_seq, carried_txid, carried));
+                    carried := '';
+                END IF;
+                PERFORM pg_notify(channel, format('{"k":"ptr","s":%s,"q":%s}', scope_json, written.seq));
+                IF length(announced) < 8192 THEN
+                    announced := announced || key;
+                    grew := true;
+                END IF;
+                EXIT;
+            END IF;
+            IF carried <> '' AND octet_length(carried) + 1 + octet_length(written.envelope)
+                                 + octet_length(scope_json) + overhead > max_payload THEN
+                PERFORM pg_notify(channel, outbox_carrying_pointer(scope_json, first_seq, carried_txid, carried));
+                carried := '';
+            END IF;
+            IF carried = '' THEN
+                carried := written.envelope;
+                first_seq := written.seq;
+                carried_txid := written.txid;
+            ELSE
+                carried := carried || ',' || written.envelope;
+            END IF;
+        END LOOP;
+        IF carried <> '' THEN
+            PERFORM pg_notify(channel, outbox_carrying_pointer(scope_json, first_seq, carried_txid, carried));
+        END IF;
+    END LOOP;
+    IF grew THEN
+        PERFORM set_config('eventrelay.announced_scopes', announced, true);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
+
+-- For writers that already hold the envelopes (the publish API, the
+-- publisher crate's batch emit), so the rows' envelopes are not built a
+-- second time in SQL. Called from the same statement as their INSERT, it
+-- sends the carrying pointers for that INSERT's rows: `ids`/`seqs` are what
+-- the INSERT returned; for each row (by id) the caller gives its scope, the
+-- pointer it goes in (`chunks`, numbered in order of the pointers' lowest
+-- seqs, each planned by the caller under the same size rules as the
+-- trigger's), and its envelope's text before and after the seq. Scopes this
+-- transaction already announced with a bare pointer are skipped, as the
+-- trigger skips them. It then marks the transaction so that the trigger,
+-- which fires when the statement ends, sends nothing for it. In the logical
+-- wake-up mode nothing is sent and no mark is left (the trigger is
+-- disabled there).
+CREATE FUNCTION outbox_announce_rows(
+    ids uuid[], seqs bigint[],
+    row_ids uuid[], scopes text[], chunks int[], heads text[], tails text[]
+) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    channel text;
+    mode text;
+    announced text := coalesce(current_setting('eventrelay.announced_scopes', true), '');
+    here text := current_schema();
+BEGIN
+    SELECT s.channel, s.wakeup INTO channel, mode FROM settings s;
+    IF NOT FOUND THEN
+        -- Raises the error that names the missing setting.
+        channel := notify_channel();
+    END IF;
+    IF mode <> 'notify' THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('eventrelay.rows_announced', here, true);
+    PERFORM pg_notify(channel, p.payload)
+    FROM (
+        SELECT r.chunk,
+               outbox_carrying_pointer(
+                   to_json(min(r.scope))::text, min(w.seq), pg_current_xact_id(),
+                   string_agg(r.head || w.seq || r.tail, ',' ORDER BY w.seq)
+               ) AS payload
+        FROM unnest(ids, seqs) AS w(id, seq)
+        JOIN unnest(row_ids, scopes, chunks, heads, tails) AS r(id, scope, chunk, head, tail)
+          USING (id)
+        WHERE announced = ''
+           OR position(here || '/' || md5(r.scope) || ';' IN announced) = 0
+        GROUP BY r.chunk
+        ORDER BY r.chunk
+    ) AS p;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------
+-- Emitting from SQL
+-- ---------------------------------------------------------------------------
+
+-- Emits a durable event in the caller's transaction and returns its seq:
+--   SELECT eventrelay.emit('order.created', 'org-1', '{"orderId": 42}');
+-- A rolled-back transaction leaves neither the row nor its wake-up.
+CREATE FUNCTION emit(
+    event_type  text,
+    scope_key   text,
+    data        jsonb       DEFAULT '{}'::jsonb,
+    audience    jsonb       DEFAULT NULL,
+    resources   text[]      DEFAULT '{}',
+    id          uuid        DEFAULT NULL,
+    occurred_at timestamptz DEFAULT NULL
+) RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path FROM CURRENT AS $$
+    INSERT INTO outbox (id, type, scope_key, data, audience, resources, occurred_at)
+    VALUES (
+        coalesce($6, gen_random_uuid()),
+        $1,
+        $2,
+        coalesce($3, '{}'::jsonb),
+        CASE WHEN $4 IS NULL OR $4 = 'null'::jsonb OR $4 = '{}'::jsonb THEN NULL ELSE $4 END,
+        coalesce($5, '{}'),
+        coalesce($7, clock_timestamp())
+    )
+    RETURNING seq
+$$;
+
+-- Sends an already encoded ephemeral event (or several sharing one
+-- payload), following the wake-up mode: a notification on the channel, or
+-- a transactional logical message whose prefix is the channel. Both are
+-- delivered at COMMIT and discarded by ROLLBACK.
+CREATE FUNCTION notify_inline(payload text) RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+DECLARE
+    channel text := notify_channel();
+BEGIN
+    IF (SELECT wakeup FROM settings) = 'logical' THEN
+        PERFORM pg_logical_emit_message(true, channel, payload);
+    ELSE
+        PERFORM pg_notify(channel, payload);
+    END IF;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------
+-- Webhooks
+-- ---------------------------------------------------------------------------
+--
+-- Subscriptions, and deliveries written in the event's own transaction.
+-- The deliveries table is also the dispatch queue.
+
+CREATE TABLE webhook_subscriptions (
+    id          text PRIMARY KEY
+        CONSTRAINT webhook_subscriptions_id_valid CHECK (id ~ '^[A-Za-z0-9_.:-]{1,100}$'),
+    url         text NOT NULL
+        CONSTRAINT webhook_subscriptions_url_valid CHECK (url ~ '^https?://'),
+    -- The signing secret, and the one it replaced while a rotation's grace
+    -- window lasts. Never copied into a delivery.
+    secret      text NOT NULL CONSTRAINT webhook_subscriptions_secret_not_empty CHECK (secret <> ''),
+    previous_secret            text,
+    previous_secret_expires_at timestamptz,
+    -- Event type patterns: an exact type, `prefix.*`, or `*`.
+    types       text[] NOT NULL DEFAULT '{*}'
+        CONSTRAINT webhook_subscriptions_types_not_empty CHECK (cardinality(types) > 0),
+    -- Only events of this scope, when set.
+    scope_key   text,
+    -- `config` subscriptions are kept in step with the service configuration.
+    source      text NOT NULL DEFAULT 'api'
+        CONSTRAINT webhook_subscriptions_source_valid CHECK (source IN ('config', 'api')),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE webhook_deliveries (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- No foreign key: a delivery whose subscription vanished gives up.
+    subscription_id   text        NOT NULL,
+    event_seq         bigint      NOT NULL,
+    event_id          uuid        NOT NULL,
+    event_type        text        NOT NULL,
+    scope_key         text        NOT NULL,
+    -- The body to send: the envelope without its audience. Kept here so a
+    -- delivery outlives the outbox row's retention.
+    payload           jsonb       NOT NULL,
+    -- pending: waiting for an attempt; delivered: a 2xx; dead: the retry
+    -- schedule ran out; gone: 410, or the subscription no longer exists.
+    status            text        NOT NULL DEFAULT 'pending'
+        CONSTRAINT webhook_deliveries_status_valid CHECK (status IN ('pending', 'delivered', 'dead', 'gone')),
+    attempts          integer     NOT NULL DEFAULT 0,
+    next_attempt_at   timestamptz NOT NULL DEFAULT now(),
+    lease_expires_at  timestamptz,
+    last_status       integer,
+    last_error        text,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT now()
+);
+
+-- Claiming due work.
+CREATE INDEX webhook_deliveries_due_idx ON webhook_deliveries (next_attempt_at) WHERE status = 'pending';
+-- Listing the log.
+CREATE INDEX webhook_deliveries_scope_idx ON webhook_deliveries (scope_key, id);
+CREATE INDEX webhook_deliveries_status_idx ON webhook_deliveries (status, id);
+CREATE INDEX webhook_deliveries_event_idx ON webhook_deliveries (event_id);
+CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscription_id, id);
+-- Pruning finished deliveries by age.
+CREATE INDEX webhook_deliveries_finished_idx ON webhook_deliveries (updated_at) WHERE status <> 'pending';
+
+CREATE TABLE webhook_attempts (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    delivery_id    bigint      NOT NULL REFERENCES webhook_deliveries (id) ON DELETE CASCADE,
+    attempt        integer     NOT NULL,
+    started_at     timestamptz NOT NULL,
+    duration_ms    integer     NOT NULL,
+    status_code    integer,
+    error          text,
+    outcome        text        NOT NULL
+);
+CREATE INDEX webhook_attempts_delivery_idx ON webhook_attempts (delivery_id, attempt);
+
+-- Whether a subscription's patterns take an event type.
+CREATE FUNCTION webhook_type_matches(patterns text[], event_type text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM unnest(patterns) AS p
+        WHERE p = '*'
+           OR p = event_type
+           OR (right(p, 2) = '.*' AND starts_with(event_type, left(p, -1)))
+    )
+$$;
+
+-- Every durable event writes one delivery per matching subscription, in
+-- the event's own transaction: a rolled-back write leaves neither. Runs
+-- once per INSERT statement, and returns at once while there is no
+-- subscription at all, so a schema without webhooks pays next to nothing.
+--
+-- Webhook workers are woken only by transactions that queued deliveries:
+-- in the notify wake-up mode this sends `{"k":"due"}` on the channel when
+-- it queued any (identical payloads of one transaction arrive once). In
+-- the logical mode the relays see the delivery rows in the stream.
+CREATE FUNCTION outbox_enqueue_webhooks() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM webhook_subscriptions) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO webhook_deliveries (subscription_id, event_seq, event_id, event_type, scope_key, payload)
+    SELECT s.id, n.seq, n.id, n.type, n.scope_key, outbox_envelope(n)::jsonb - 'audience'
+    FROM new_rows n
+    JOIN webhook_subscriptions s
+      ON (s.scope_key IS NULL OR s.scope_key = n.scope_key)
+     AND webhook_type_matches(s.types, n.type)
+    ORDER BY n.seq, s.id;
+    IF FOUND AND (SELECT wakeup FROM settings) = 'notify' THEN
+        PERFORM pg_notify(notify_channel(), '{"k":"due"}');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER outbox_enqueue_webhooks AFTER INSERT ON outbox
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox_enqueue_webhooks();

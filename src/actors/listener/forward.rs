@@ -1,0 +1,134 @@
+//! What the listener does with each payload it hears, whichever way it
+//! heard it (a LISTEN connection, the embedded database's feed, or a
+//! logical message on the replication stream): decode it with the wire
+//! codec and hand it on. Events and pointers go to the relay; queued
+//! webhook deliveries go straight to the dispatcher, when it runs here.
+//! A payload that does not decode is dropped with a warning and counted.
+
+use std::sync::Arc;
+
+use actix::{Addr, Recipient};
+use eventrelay_wire::{
+    DecodeError, EventNotification, decode_notification_within, defer_carried_rows,
+};
+
+use crate::actors::mailbox::Counted;
+use crate::actors::relay::{Ephemeral, ListenerConnected, Pointer, Relay, count_unreadable_rows};
+use crate::metrics::{ActorKind, Metrics};
+use crate::webhooks::DeliveriesDue;
+
+/// Where what the listener hears goes.
+#[derive(Clone)]
+pub struct Targets {
+    pub relay: Counted<Addr<Relay>>,
+    /// The webhook dispatcher, when it runs on this replica: told when a
+    /// transaction queued deliveries.
+    pub deliveries_due: Option<Counted<Recipient<DeliveriesDue>>>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Targets {
+    /// The listener (re)connected: the relay re-reads what it may have
+    /// missed meanwhile.
+    pub fn connected(&self) {
+        self.relay.do_send(ListenerConnected);
+    }
+
+    /// A transaction queued webhook deliveries.
+    pub fn deliveries_queued(&self) {
+        if let Some(dispatcher) = &self.deliveries_due {
+            dispatcher.do_send(DeliveriesDue);
+        }
+    }
+}
+
+/// [`forward`] under supervision: false when it panicked, after which the
+/// listener restarts (a new connection, and the relay re-reads every active
+/// scope), which is counted. Payloads longer than `limit` bytes are
+/// malformed.
+pub(super) fn supervised_forward(payload: &str, limit: usize, targets: &Targets) -> bool {
+    let forwarded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        forward(payload, limit, targets);
+    }));
+    if forwarded.is_err() {
+        targets.metrics.restarted(ActorKind::Listener);
+        tracing::error!("the listener failed on a notification; restarting it");
+    }
+    forwarded.is_ok()
+}
+
+/// The prefix of the test suite's fault notifications (with the
+/// `fault-injection` feature only).
+#[cfg(feature = "fault-injection")]
+const FAULT_PREFIX: &str = "eventrelay-fault:";
+
+/// Decodes one notification and hands it to the relay: the listener's
+/// unit of work, timed as its handling.
+fn forward(payload: &str, limit: usize, targets: &Targets) {
+    let Targets { relay, metrics, .. } = targets;
+    let _handling = metrics.actor(ActorKind::Listener).timed();
+    #[cfg(feature = "fault-injection")]
+    if let Some(target) = payload.strip_prefix(FAULT_PREFIX) {
+        use crate::actors::relay::InjectFault;
+        match target {
+            "listener" => panic!("fault injected into the listener"),
+            "relay" => {
+                relay.do_send(InjectFault::Relay);
+            }
+            _ => {
+                if let Some(scope_key) = target.strip_prefix("hub:") {
+                    relay.do_send(InjectFault::Hub(scope_key.to_owned()));
+                }
+            }
+        }
+        return;
+    }
+    // Most payloads under load are pointers carrying rows: the relay
+    // decodes those rows only for a scope with subscribers.
+    if let Some(pointer) = defer_carried_rows(payload, limit) {
+        relay.do_send(Pointer {
+            scope_key: pointer.scope_key.clone(),
+            seq: pointer.seq,
+            carried: Some(pointer),
+        });
+        return;
+    }
+    match decode_notification_within(payload.as_bytes(), limit) {
+        Ok(EventNotification::Pointer { scope_key, seq, .. }) => {
+            // A bare pointer, or rows in a form the deferred reading leaves
+            // alone (a field given twice): those rows are read back.
+            relay.do_send(Pointer {
+                scope_key,
+                seq,
+                carried: None,
+            });
+        }
+        Ok(EventNotification::Inline { envelope }) => {
+            relay.do_send(Ephemeral(envelope));
+        }
+        Ok(EventNotification::InlineBatch { envelopes, .. }) => {
+            for envelope in envelopes {
+                relay.do_send(Ephemeral(envelope));
+            }
+        }
+        Ok(EventNotification::DeliveriesQueued) => targets.deliveries_queued(),
+        Err(DecodeError::UnreadableCarriedRows {
+            scope_key,
+            seq,
+            reason,
+        }) => {
+            // The pointer is sound: its rows are read back instead.
+            count_unreadable_rows(metrics, &scope_key, seq, &reason);
+            relay.do_send(Pointer {
+                scope_key,
+                seq,
+                carried: None,
+            });
+        }
+        Err(error) => {
+            metrics.notifications_malformed.inc();
+            let shown: String = payload.chars().take(120).collect();
+            tracing::warn!(%error, payload = %shown, "dropping malformed notification");
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The route table: every endpoint the relay serves, in one place, with the
+//! extractor settings that give the framework's own errors this API's shape.
+
+use actix_web::web;
+
+use super::error::{ApiError, ErrorCode};
+use super::{admin, cors, inspector, ops, publish};
+
+/// Registers every route. The inspector's routes exist only when
+/// `http.inspector` is on.
+pub fn routes(config: &mut web::ServiceConfig, inspector_enabled: bool) {
+    config
+        .app_data(web::QueryConfig::default().error_handler(|error, _| {
+            ApiError::bad_request(ErrorCode::InvalidQuery, error.to_string()).into()
+        }))
+        // JSON bodies read by the extractor (the inspector's token form) get
+        // this API's error shape too, not the framework's plain text.
+        .app_data(web::JsonConfig::default().error_handler(|error, _| {
+            use actix_web::error::JsonPayloadError;
+            match error {
+                JsonPayloadError::Overflow { .. }
+                | JsonPayloadError::OverflowKnownLength { .. } => ApiError::new(
+                    actix_web::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    ErrorCode::PayloadTooLarge,
+                    error.to_string(),
+                ),
+                _ => ApiError::bad_request(ErrorCode::InvalidBody, error.to_string()),
+            }
+            .into()
+        }))
+        // The stream and the publish API share a path; pages of other
+        // origins reach both through the CORS middleware.
+        .service(
+            web::resource("/v1/events")
+                .wrap(actix_web::middleware::from_fn(cors::middleware))
+                .route(web::get().to(crate::sse::stream_events))
+                .route(web::post().to(publish::publish_events))
+                .default_service(web::to(super::not_found)),
+        )
+        .service(
+            web::scope("/v1/admin")
+                .route("/subscriptions", web::post().to(admin::create_subscription))
+                .route("/subscriptions", web::get().to(admin::list_subscriptions))
+                .route(
+                    "/subscriptions/{id}",
+                    web::get().to(admin::get_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}",
+                    web::patch().to(admin::update_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}",
+                    web::delete().to(admin::delete_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}/rotate-secret",
+                    web::post().to(admin::rotate_secret),
+                )
+                .route("/reload", web::post().to(admin::reload))
+                .route("/deliveries", web::get().to(admin::list_deliveries))
+                // Registered before `{id}` so `prune` is never taken for an id.
+                .route("/deliveries/prune", web::post().to(admin::prune_deliveries))
+                .route("/deliveries/{id}", web::get().to(admin::get_delivery))
+                .route(
+                    "/deliveries/{id}/redeliver",
+                    web::post().to(admin::redeliver),
+                ),
+        )
+        .route("/healthz", web::get().to(ops::healthz))
+        .route("/readyz", web::get().to(ops::readyz))
+        .route("/metrics", web::get().to(ops::metrics))
+        .route("/openapi.json", web::get().to(ops::openapi));
+    if inspector_enabled {
+        config
+            .route("/inspector", web::get().to(inspector::page))
+            .route("/inspector/", web::get().to(inspector::page))
+            .route(
+                "/inspector/eventrelay-client.js",
+                web::get().to(inspector::client),
+            )
+            .route("/inspector/token", web::post().to(inspector::token));
+    }
+    config.default_service(web::to(super::not_found));
+}
