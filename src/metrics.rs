@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
-    /// `delivered`, `retry`, `dead` or `gone`.
+    /// An [`AttemptOutcome`](crate::webhooks::AttemptOutcome)'s name.
     pub outcome: &'static str,
 }
 

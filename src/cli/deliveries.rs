@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
-use eventrelay::webhooks::{DeliveryFilter, MAX_PAGE};
+use eventrelay::webhooks::{DeliveryFilter, DeliveryStatus, MAX_PAGE};
 use serde_json::json;
 
 use super::{CliError, Database};
@@ -30,8 +30,8 @@ pub struct ListDeliveriesArgs {
     #[arg(long)]
     scope: Option<String>,
     /// Only this status.
-    #[arg(long, value_parser = ["pending", "delivered", "dead", "gone"])]
-    status: Option<String>,
+    #[arg(long, value_enum)]
+    status: Option<DeliveryStatus>,
     /// Only deliveries of this event.
     #[arg(long)]
     event_id: Option<uuid::Uuid>,

@@ -29,12 +29,10 @@ use super::token::Guard;
 use crate::reload::ReloadError;
 use crate::store::{Connection, StoreError};
 use crate::webhooks::{
-    DeliveriesDue, DeliveryFilter, MAX_PAGE, Subscription, SubscriptionPatch, ensure_changeable,
-    generate_secret, prepare_subscription, validate_subscription, validate_subscription_fields,
+    DeliveriesDue, DeliveryFilter, DeliveryStatus, MAX_PAGE, Subscription, SubscriptionPatch,
+    ensure_changeable, generate_secret, prepare_subscription, validate_subscription,
+    validate_subscription_fields,
 };
-
-/// The statuses a delivery can have, in the order the documentation lists them.
-pub const DELIVERY_STATUSES: [&str; 4] = ["pending", "delivered", "dead", "gone"];
 
 const ADMIN: Guard = Guard {
     setting: "admin.token",
@@ -245,7 +243,8 @@ pub async fn rotate_secret(state: Admin, id: web::Path<String>) -> Result<HttpRe
 }
 
 /// The listing's query string. Everything arrives as text so that an empty
-/// parameter means "no filter" and a malformed one gets a message naming it.
+/// parameter means "no filter" and a malformed one gets a message naming it
+/// (an unknown status, the statuses there are).
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct DeliveryQuery {
@@ -279,15 +278,10 @@ fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
             )));
         }
     }
-    let status = given(query.status);
-    if let Some(status) = &status
-        && !DELIVERY_STATUSES.contains(&status.as_str())
-    {
-        return Err(invalid(format!(
-            "status: {status:?} is not one of {}",
-            DELIVERY_STATUSES.join(", ")
-        )));
-    }
+    let status = given(query.status)
+        .map(|v| v.parse::<DeliveryStatus>())
+        .transpose()
+        .map_err(|e| invalid(format!("status: {e}")))?;
     let event_id = given(query.event_id)
         .map(|v| v.parse::<Uuid>())
         .transpose()
@@ -425,7 +419,7 @@ mod tests {
     fn delivery_queries_treat_empty_as_absent_and_name_what_is_wrong() {
         let filter = delivery_filter("scopeKey=&status=dead&limit=5&before=9").unwrap();
         assert_eq!(filter.scope_key, None);
-        assert_eq!(filter.status.as_deref(), Some("dead"));
+        assert_eq!(filter.status, Some(DeliveryStatus::Dead));
         assert_eq!((filter.limit, filter.before), (Some(5), Some(9)));
         assert_eq!(delivery_filter("").unwrap().limit, Some(DEFAULT_PAGE));
         let error = delivery_filter("status=lost").unwrap_err();
@@ -435,12 +429,57 @@ mod tests {
             "{}",
             error.message
         );
-        for bad in ["eventId=x", "before=x", "limit=0", "limit=501", "color=red"] {
+        for bad in [
+            "status=DEAD",
+            "status=dead&status=gone",
+            "eventId=x",
+            "before=x",
+            "limit=0",
+            "limit=501",
+            "color=red",
+        ] {
             assert_eq!(
                 delivery_filter(bad).unwrap_err().code,
                 "invalid_query",
                 "{bad}"
             );
         }
+    }
+
+    /// The OpenAPI document spells the statuses twice (the listing's filter
+    /// and a delivery's `status`) and the outcomes once; each list must be
+    /// the enum's, in its order.
+    #[test]
+    fn the_openapi_document_lists_exactly_the_statuses_and_outcomes() {
+        use crate::webhooks::AttemptOutcome;
+        use strum::IntoEnumIterator;
+
+        let document: serde_json::Value =
+            serde_json::from_str(include_str!("openapi.json")).unwrap();
+        let names = |list: &serde_json::Value| -> Vec<String> {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .map(|name| name.as_str().unwrap().to_owned())
+                .collect()
+        };
+        let filter = document["paths"]["/v1/admin/deliveries"]["get"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|parameter| parameter["name"] == "status")
+            .unwrap();
+        let schemas = &document["components"]["schemas"];
+        let statuses: Vec<String> = DeliveryStatus::iter().map(|s| s.to_string()).collect();
+        let outcomes: Vec<String> = AttemptOutcome::iter().map(|o| o.to_string()).collect();
+        assert_eq!(names(&filter["schema"]["enum"]), statuses);
+        assert_eq!(
+            names(&schemas["Delivery"]["properties"]["status"]["enum"]),
+            statuses
+        );
+        assert_eq!(
+            names(&schemas["Attempt"]["properties"]["outcome"]["enum"]),
+            outcomes
+        );
     }
 }

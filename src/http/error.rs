@@ -15,8 +15,12 @@ use actix_web::http::header;
 use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 
-/// The stable, machine-readable codes of the HTTP API's errors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The stable, machine-readable codes of the HTTP API's errors. A code's
+/// text is its variant's name in snake case, so renaming a variant changes
+/// the API; the declaration order is the order the OpenAPI document lists
+/// them in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ErrorCode {
     InvalidLastEventId,
     InvalidQuery,
@@ -42,56 +46,9 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// Every code, in the order the OpenAPI document lists them.
-    pub const ALL: [ErrorCode; 21] = [
-        ErrorCode::InvalidLastEventId,
-        ErrorCode::InvalidQuery,
-        ErrorCode::InvalidHeader,
-        ErrorCode::Unauthorized,
-        ErrorCode::TooManyConnections,
-        ErrorCode::Unavailable,
-        ErrorCode::InvalidBody,
-        ErrorCode::InvalidEvent,
-        ErrorCode::BatchTooLarge,
-        ErrorCode::PublishDisabled,
-        ErrorCode::EventTooLarge,
-        ErrorCode::SchemaViolation,
-        ErrorCode::PayloadTooLarge,
-        ErrorCode::NotFound,
-        ErrorCode::AdminDisabled,
-        ErrorCode::Conflict,
-        ErrorCode::OriginNotAllowed,
-        ErrorCode::CorsMethodNotAllowed,
-        ErrorCode::CorsHeaderNotAllowed,
-        ErrorCode::MintingDisabled,
-        ErrorCode::InvalidConfig,
-    ];
-
-    /// The code as clients see it.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::InvalidLastEventId => "invalid_last_event_id",
-            ErrorCode::InvalidQuery => "invalid_query",
-            ErrorCode::InvalidHeader => "invalid_header",
-            ErrorCode::Unauthorized => "unauthorized",
-            ErrorCode::TooManyConnections => "too_many_connections",
-            ErrorCode::Unavailable => "unavailable",
-            ErrorCode::InvalidBody => "invalid_body",
-            ErrorCode::InvalidEvent => "invalid_event",
-            ErrorCode::BatchTooLarge => "batch_too_large",
-            ErrorCode::PublishDisabled => "publish_disabled",
-            ErrorCode::EventTooLarge => "event_too_large",
-            ErrorCode::SchemaViolation => "schema_violation",
-            ErrorCode::PayloadTooLarge => "payload_too_large",
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::AdminDisabled => "admin_disabled",
-            ErrorCode::Conflict => "conflict",
-            ErrorCode::OriginNotAllowed => "origin_not_allowed",
-            ErrorCode::CorsMethodNotAllowed => "cors_method_not_allowed",
-            ErrorCode::CorsHeaderNotAllowed => "cors_header_not_allowed",
-            ErrorCode::MintingDisabled => "minting_disabled",
-            ErrorCode::InvalidConfig => "invalid_config",
-        }
+    /// The code as clients see it: the variant's name in snake case.
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -197,6 +154,8 @@ impl ResponseError for ApiError {
 
 #[cfg(test)]
 mod tests {
+    use strum::IntoEnumIterator;
+
     use super::*;
 
     #[test]
@@ -211,7 +170,7 @@ mod tests {
                 .iter()
                 .map(|code| code.as_str().unwrap())
                 .collect();
-        let codes: Vec<&str> = ErrorCode::ALL.iter().map(|code| code.as_str()).collect();
+        let codes: Vec<&str> = ErrorCode::iter().map(ErrorCode::as_str).collect();
         assert_eq!(listed, codes);
     }
 

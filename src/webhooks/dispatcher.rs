@@ -20,7 +20,7 @@ use eventrelay_wire::webhook::{WebhookSecret, sign};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use tokio::sync::mpsc;
 
-use super::model::{AttemptRecord, Claimed};
+use super::model::{AttemptOutcome, AttemptRecord, Claimed};
 use super::settings::{MIN_RETRY_AFTER, WebhooksConfig};
 use super::store::WebhookStore;
 use crate::metrics::{ActorKind, Metrics, OutcomeLabel};
@@ -338,7 +338,7 @@ impl Worker {
         self.metrics
             .webhook_deliveries
             .get_or_create(&OutcomeLabel {
-                outcome: record.outcome,
+                outcome: record.outcome.as_str(),
             })
             .inc();
         let recorded: Result<_, StoreError> = async {
@@ -416,16 +416,16 @@ impl Worker {
         took: Duration,
     ) -> AttemptRecord {
         let schedule = &self.config.retry_schedule_ms;
-        let retry_in = |wait: Option<Duration>| -> (&'static str, Option<chrono::DateTime<Utc>>) {
+        let retry_in = |wait: Option<Duration>| -> (AttemptOutcome, Option<chrono::DateTime<Utc>>) {
             let scheduled = schedule
                 .get(claimed.attempt as usize - 1)
                 .map(|ms| Duration::from_millis(*ms));
             match scheduled {
-                None => ("dead", None),
+                None => (AttemptOutcome::Dead, None),
                 Some(scheduled) => {
                     let wait = wait.unwrap_or(scheduled);
                     (
-                        "retry",
+                        AttemptOutcome::Retry,
                         Some(Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default()),
                     )
                 }
@@ -433,12 +433,12 @@ impl Worker {
         };
         let (status_code, error, (outcome, next_attempt_at)) = match sent {
             Sent::Answered { status, .. } if (200..300).contains(&status) => {
-                (Some(status), None, ("delivered", None))
+                (Some(status), None, (AttemptOutcome::Delivered, None))
             }
             Sent::Answered { status: 410, .. } => (
                 Some(410),
                 Some("410 Gone: the receiver asked to stop".to_owned()),
-                ("gone", None),
+                (AttemptOutcome::Gone, None),
             ),
             Sent::Answered {
                 status,
@@ -464,7 +464,7 @@ impl Worker {
             Sent::SubscriptionGone => (
                 None,
                 Some("the subscription no longer exists".to_owned()),
-                ("gone", None),
+                (AttemptOutcome::Gone, None),
             ),
             Sent::Failed(error) => (None, Some(error), retry_in(None)),
         };

@@ -1,4 +1,5 @@
-//! Webhooks, the whole domain: subscriptions and their rules ([`model`]),
+//! Webhooks, the whole domain: subscriptions and their rules, and the
+//! delivery statuses and attempt outcomes ([`model`]),
 //! the SQL behind them and the delivery queue ([`store`]), what managing a
 //! subscription means for the admin API and the command line ([`admin`]),
 //! the `[webhooks]` settings ([`settings`]), and the dispatcher that sends
@@ -17,9 +18,9 @@ pub use crate::store::StoreError;
 pub use admin::{ConfiguredSubscription, ensure_changeable, generate_secret, prepare_subscription};
 pub use dispatcher::{DeliveriesDue, Dispatcher, SetWorkers, StopDispatcher};
 pub use model::{
-    Attempt, AttemptRecord, Claimed, Delivery, DeliveryFilter, InvalidSubscription, MAX_PAGE,
-    NewSubscription, Subscription, SubscriptionPatch, validate_subscription,
-    validate_subscription_fields,
+    Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryStatus,
+    InvalidSubscription, MAX_PAGE, NewSubscription, Subscription, SubscriptionPatch, UnknownName,
+    validate_subscription, validate_subscription_fields,
 };
 pub use settings::{MIN_RETRY_AFTER, WebhooksConfig};
 pub use store::WebhookStore;

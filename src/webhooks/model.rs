@@ -1,9 +1,20 @@
 //! The webhook domain's values: subscriptions, deliveries and attempts as
 //! stored and shown, and the rules a subscription must follow wherever it
 //! comes from (the admin API, the command line or the configuration file).
+//!
+//! It also owns the names of a delivery's statuses ([`DeliveryStatus`]) and
+//! of an attempt's outcomes ([`AttemptOutcome`]): the database's text
+//! columns, the API's JSON, the command line's filter and the metrics'
+//! labels all take them from these enums, so no other module spells one.
 
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::BytesMut;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use strum::IntoEnumIterator;
+use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, accepts, to_sql_checked};
 use uuid::Uuid;
 
 use crate::secret::Secret;
@@ -205,7 +216,7 @@ pub struct Delivery {
     pub event_id: Uuid,
     pub event_type: String,
     pub scope_key: String,
-    pub status: String,
+    pub status: DeliveryStatus,
     pub attempts: i32,
     pub next_attempt_at: DateTime<Utc>,
     pub last_status: Option<i32>,
@@ -223,15 +234,169 @@ pub struct Attempt {
     pub duration_ms: i32,
     pub status_code: Option<i32>,
     pub error: Option<String>,
-    pub outcome: String,
+    pub outcome: AttemptOutcome,
 }
+
+/// Where a delivery stands: `webhook_deliveries.status`, a delivery's
+/// `status` in the admin API and the command line's output, and the status
+/// both of them filter the log by.
+///
+/// The declaration order is the order the documentation and error messages
+/// list the statuses in.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    /// Waiting for an attempt; the only status the dispatcher claims.
+    Pending,
+    /// The receiver answered 2xx.
+    Delivered,
+    /// The retry schedule ran out.
+    Dead,
+    /// The receiver answered 410, or the subscription no longer exists.
+    Gone,
+}
+
+/// What one attempt led to: `webhook_attempts.outcome`, an attempt's
+/// `outcome` in the admin API, and the `outcome` label of the attempts
+/// counter.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// The receiver answered 2xx.
+    Delivered,
+    /// The attempt failed and the retry schedule has another one.
+    Retry,
+    /// The attempt failed and the retry schedule ran out.
+    Dead,
+    /// The receiver answered 410, or the subscription no longer exists.
+    Gone,
+}
+
+impl AttemptOutcome {
+    /// The status the attempt leaves its delivery in. A retry waits as
+    /// pending; every other outcome ends the delivery.
+    pub fn delivery_status(self) -> DeliveryStatus {
+        match self {
+            AttemptOutcome::Delivered => DeliveryStatus::Delivered,
+            AttemptOutcome::Retry => DeliveryStatus::Pending,
+            AttemptOutcome::Dead => DeliveryStatus::Dead,
+            AttemptOutcome::Gone => DeliveryStatus::Gone,
+        }
+    }
+}
+
+/// Text that names none of an enum's values. The message lists the values
+/// it could have named, so a caller who mistyped one learns the right
+/// spelling from the refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{given:?} is not one of {allowed}")]
+pub struct UnknownName {
+    pub given: String,
+    /// The valid names, comma-separated, in declaration order.
+    pub allowed: String,
+}
+
+/// The text conversions of an enum whose values are stored and sent as
+/// their names: `as_str`, `Display`, `FromStr` (exact, case-sensitive), and
+/// Postgres `text`/`varchar` in both directions. The names themselves come
+/// from the enum's `strum` attributes, so they are written nowhere else.
+macro_rules! named_values {
+    ($name:ident) => {
+        impl $name {
+            /// The name as stored in the database and sent on the wire.
+            pub fn as_str(self) -> &'static str {
+                self.into()
+            }
+
+            /// Every name, comma-separated, in declaration order.
+            pub fn names() -> String {
+                Self::iter()
+                    .map(Self::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownName;
+
+            fn from_str(text: &str) -> Result<Self, UnknownName> {
+                Self::iter()
+                    .find(|value| value.as_str() == text)
+                    .ok_or_else(|| UnknownName {
+                        given: text.to_owned(),
+                        allowed: Self::names(),
+                    })
+            }
+        }
+
+        impl ToSql for $name {
+            fn to_sql(
+                &self,
+                ty: &Type,
+                out: &mut BytesMut,
+            ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+                self.as_str().to_sql(ty, out)
+            }
+
+            accepts!(TEXT, VARCHAR);
+            to_sql_checked!();
+        }
+
+        impl<'a> FromSql<'a> for $name {
+            fn from_sql(
+                ty: &Type,
+                raw: &'a [u8],
+            ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+                Ok(<&str as FromSql>::from_sql(ty, raw)?.parse()?)
+            }
+
+            accepts!(TEXT, VARCHAR);
+        }
+    };
+}
+
+named_values!(DeliveryStatus);
+named_values!(AttemptOutcome);
 
 /// Which deliveries to list; newest first, `before` is the paging cursor.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeliveryFilter {
     pub scope_key: Option<String>,
-    pub status: Option<String>,
+    pub status: Option<DeliveryStatus>,
     pub event_id: Option<Uuid>,
     pub subscription_id: Option<String>,
     pub before: Option<i64>,
@@ -259,9 +424,8 @@ pub struct AttemptRecord {
     pub duration_ms: i32,
     pub status_code: Option<i32>,
     pub error: Option<String>,
-    /// `delivered`, `retry`, `dead` or `gone`.
-    pub outcome: &'static str,
-    /// For `retry`: when to try again.
+    pub outcome: AttemptOutcome,
+    /// For [`AttemptOutcome::Retry`]: when to try again.
     pub next_attempt_at: Option<DateTime<Utc>>,
 }
 
@@ -297,6 +461,92 @@ mod tests {
         assert!(
             validate_subscription(None, None, Some(&["*".into(), "order.created".into()])).is_ok()
         );
+    }
+
+    /// Every representation of a status or outcome (serde, `as_str`,
+    /// `FromStr`, and the command line's for statuses) spells it the same.
+    #[test]
+    fn every_representation_of_a_name_agrees() {
+        use clap::ValueEnum;
+
+        for status in DeliveryStatus::iter() {
+            let name = status.as_str();
+            assert_eq!(serde_json::to_value(status).unwrap(), name);
+            assert_eq!(
+                serde_json::from_value::<DeliveryStatus>(name.into()).unwrap(),
+                status
+            );
+            assert_eq!(name.parse::<DeliveryStatus>(), Ok(status));
+            assert_eq!(status.to_string(), name);
+            let cli = status.to_possible_value().unwrap();
+            assert_eq!(cli.get_name(), name);
+        }
+        for outcome in AttemptOutcome::iter() {
+            let name = outcome.as_str();
+            assert_eq!(serde_json::to_value(outcome).unwrap(), name);
+            assert_eq!(name.parse::<AttemptOutcome>(), Ok(outcome));
+            assert_eq!(outcome.to_string(), name);
+        }
+    }
+
+    #[test]
+    fn the_names_are_those_on_the_wire() {
+        assert_eq!(DeliveryStatus::names(), "pending, delivered, dead, gone");
+        assert_eq!(AttemptOutcome::names(), "delivered, retry, dead, gone");
+    }
+
+    #[test]
+    fn an_unknown_name_is_refused_with_the_valid_ones() {
+        let error = "DEAD".parse::<DeliveryStatus>().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#""DEAD" is not one of pending, delivered, dead, gone"#
+        );
+        assert!("".parse::<AttemptOutcome>().is_err());
+    }
+
+    #[test]
+    fn a_retry_leaves_the_delivery_pending_and_every_other_outcome_ends_it() {
+        for outcome in AttemptOutcome::iter() {
+            let status = outcome.delivery_status();
+            match outcome {
+                AttemptOutcome::Retry => assert_eq!(status, DeliveryStatus::Pending),
+                _ => assert_eq!(status.as_str(), outcome.as_str()),
+            }
+        }
+    }
+
+    /// The database refuses any status the schema's CHECK constraint does
+    /// not list; the enum must list the same ones, or a status would be
+    /// written that the table refuses (or read that no variant names).
+    #[test]
+    fn the_schema_allows_exactly_the_delivery_statuses() {
+        let schema = include_str!("../../migrations/0001_schema.sql");
+        let check = schema
+            .split("webhook_deliveries_status_valid CHECK (status IN (")
+            .nth(1)
+            .and_then(|rest| rest.split("))").next())
+            .unwrap();
+        let allowed: Vec<&str> = check
+            .split(',')
+            .map(|name| name.trim().trim_matches('\''))
+            .collect();
+        let statuses: Vec<&str> = DeliveryStatus::iter().map(DeliveryStatus::as_str).collect();
+        assert_eq!(allowed, statuses);
+    }
+
+    #[test]
+    fn statuses_and_outcomes_travel_to_and_from_postgres_as_text() {
+        let mut out = BytesMut::new();
+        DeliveryStatus::Gone.to_sql(&Type::TEXT, &mut out).unwrap();
+        assert_eq!(&out[..], b"gone");
+        assert_eq!(
+            AttemptOutcome::from_sql(&Type::TEXT, b"retry").unwrap(),
+            AttemptOutcome::Retry
+        );
+        assert!(DeliveryStatus::from_sql(&Type::VARCHAR, b"lost").is_err());
+        assert!(<DeliveryStatus as ToSql>::accepts(&Type::TEXT));
+        assert!(!<DeliveryStatus as ToSql>::accepts(&Type::INT4));
     }
 
     #[test]

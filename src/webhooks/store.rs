@@ -7,6 +7,10 @@
 //! `FOR UPDATE SKIP LOCKED` and leases it; recording an attempt only counts
 //! when the lease was still ours, so two workers never both settle one
 //! attempt.
+//!
+//! Statuses and outcomes are bound as parameters, typed by
+//! [`DeliveryStatus`] and [`AttemptOutcome`], except where a partial index
+//! needs the status in the statement's text (see `pending_literal`).
 
 use std::time::Duration;
 
@@ -16,8 +20,8 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::model::{
-    Attempt, AttemptRecord, Claimed, Delivery, DeliveryFilter, MAX_PAGE, NewSubscription,
-    Subscription, SubscriptionPatch,
+    Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryStatus,
+    MAX_PAGE, NewSubscription, Subscription, SubscriptionPatch,
 };
 use crate::store::StoreError;
 
@@ -30,6 +34,16 @@ const DELIVERY_COLUMNS: &str = "id, subscription_id, event_seq, event_id, event_
      attempts, next_attempt_at, last_status, last_error, created_at, updated_at";
 const SUBSCRIPTION_COLUMNS: &str = "id, url, secret, previous_secret, previous_secret_expires_at, types, \
      scope_key, source, created_at, updated_at";
+
+/// [`DeliveryStatus::Pending`] as an SQL literal, for the statements that
+/// select due or finished deliveries. The schema's partial indexes on those
+/// rows are conditioned on this status written as a literal, and serve only
+/// a query that names it in its text too: for `status = $1` the generic
+/// plan of a prepared statement cannot prove the index's condition, and
+/// sorts every row of the status instead.
+fn pending_literal() -> String {
+    format!("'{}'", DeliveryStatus::Pending)
+}
 
 impl WebhookStore {
     pub fn new(schema: &Identifier) -> Self {
@@ -80,8 +94,9 @@ impl WebhookStore {
     }
 
     /// Deletes the `config` subscriptions not in `keep` and returns their
-    /// ids. Their pending deliveries give up (`gone`) at their next attempt,
-    /// so this is run once no replica's configuration lists them.
+    /// ids. Their pending deliveries give up ([`AttemptOutcome::Gone`]) at
+    /// their next attempt, so this is run once no replica's configuration
+    /// lists them.
     pub async fn remove_unlisted_config_subscriptions(
         &self,
         db: &impl PgExecutor,
@@ -243,19 +258,22 @@ impl WebhookStore {
         let rows = self
             .rows(
                 db,
-                "WITH due AS (
-                     SELECT id FROM {schema}.webhook_deliveries
-                     WHERE status = 'pending' AND next_attempt_at <= now()
-                       AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-                     ORDER BY next_attempt_at
-                     LIMIT 1
-                     FOR UPDATE SKIP LOCKED
-                 )
-                 UPDATE {schema}.webhook_deliveries d
-                 SET lease_expires_at = now() + $1 * interval '1 millisecond',
-                     attempts = d.attempts + 1, updated_at = now()
-                 FROM due WHERE d.id = due.id
-                 RETURNING d.id, d.subscription_id, d.event_id, d.payload, d.attempts",
+                &format!(
+                    "WITH due AS (
+                         SELECT id FROM {{schema}}.webhook_deliveries
+                         WHERE status = {pending} AND next_attempt_at <= now()
+                           AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+                         ORDER BY next_attempt_at
+                         LIMIT 1
+                         FOR UPDATE SKIP LOCKED
+                     )
+                     UPDATE {{schema}}.webhook_deliveries d
+                     SET lease_expires_at = now() + $1 * interval '1 millisecond',
+                         attempts = d.attempts + 1, updated_at = now()
+                     FROM due WHERE d.id = due.id
+                     RETURNING d.id, d.subscription_id, d.event_id, d.payload, d.attempts",
+                    pending = pending_literal()
+                ),
                 &[(&lease_ms, Type::INT8)],
             )
             .await?;
@@ -276,10 +294,7 @@ impl WebhookStore {
         claimed: &Claimed,
         record: &AttemptRecord,
     ) -> Result<bool, StoreError> {
-        let status = match record.outcome {
-            "retry" => "pending",
-            other => other,
-        };
+        let status = record.outcome.delivery_status();
         let next = record.next_attempt_at.unwrap_or_else(Utc::now);
         let rows = self
             .rows(
@@ -288,7 +303,7 @@ impl WebhookStore {
                      UPDATE {schema}.webhook_deliveries
                      SET status = $3, next_attempt_at = $4, lease_expires_at = NULL,
                          last_status = $5, last_error = $6, updated_at = now()
-                     WHERE id = $1 AND attempts = $2 AND status = 'pending'
+                     WHERE id = $1 AND attempts = $2 AND status = $10
                        AND lease_expires_at > now()
                      RETURNING id
                  )
@@ -306,6 +321,7 @@ impl WebhookStore {
                     (&record.started_at, Type::TIMESTAMPTZ),
                     (&record.duration_ms, Type::INT4),
                     (&record.outcome, Type::TEXT),
+                    (&DeliveryStatus::Pending, Type::TEXT),
                 ],
             )
             .await?;
@@ -320,8 +336,11 @@ impl WebhookStore {
         let rows = self
             .rows(
                 db,
-                "SELECT min(greatest(next_attempt_at, coalesce(lease_expires_at, next_attempt_at)))
-                 FROM {schema}.webhook_deliveries WHERE status = 'pending'",
+                &format!(
+                    "SELECT min(greatest(next_attempt_at, coalesce(lease_expires_at, next_attempt_at)))
+                     FROM {{schema}}.webhook_deliveries WHERE status = {pending}",
+                    pending = pending_literal()
+                ),
                 &[],
             )
             .await?;
@@ -334,11 +353,14 @@ impl WebhookStore {
         let rows = self
             .rows(
                 db,
-                "SELECT count(*),
-                        coalesce(extract(epoch FROM now() - min(next_attempt_at))::float8, 0)
-                 FROM {schema}.webhook_deliveries
-                 WHERE status = 'pending' AND next_attempt_at <= now()
-                   AND (lease_expires_at IS NULL OR lease_expires_at <= now())",
+                &format!(
+                    "SELECT count(*),
+                            coalesce(extract(epoch FROM now() - min(next_attempt_at))::float8, 0)
+                     FROM {{schema}}.webhook_deliveries
+                     WHERE status = {pending} AND next_attempt_at <= now()
+                       AND (lease_expires_at IS NULL OR lease_expires_at <= now())",
+                    pending = pending_literal()
+                ),
                 &[],
             )
             .await?;
@@ -377,7 +399,10 @@ impl WebhookStore {
                 ],
             )
             .await?;
-        Ok(rows.iter().map(delivery_from_row).collect())
+        Ok(rows
+            .iter()
+            .map(delivery_from_row)
+            .collect::<Result<_, _>>()?)
     }
 
     /// One delivery with its attempts, oldest first.
@@ -395,7 +420,7 @@ impl WebhookStore {
                 &[(&id, Type::INT8)],
             )
             .await?;
-        let Some(delivery) = rows.first().map(delivery_from_row) else {
+        let Some(delivery) = rows.first().map(delivery_from_row).transpose()? else {
             return Ok(None);
         };
         let attempts = self
@@ -407,15 +432,17 @@ impl WebhookStore {
             )
             .await?
             .iter()
-            .map(|row| Attempt {
-                attempt: row.get(0),
-                started_at: row.get(1),
-                duration_ms: row.get(2),
-                status_code: row.get(3),
-                error: row.get(4),
-                outcome: row.get(5),
+            .map(|row| {
+                Ok(Attempt {
+                    attempt: row.get(0),
+                    started_at: row.get(1),
+                    duration_ms: row.get(2),
+                    status_code: row.get(3),
+                    error: row.get(4),
+                    outcome: row.try_get::<_, AttemptOutcome>(5)?,
+                })
             })
-            .collect();
+            .collect::<Result<_, tokio_postgres::Error>>()?;
         Ok(Some((delivery, attempts)))
     }
 
@@ -425,10 +452,10 @@ impl WebhookStore {
             .rows(
                 db,
                 "UPDATE {schema}.webhook_deliveries
-                 SET status = 'pending', attempts = 0, next_attempt_at = now(),
+                 SET status = $2, attempts = 0, next_attempt_at = now(),
                      lease_expires_at = NULL, updated_at = now()
                  WHERE id = $1 RETURNING id",
-                &[(&id, Type::INT8)],
+                &[(&id, Type::INT8), (&DeliveryStatus::Pending, Type::TEXT)],
             )
             .await?;
         Ok(!rows.is_empty())
@@ -444,10 +471,13 @@ impl WebhookStore {
         let rows = self
             .rows(
                 db,
-                "WITH gone AS (
-                     DELETE FROM {schema}.webhook_deliveries
-                     WHERE status <> 'pending' AND updated_at < $1 RETURNING 1
-                 ) SELECT count(*) FROM gone",
+                &format!(
+                    "WITH gone AS (
+                         DELETE FROM {{schema}}.webhook_deliveries
+                         WHERE status <> {pending} AND updated_at < $1 RETURNING 1
+                     ) SELECT count(*) FROM gone",
+                    pending = pending_literal()
+                ),
                 &[(&before, Type::TIMESTAMPTZ)],
             )
             .await?;
@@ -473,20 +503,22 @@ fn subscription_from_row(row: &Row) -> Subscription {
     }
 }
 
-fn delivery_from_row(row: &Row) -> Delivery {
-    Delivery {
+/// A delivery row; an error only for a status no [`DeliveryStatus`] names
+/// (which the schema's CHECK constraint keeps out).
+fn delivery_from_row(row: &Row) -> Result<Delivery, tokio_postgres::Error> {
+    Ok(Delivery {
         id: row.get("id"),
         subscription_id: row.get("subscription_id"),
         event_seq: row.get("event_seq"),
         event_id: row.get("event_id"),
         event_type: row.get("event_type"),
         scope_key: row.get("scope_key"),
-        status: row.get("status"),
+        status: row.try_get("status")?,
         attempts: row.get("attempts"),
         next_attempt_at: row.get("next_attempt_at"),
         last_status: row.get("last_status"),
         last_error: row.get("last_error"),
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
-    }
+    })
 }
