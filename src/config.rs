@@ -38,7 +38,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub sse: SseConfig,
     pub hub: HubConfig,
-    /// How subscribers authenticate; see `docs/auth.md`.
+    /// How subscribers authenticate; see `docs/src/auth.md`.
     #[serde(skip_serializing)]
     pub auth: Option<AuthConfig>,
     pub publish: PublishConfig,
