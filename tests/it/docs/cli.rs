@@ -1,19 +1,29 @@
-//! `docs/src/cli.md` has a section for every command and subcommand, and
-//! names every flag its `--help` lists.
+//! `docs/src/cli.md` has a section for every command and subcommand that
+//! shows its `-h` output as the binary prints it, and names every flag its
+//! `--help` lists.
 
 use std::process::Command;
 
 const CHAPTER: &str = "docs/src/cli.md";
 
 fn help(command: &[&str]) -> String {
+    run(command, "--help")
+}
+
+/// The short help, as the chapter shows it.
+fn short_help(command: &[&str]) -> String {
+    run(command, "-h")
+}
+
+fn run(command: &[&str], flag: &str) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_eventrelay"))
         .args(command)
-        .arg("--help")
+        .arg(flag)
         .output()
         .unwrap();
     assert!(
         output.status.success(),
-        "eventrelay {command:?} --help failed"
+        "eventrelay {command:?} {flag} failed"
     );
     String::from_utf8(output.stdout).unwrap()
 }
@@ -77,6 +87,11 @@ fn section<'a>(chapter: &'a str, command: &str) -> Option<&'a str> {
 #[test]
 fn every_command_and_flag_is_in_the_reference() {
     let chapter = super::read(CHAPTER);
+    let top = short_help(&[]);
+    assert!(
+        chapter.contains(top.trim_end()),
+        "{CHAPTER} does not show `eventrelay -h` as it is now:\n{top}"
+    );
     let mut commands: Vec<Vec<String>> = subcommands(&help(&[]))
         .into_iter()
         .map(|command| vec![command])
@@ -102,6 +117,12 @@ fn every_command_and_flag_is_in_the_reference() {
             problems.push(format!("no section `eventrelay {name}`"));
             continue;
         };
+        let shown = short_help(&args);
+        if !section.contains(&format!("```text\n{}\n```", shown.trim_end())) {
+            problems.push(format!(
+                "`eventrelay {name}` does not show its -h output as it is now:\n{shown}"
+            ));
+        }
         for flag in flags(&text) {
             if !section.contains(&flag) {
                 problems.push(format!("`eventrelay {name}` does not mention {flag}"));
