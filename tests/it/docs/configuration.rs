@@ -109,7 +109,8 @@ fn settings_in_code() -> BTreeMap<String, Value> {
 }
 
 /// The environment variable of a setting: figment's `EVENTRELAY_` prefix,
-/// with `__` between nested keys.
+/// with `__` between nested keys (`Config::load` is checked to read them so
+/// in `src/config.rs`'s tests, which may change the process's environment).
 fn environment_variable(setting: &str) -> String {
     format!("EVENTRELAY_{}", setting.to_uppercase().replace('.', "__"))
 }
@@ -199,24 +200,4 @@ fn the_reference_lists_every_setting_with_its_default_and_variable() {
             row.environment
         );
     }
-}
-
-#[test]
-#[allow(
-    clippy::result_large_err,
-    reason = "figment's Jail returns its own large error type; it is only a test"
-)]
-fn an_environment_variable_of_the_reference_sets_its_setting() {
-    figment::Jail::expect_with(|jail| {
-        jail.set_env(environment_variable("sse.heartbeat_secs"), "7");
-        jail.set_env(environment_variable("http.tls.cert_file"), "/etc/cert.pem");
-        jail.set_env(environment_variable("http.tls.key_file"), "/etc/key.pem");
-        let config = Config::load(None).map_err(|e| e.to_string())?;
-        assert_eq!(config.sse.heartbeat_secs, 7);
-        assert_eq!(
-            config.http.tls.cert_file.as_deref(),
-            Some(std::path::Path::new("/etc/cert.pem"))
-        );
-        Ok(())
-    });
 }
