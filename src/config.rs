@@ -38,7 +38,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub sse: SseConfig,
     pub hub: HubConfig,
-    /// How subscribers authenticate; see `docs/auth.md`.
+    /// How subscribers authenticate; see `docs/src/auth.md`.
     #[serde(skip_serializing)]
     pub auth: Option<AuthConfig>,
     pub publish: PublishConfig,
@@ -749,5 +749,29 @@ mod tests {
         std::fs::write(&file, "[sse]\nheartbeat = 7\n").unwrap();
         let error = Config::load(Some(&file)).unwrap_err().to_string();
         assert!(error.contains("heartbeat"), "{error}");
+    }
+
+    /// The configuration reference (docs/src/configuration.md) names each
+    /// setting's variable as `EVENTRELAY_` and its path in upper case with
+    /// `__` between the parts, at any depth.
+    #[test]
+    // figment's Jail returns its own large error type; it is only a test.
+    #[allow(clippy::result_large_err)]
+    fn nested_settings_take_their_variable_at_any_depth() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("EVENTRELAY_SSE__HEARTBEAT_SECS", "7");
+            jail.set_env("EVENTRELAY_HTTP__TLS__CERT_FILE", "/etc/cert.pem");
+            jail.set_env("EVENTRELAY_HTTP__TLS__KEY_FILE", "/etc/key.pem");
+            jail.set_env("EVENTRELAY_AUTH__MODE", "forward");
+            jail.set_env("EVENTRELAY_AUTH__URL", "http://app.internal/auth");
+            let config = Config::load(None).unwrap();
+            assert_eq!(config.sse.heartbeat_secs, 7);
+            assert_eq!(
+                config.http.tls.cert_file.as_deref(),
+                Some(Path::new("/etc/cert.pem"))
+            );
+            assert!(matches!(config.auth, Some(AuthConfig::Forward(_))));
+            Ok(())
+        });
     }
 }

@@ -579,7 +579,7 @@ fn fanout_target(subscribers: usize, pace: Pace, http: bool, f: &FanoutFigures) 
     }
 }
 
-/// Each pool varied on its own, for `docs/operations.md`.
+/// Each pool varied on its own, for `docs/src/operations.md`.
 async fn pool_rows(args: &Args, schema: &str, scale: &Scale, table: &mut Table) -> BenchResult<()> {
     let db = args.database_url.as_str();
     // Hub arbiters: many busy scopes.

@@ -465,18 +465,18 @@ mod tests {
         assert!(auth_from_toml("[auth]\nmode = \"jwt\"\nalgorithm = \"none\"\n").is_err());
     }
 
-    /// Every `toml` block of docs/auth.md must parse, so the docs cannot
+    /// Every `toml` block of docs/src/auth.md must parse, so the docs cannot
     /// drift from the configuration they describe.
     #[test]
     fn docs_toml_snippets_parse() {
-        let docs = include_str!("../../docs/auth.md");
+        let docs = include_str!("../../docs/src/auth.md");
         let mut blocks = 0;
         for block in docs.split("```toml").skip(1) {
             let toml = block.split("```").next().unwrap();
             auth_from_toml(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
             blocks += 1;
         }
-        assert!(blocks >= 2, "docs/auth.md should show both modes");
+        assert!(blocks >= 2, "docs/src/auth.md should show both modes");
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod support;
 
 mod browsers;
 mod client;
+mod docs;
 mod faults;
 mod logical;
 mod operations;

@@ -1,6 +1,6 @@
 //! The pools an operator sizes, each varied on its own: hub arbiters under
 //! many busy scopes, webhook workers against a slow receiver, and the
-//! database pool under a replay storm. `docs/operations.md` is written from
+//! database pool under a replay storm. `docs/src/operations.md` is written from
 //! these rows.
 
 use std::sync::Arc;

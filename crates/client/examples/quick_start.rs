@@ -1,4 +1,4 @@
-//! The quick start from `docs/client.md`: prints the events of one scope.
+//! The quick start from `docs/src/subscribing.md`: prints the events of one scope.
 //!
 //! `EVENTRELAY_TOKEN=$(cargo run -q -- token --subscriber alice --scope org-1)
 //! cargo run -p eventrelay-client --example quick_start`
