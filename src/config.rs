@@ -368,7 +368,28 @@ impl Config {
     }
 
     /// Checks every value that could otherwise fail later, or silently.
+    /// Whether subscribers' tokens are signed with a local throwaway secret:
+    /// no `[auth]`, or `auth.mode = "development"`.
+    pub fn development_mode(&self) -> bool {
+        matches!(self.auth, None | Some(AuthConfig::Development(_)))
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // Without [auth], anyone who reaches the relay can mint a token for
+        // any scope: fine on a laptop, never by accident on a network.
+        if self.auth.is_none() && self.database.url.is_some() && !self.http.bind.ip().is_loopback()
+        {
+            return Err(invalid(
+                "auth",
+                format!(
+                    "no [auth] is configured and http.bind = {} is not a loopback address: \
+                     configure [auth] (mode = \"jwt\" or \"forward\"), bind to 127.0.0.1, or \
+                     ask for development mode by name with auth.mode = \"development\" \
+                     (anyone who reaches the relay can then mint tokens for any scope)",
+                    self.http.bind
+                ),
+            ));
+        }
         Identifier::new(&self.database.schema)
             .map_err(|e| invalid("database.schema", e.to_string()))?;
         Identifier::new(&self.database.channel)
@@ -690,6 +711,36 @@ mod tests {
         refused_for("database.url", |c| {
             c.database.url = Some("not a url at all".into())
         });
+    }
+
+    #[test]
+    fn development_mode_runs_on_a_network_address_only_when_asked_for_by_name() {
+        let with = |bind: &str, url: Option<&str>, auth: Option<AuthConfig>| {
+            let mut config = Config::default();
+            config.http.bind = bind.parse().unwrap();
+            config.database.url = url.map(Into::into);
+            config.auth = auth;
+            config.validate()
+        };
+        let error = with("0.0.0.0:8080", Some("postgres://db/app"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("auth:"), "{error}");
+        assert!(error.contains("auth.mode = \"development\""), "{error}");
+        assert!(with("[::]:8080", Some("postgres://db/app"), None).is_err());
+        // A laptop: loopback, or the embedded database.
+        assert!(with("127.0.0.1:8080", Some("postgres://db/app"), None).is_ok());
+        assert!(with("[::1]:8080", Some("postgres://db/app"), None).is_ok());
+        assert!(with("0.0.0.0:8080", None, None).is_ok());
+        // Asked for by name.
+        let development = Some(AuthConfig::Development(Default::default()));
+        assert!(with("0.0.0.0:8080", Some("postgres://db/app"), development).is_ok());
+        let asked = Config {
+            auth: Some(AuthConfig::Development(Default::default())),
+            ..Config::default()
+        };
+        assert!(asked.development_mode());
+        assert!(Config::default().development_mode());
     }
 
     #[test]

@@ -111,21 +111,12 @@ impl From<&str> for DatabaseUrl {
 }
 
 /// `postgres://user:pw@host/db?password=pw` → `postgres://user:***@host/db?password=***`,
-/// and the same for the `key=value` form.
+/// and the same for libpq's `keyword = value` form, in every spelling
+/// libpq accepts: spaces around `=`, quoted values with escapes, and
+/// percent-encoded query keys.
 pub fn redact_url(url: &str) -> String {
-    let hide_parameters = |text: &str, separator: char| -> String {
-        text.split(separator)
-            .map(|pair| match pair.split_once('=') {
-                Some((key, _)) if key.trim().eq_ignore_ascii_case("password") => {
-                    format!("{key}=***")
-                }
-                _ => pair.to_owned(),
-            })
-            .collect::<Vec<_>>()
-            .join(&separator.to_string())
-    };
     let Some((scheme, rest)) = url.split_once("://") else {
-        return hide_parameters(url, ' ');
+        return redact_keywords(url);
     };
     let (location, query) = match rest.split_once('?') {
         Some((location, query)) => (location, Some(query)),
@@ -138,10 +129,100 @@ pub fn redact_url(url: &str) -> String {
         },
         None => location.to_owned(),
     };
-    match query {
-        Some(query) => format!("{scheme}://{location}?{}", hide_parameters(query, '&')),
-        None => format!("{scheme}://{location}"),
+    let Some(query) = query else {
+        return format!("{scheme}://{location}");
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if is_password_key(&percent_decoded(key)) => format!("{key}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{scheme}://{location}?{}", query.join("&"))
+}
+
+fn is_password_key(key: &str) -> bool {
+    key.trim().eq_ignore_ascii_case("password")
+}
+
+/// A URI query key as libpq reads it (`%XX` decoded; anything malformed is
+/// kept as written).
+fn percent_decoded(key: &str) -> String {
+    let bytes = key.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|pair| std::str::from_utf8(pair).ok())
+            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                i += 1;
+            }
+        }
     }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+/// libpq's `keyword = value` connection string with every password value
+/// replaced by `***`. Values are a run of non-space characters or a
+/// single-quoted string in which `\'` and `\\` are escapes; an unterminated
+/// quote runs to the end, as libpq would reject it anyway.
+fn redact_keywords(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        let (space, after) = split_space(rest);
+        shown.push_str(space);
+        let key_len = after
+            .find(|c: char| c == '=' || c.is_whitespace())
+            .unwrap_or(after.len());
+        let (key, after) = after.split_at(key_len);
+        shown.push_str(key);
+        let (space, after) = split_space(after);
+        shown.push_str(space);
+        let Some(after) = after.strip_prefix('=') else {
+            rest = after;
+            continue;
+        };
+        shown.push('=');
+        let (space, after) = split_space(after);
+        shown.push_str(space);
+        let value_len = value_length(after);
+        let (value, after) = after.split_at(value_len);
+        shown.push_str(if is_password_key(key) { "***" } else { value });
+        rest = after;
+    }
+    shown
+}
+
+fn split_space(text: &str) -> (&str, &str) {
+    let trimmed = text.trim_start();
+    text.split_at(text.len() - trimmed.len())
+}
+
+/// The byte length of the value at the start of `text`.
+fn value_length(text: &str) -> usize {
+    if !text.starts_with('\'') {
+        return text.find(char::is_whitespace).unwrap_or(text.len());
+    }
+    let mut escaped = false;
+    for (at, c) in text.char_indices().skip(1) {
+        match (escaped, c) {
+            (true, _) => escaped = false,
+            (false, '\\') => escaped = true,
+            (false, '\'') => return at + 1,
+            _ => {}
+        }
+    }
+    text.len()
 }
 
 #[cfg(test)]
@@ -174,6 +255,27 @@ mod tests {
             (
                 "host=db user=app password=pw",
                 "host=db user=app password=***",
+            ),
+            (
+                "host=db user=app password = hunter2 dbname=app",
+                "host=db user=app password = *** dbname=app",
+            ),
+            (
+                "host=db password='a b' user=app",
+                "host=db password=*** user=app",
+            ),
+            (
+                r"host=db PASSWORD='it\'s \\ secret' sslmode=require",
+                "host=db PASSWORD=*** sslmode=require",
+            ),
+            ("password='unterminated and more", "password=***"),
+            (
+                "postgres://app@db/app?pass%77ord=X&sslmode=require",
+                "postgres://app@db/app?pass%77ord=***&sslmode=require",
+            ),
+            (
+                "postgresql://app@db/app?%70assword=X",
+                "postgresql://app@db/app?%70assword=***",
             ),
         ] {
             let url = DatabaseUrl::from(url);

@@ -200,7 +200,17 @@ pub enum AuthConfig {
     Jwt(JwtConfig),
     /// Ask the application over HTTP.
     Forward(ForwardConfig),
+    /// Development mode, asked for by name: tokens are signed with a local
+    /// throwaway secret and anyone who reaches the relay can mint one at
+    /// `/inspector/token`. Without `[auth]` the relay runs so only on a
+    /// loopback address or the embedded database.
+    Development(DevelopmentConfig),
 }
+
+/// `auth.mode = "development"` takes no other setting.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevelopmentConfig {}
 
 impl AuthConfig {
     /// `auth.query_param`: the query parameter that may carry a bearer token
@@ -212,6 +222,7 @@ impl AuthConfig {
         match self {
             AuthConfig::Jwt(config) => config.query_param.as_deref(),
             AuthConfig::Forward(config) => config.query_param.as_deref(),
+            AuthConfig::Development(_) => None,
         }
     }
 }
@@ -292,6 +303,12 @@ pub fn build_resolver(config: &AuthConfig) -> Result<Arc<dyn SubscriberResolver>
     Ok(match config {
         AuthConfig::Jwt(config) => Arc::new(JwtResolver::new(config)?),
         AuthConfig::Forward(config) => Arc::new(ForwardResolver::new(config)?),
+        AuthConfig::Development(_) => {
+            return Err(AuthConfigError::invalid(
+                "auth.mode",
+                "development mode signs tokens with a local secret and has no resolver to build",
+            ));
+        }
     })
 }
 
@@ -453,6 +470,12 @@ mod tests {
                 query_param: None,
             })
         );
+
+        assert_eq!(
+            auth_from_toml("[auth]\nmode = \"development\"\n").unwrap(),
+            AuthConfig::Development(DevelopmentConfig {})
+        );
+        assert!(auth_from_toml("[auth]\nmode = \"development\"\nsecret = \"x\"\n").is_err());
     }
 
     #[test]

@@ -46,7 +46,9 @@ pub async fn health(args: HealthArgs) -> Result<(), CliError> {
 /// serve that mode, since most of what can go wrong there is server-side.
 pub async fn check_config(args: ConfigArgs) -> Result<(), CliError> {
     let config = Config::load(args.config.as_deref())?;
-    if let Some(auth) = &config.auth {
+    if let Some(auth) = &config.auth
+        && !config.development_mode()
+    {
         build_resolver(auth)?;
     }
     if config.http.tls.enabled() {
@@ -72,10 +74,10 @@ pub async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     let mut config = Config::load(args.config.as_deref())?;
     let log_filter = init_logging(&config.log);
     raise_file_limit();
-    let development = config.auth.is_none();
+    let development = config.development_mode();
     let resolver: Arc<dyn SubscriberResolver> = match &config.auth {
-        Some(auth) => build_resolver(auth)?,
-        None => {
+        Some(auth) if !development => build_resolver(auth)?,
+        _ => {
             let secret = dev_secret(Path::new(DEV_DIR), "jwt-secret")?;
             config.development_secret = Some(secret.clone());
             build_resolver(&AuthConfig::Jwt(JwtConfig {
@@ -116,7 +118,9 @@ pub async fn serve(args: ConfigArgs) -> Result<(), CliError> {
     if development {
         let _ = writeln!(
             out,
-            "development mode: no [auth] is configured, so tokens are signed with a secret in {DEV_DIR}/jwt-secret"
+            "DEVELOPMENT MODE: anyone who can reach this relay can mint a token for any scope \
+             (tokens are signed with a throwaway secret in {DEV_DIR}/jwt-secret); configure [auth] \
+             before it serves anyone else"
         );
         let _ = writeln!(
             out,
@@ -159,7 +163,7 @@ fn reloading(
         load: Box::new(move || {
             let mut config = Config::load(file.as_deref())?;
             if let Some(token) = &generated_token
-                && config.auth.is_none()
+                && config.development_mode()
                 && config.publish.token.is_none()
             {
                 config.publish.token.clone_from(token);

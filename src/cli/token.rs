@@ -44,7 +44,7 @@ pub fn token(args: TokenArgs) -> Result<(), CliError> {
                 "auth.mode is `forward`: the application issues credentials, not eventrelay".into(),
             ));
         }
-        None => (
+        None | Some(AuthConfig::Development(_)) => (
             dev_secret(Path::new(DEV_DIR), "jwt-secret")?,
             JwtConfig::default(),
         ),

@@ -38,6 +38,21 @@ impl PeerSocket {
     /// Must only be called while the connection is open, which holds for a
     /// session: it is the response body of this connection, polled by the
     /// connection's own dispatcher, which owns the socket.
+    /// Cuts the connection: what it had queued still goes out, then the
+    /// peer sees its end. For a stream whose reader stalled past the
+    /// stream's end: the HTTP layer polls a response only when it can
+    /// write, so a stream that cannot write cannot end itself.
+    ///
+    /// Must only be called while the connection is open (see
+    /// [`PeerSocket::is_closed`]).
+    pub fn cut(self) {
+        // SAFETY: as in `is_closed`: the caller holds the connection open.
+        let socket = unsafe { BorrowedFd::borrow_raw(self.0) };
+        if let Err(error) = socket2::SockRef::from(&socket).shutdown(std::net::Shutdown::Both) {
+            tracing::debug!(%error, "could not cut a stalled stream's connection");
+        }
+    }
+
     pub fn is_closed(self) -> bool {
         // SAFETY: the descriptor is the connection's socket, which stays
         // open for as long as the connection's response is being polled

@@ -13,7 +13,7 @@ use std::time::Duration;
 use actix::Addr;
 use bytes::{Bytes, BytesMut};
 use eventrelay_wire::{Subscriber, is_envelope_permitted, sse};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Interval};
 
 use super::peer::{PEEK_EVERY, PeerSocket};
@@ -65,8 +65,12 @@ pub struct SessionParams {
     pub closing: tokio::sync::watch::Receiver<bool>,
     /// The connection's socket, peeked to notice a client that closed it.
     pub peer: Option<PeerSocket>,
+    /// Whether the connection carries this stream alone (HTTP/1.x), so it
+    /// may be cut when a replay stalls past the stream's end.
+    pub own_connection: bool,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Retry,
     Replay,
@@ -83,6 +87,11 @@ pub struct Session {
     sent: SentSeqs,
     /// Frames taken from the queue for one write; kept to reuse its buffer.
     live_batch: Vec<Arc<EncodedEvent>>,
+    /// What is left of the replay page being sent.
+    replay_left: Vec<Arc<EncodedEvent>>,
+    /// Held while replaying: dropping it stands down the watch that cuts a
+    /// replay stalled past the stream's end (see [`watch_stalled_replay`]).
+    replaying: Option<oneshot::Sender<()>>,
     /// Due a heartbeat after the last write. Writes do not re-arm it (a
     /// timer reset takes the runtime's timer lock, once per subscriber per
     /// event); it notices a recent write when it fires and waits out the rest.
@@ -161,6 +170,8 @@ impl Session {
             phase: Phase::Retry,
             sent: SentSeqs::new(SENT_MEMORY),
             live_batch: Vec::new(),
+            replay_left: Vec::new(),
+            replaying: None,
             heartbeat,
             peek,
             last_write: Instant::now(),
@@ -179,18 +190,43 @@ impl Session {
 
     async fn next_chunk(&mut self) -> Option<Result<Bytes, StreamError>> {
         loop {
+            // The end holds in every phase: a replay to a slow reader must
+            // not outlive the token or the age cap.
+            if self.phase != Phase::Finished && Instant::now() >= self.params.ends_at {
+                self.phase = Phase::Finished;
+            }
             match self.phase {
                 Phase::Retry => {
                     self.phase = Phase::Replay;
+                    if let (Some(peer), true) = (self.params.peer, self.params.own_connection)
+                        && !matches!(self.params.replay, Replay::Nothing)
+                    {
+                        self.replaying = Some(watch_stalled_replay(peer, self.params.ends_at));
+                    }
                     return Some(Ok(Bytes::from(sse::retry_frame(self.params.retry_ms))));
                 }
-                Phase::Replay => match replay_page(&mut self.params.replay, &self.subscriber).await
-                {
-                    Ok(Some(mut batch)) => {
-                        if let Some(chunk) = self.frames(&mut batch) {
-                            return Some(Ok(chunk));
-                        }
+                // A page goes out a few frames at a time, so a reader that
+                // drains it slowly still sees the stream end on time.
+                Phase::Replay if !self.replay_left.is_empty() => {
+                    let take = self.replay_left.len().min(MAX_FRAMES_PER_CHUNK);
+                    let mut batch: Vec<_> = self.replay_left.drain(..take).collect();
+                    if let Some(chunk) = self.frames(&mut batch) {
+                        return Some(Ok(chunk));
                     }
+                }
+                Phase::Replay => match tokio::time::timeout_at(
+                    self.params.ends_at,
+                    replay_page(&mut self.params.replay, &self.subscriber),
+                )
+                .await
+                .unwrap_or(Ok(None))
+                {
+                    // A page still being read at the end is dropped: the
+                    // stream ends on the check above.
+                    Ok(None) if Instant::now() >= self.params.ends_at => {
+                        self.phase = Phase::Finished;
+                    }
+                    Ok(Some(batch)) => self.replay_left = batch,
                     Ok(None) => self.phase = Phase::Ready,
                     Err(error) => {
                         // An error, not a clean end: the connection is cut
@@ -203,6 +239,7 @@ impl Session {
                 },
                 Phase::Ready => {
                     self.phase = Phase::Live;
+                    self.replaying = None;
                     return Some(Ok(Bytes::from(sse::ready_frame(self.params.resync))));
                 }
                 Phase::Live => return self.next_live().await.map(Ok),
@@ -290,6 +327,32 @@ impl Session {
         self.last_write = Instant::now();
         Some(chunk)
     }
+}
+
+/// How long past its end a replay stalled on its reader may keep its
+/// connection.
+const STALLED_REPLAY_GRACE: Duration = Duration::from_millis(500);
+
+/// Cuts the connection of a replay still stalled a moment after the
+/// stream's end, unless the session drops the returned sender first (it
+/// went live, or ended). Only replays need this: a live stream that stops
+/// draining fills its queue and is dropped by its hub.
+fn watch_stalled_replay(peer: PeerSocket, ends_at: Instant) -> oneshot::Sender<()> {
+    let (replaying, stood_down) = oneshot::channel::<()>();
+    actix_web::rt::spawn(async move {
+        tokio::select! {
+            // First, so a session that moved on is never cut: the sender
+            // is dropped on this same thread, and with it the connection
+            // is known open until then.
+            biased;
+            _ = stood_down => {}
+            _ = tokio::time::sleep_until(ends_at + STALLED_REPLAY_GRACE) => {
+                tracing::debug!("a replay stalled past the stream's end; cutting its connection");
+                peer.cut();
+            }
+        }
+    });
+    replaying
 }
 
 /// When a timer of period `every` that fired should really fire, if a write

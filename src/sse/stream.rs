@@ -186,6 +186,7 @@ pub async fn stream_events(
         replay,
         closing: state.closing.clone(),
         peer: request.conn_data::<PeerSocket>().copied(),
+        own_connection: request.version() < actix_web::http::Version::HTTP_2,
     };
     let body = Session::new(params, subscriber, receiver, registration).into_stream();
     Ok(HttpResponse::Ok()

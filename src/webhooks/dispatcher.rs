@@ -522,7 +522,10 @@ fn describe(error: &reqwest::Error) -> String {
 
 /// True for addresses a webhook must not reach unless allowed: loopback,
 /// private, link-local, unspecified, multicast, shared, documentation and
-/// other reserved ranges.
+/// other reserved ranges, and IPv6 addresses that carry an IPv4 address
+/// (mapped, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`) when that one is
+/// internal. The deprecated IPv4-compatible (`::/96`) and site-local
+/// (`fec0::/10`) ranges are internal outright.
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
@@ -544,13 +547,25 @@ pub fn is_internal(ip: IpAddr) -> bool {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_internal(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let segments = v6.segments();
+            let first = segments[0];
+            let embedded = |high: u16, low: u16| {
+                let [a, b] = high.to_be_bytes();
+                let [c, d] = low.to_be_bytes();
+                is_internal(IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d)))
+            };
+            let nat64 = segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
+            let ipv4_compatible = segments[..6] == [0; 6];
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
+                || ipv4_compatible
+                || (nat64 && embedded(segments[6], segments[7]))
+                || (first == 0x2002 && embedded(segments[1], segments[2]))
                 || (first & 0xfe00) == 0xfc00
                 || (first & 0xffc0) == 0xfe80
-                || first == 0x2001 && v6.segments()[1] == 0x0db8
+                || (first & 0xffc0) == 0xfec0
+                || first == 0x2001 && segments[1] == 0x0db8
         }
     }
 }
@@ -620,10 +635,23 @@ mod tests {
             "fd00::1",
             "::ffff:127.0.0.1",
             "224.0.0.1",
+            "64:ff9b::7f00:1",
+            "64:ff9b::a9fe:a9fe",
+            "2002:7f00:1::1",
+            "2002:c0a8:101::",
+            "::7f00:1",
+            "::10.0.0.1",
+            "fec0::1",
         ] {
             assert!(is_internal(internal.parse().unwrap()), "{internal}");
         }
-        for public in ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111"] {
+        for public in [
+            "93.184.216.34",
+            "1.1.1.1",
+            "2606:4700:4700::1111",
+            "64:ff9b::5db8:d822",
+            "2002:5db8:d822::1",
+        ] {
             assert!(!is_internal(public.parse().unwrap()), "{public}");
         }
     }

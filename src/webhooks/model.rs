@@ -17,7 +17,7 @@ use strum::IntoEnumIterator;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, accepts, to_sql_checked};
 use uuid::Uuid;
 
-use crate::secret::Secret;
+use crate::secret::{Secret, redact_url};
 
 /// A subscription field that breaks a rule; the message names the field as
 /// the API spells it (`scopeKey`, not `scope_key`).
@@ -36,11 +36,12 @@ fn invalid(field: &'static str, message: impl Into<String>) -> InvalidSubscripti
 }
 
 /// A webhook subscription as stored. The secrets are only for signing and
-/// are never shown by listings.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// are never shown by listings, nor is a password in the URL.
+#[derive(Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Subscription {
     pub id: String,
+    #[serde(serialize_with = "url_as_shown")]
     pub url: String,
     #[serde(skip)]
     pub secret: String,
@@ -70,7 +71,7 @@ impl Subscription {
 }
 
 /// A subscription to create (from configuration or the admin API).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewSubscription {
     pub id: String,
@@ -80,6 +81,36 @@ pub struct NewSubscription {
     pub types: Vec<String>,
     #[serde(default, alias = "scope_key")]
     pub scope_key: Option<String>,
+}
+
+/// A webhook URL as every listing shows it: a password in its userinfo
+/// (`https://user:pw@host/`) or its query is printed as `***`.
+fn url_as_shown<S: serde::Serializer>(url: &str, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&redact_url(url))
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.id)
+            .field("url", &redact_url(&self.url))
+            .field("types", &self.types)
+            .field("scope_key", &self.scope_key)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for NewSubscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NewSubscription")
+            .field("id", &self.id)
+            .field("url", &redact_url(&self.url))
+            .field("secret", &self.secret)
+            .field("types", &self.types)
+            .field("scope_key", &self.scope_key)
+            .finish()
+    }
 }
 
 fn all_types() -> Vec<String> {
@@ -567,5 +598,43 @@ mod tests {
         assert_eq!(subscription.signing_secrets(now), ["new", "old"]);
         subscription.previous_secret_expires_at = Some(now - chrono::Duration::minutes(1));
         assert_eq!(subscription.signing_secrets(now), ["new"]);
+    }
+
+    #[test]
+    fn a_password_in_a_webhook_url_is_never_shown() {
+        let new = NewSubscription {
+            id: "hook".into(),
+            url: "https://user:hunter2@hooks.example.com/in?password=also".into(),
+            secret: Secret::from("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            types: vec!["*".into()],
+            scope_key: None,
+        };
+        let shown = format!("{new:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("also"),
+            "{shown}"
+        );
+        assert!(shown.contains("https://user:***@hooks.example.com/in?password=***"));
+        let stored = Subscription {
+            id: new.id.clone(),
+            url: new.url.clone(),
+            secret: "the-signing-secret".into(),
+            previous_secret: None,
+            previous_secret_expires_at: None,
+            types: new.types.clone(),
+            scope_key: None,
+            source: "api".into(),
+            created_at: Utc::now(),
+            updated_at: Utc::now(),
+        };
+        for shown in [
+            format!("{stored:?}"),
+            serde_json::to_string(&stored).unwrap(),
+        ] {
+            assert!(
+                !shown.contains("hunter2") && !shown.contains("the-signing-secret"),
+                "{shown}"
+            );
+        }
     }
 }

@@ -2,4 +2,5 @@
 
 mod churn;
 mod closed_clients;
+mod ends_on_time;
 mod slow_clients;
