@@ -2,11 +2,20 @@
 -- and of waking relays, and webhooks.
 --
 -- Applied by `eventrelay migrate` (and at service start) with `search_path`
--- set to the configured schema (default `eventrelay`), so every name below
--- is created in that schema. Functions that read tables capture that
--- search_path (SET search_path FROM CURRENT), so they keep working whatever
--- the caller's search_path is. After this file the runner writes the
--- settings row (the channel) and applies the wake-up mode.
+-- set to the configured schema (default `eventrelay`) followed by pg_temp,
+-- so every name below is created in that schema. Functions that read
+-- tables capture that search_path (SET search_path FROM CURRENT), so they
+-- keep working whatever the caller's search_path is, and no temporary
+-- table can stand in for one of ours (pg_temp is searched last, not
+-- first). After this file the runner writes the settings row (the
+-- channel), the notification key and `seal`, revokes everything from
+-- PUBLIC, and applies the wake-up mode.
+--
+-- Privileges: the functions an application calls to emit (`emit`,
+-- `emit_batch`, `notify_inline`) and the outbox's triggers are SECURITY
+-- DEFINER: they run as the schema's owner, so an emitting role needs only
+-- EXECUTE on them and can neither write the webhook tables nor read the
+-- notification key. `eventrelay migrate --print-grants` prints the roles.
 
 
 -- ---------------------------------------------------------------------------
@@ -35,18 +44,50 @@ CREATE TABLE settings (
         CONSTRAINT settings_wakeup_known CHECK (wakeup IN ('notify', 'logical')),
     -- The size rules a carrying pointer is built under; outbox_notify reads
     -- them with the channel, in the one query it makes here. The largest
-    -- payload to send: Postgres refuses a NOTIFY payload of 8000 bytes or
-    -- more. The room reserved for the pointer's own fields around its rows
+    -- payload to send before sealing: Postgres refuses a NOTIFY payload of
+    -- 8000 bytes or more, and sealing adds the IV, padding and tag and
+    -- then a third for base64 (MAX_NOTIFY_PAYLOAD_BYTES). The room reserved for the pointer's own fields around its rows
     -- and scope key: the kind, `q` and `x` at their longest (19 and 20
     -- digits) and the brackets, which take 72 bytes. Writers that plan
     -- pointers themselves (see outbox_announce_rows) reckon with the same
     -- two numbers, so they must be kept equal to the ones compiled into
     -- eventrelay (MAX_NOTIFY_PAYLOAD_BYTES and POINTER_OVERHEAD).
-    max_notify_payload integer NOT NULL DEFAULT 7999,
+    max_notify_payload integer NOT NULL DEFAULT 5934,
     pointer_overhead   integer NOT NULL DEFAULT 80,
+    -- Whether notifications are sealed (see `seal`). Only the embedded
+    -- database, one in-process session nobody else can reach, runs
+    -- without; a relay on a Postgres server refuses to.
+    sealed    boolean NOT NULL DEFAULT true,
     CONSTRAINT settings_notify_limits_valid
         CHECK (max_notify_payload < 8000 AND pointer_overhead >= 72)
 );
+
+-- The key notifications are sealed with: 32 bytes of AES-256 key, then 32
+-- of HMAC-SHA256 key, written once by the migration runner from the
+-- server's random source. Only the owner (through the functions below) and
+-- the relay's role may read it: whoever reads it can read and forge the
+-- channel.
+CREATE TABLE notify_key (
+    singleton boolean PRIMARY KEY DEFAULT true CONSTRAINT notify_key_single_row CHECK (singleton),
+    key       bytea NOT NULL CONSTRAINT notify_key_length CHECK (octet_length(key) = 64)
+);
+
+-- Seals one payload for the channel: `origin` (one letter) and the
+-- payload, AES-256-CBC with a random IV, then HMAC-SHA256 over IV and
+-- ciphertext, in base64 (the relay's side is the wire crate's `seal`
+-- module). The origin tells the relay what the sender could choose: `P`
+-- for what these functions wrote from committed rows (pointers, `due`),
+-- `E` for an ephemeral event as its emitter encoded it, which a relay
+-- takes only as ephemeral events. pgcrypto may live in any schema, so the
+-- migration runner replaces this body after the file with one that names
+-- pgcrypto's functions by their schema, or, for the embedded database,
+-- with one that returns the payload as it is. Until then it refuses.
+CREATE FUNCTION seal(origin text, payload text) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RAISE EXCEPTION 'eventrelay: notification sealing is not set up; run `eventrelay migrate`';
+END
+$$;
 
 -- The channel notifications go out on; fails loudly when it was never set.
 CREATE FUNCTION notify_channel() RETURNS text
@@ -184,7 +225,7 @@ $$;
 --
 -- In the logical wake-up mode this trigger is disabled by the runner.
 CREATE FUNCTION outbox_notify() RETURNS trigger
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     channel text;
     max_payload int;
@@ -228,7 +269,7 @@ BEGIN
         CONTINUE WHEN position(key IN announced) > 0;
         scope_json := to_json(scope.scope_key)::text;
         IF octet_length(scope.carried) + octet_length(scope_json) + overhead <= max_payload THEN
-            PERFORM pg_notify(channel, outbox_carrying_pointer(scope_json, scope.first_seq, scope.txid, scope.carried));
+            PERFORM pg_notify(channel, seal('P', outbox_carrying_pointer(scope_json, scope.first_seq, scope.txid, scope.carried)));
             CONTINUE;
         END IF;
         carried := '';
@@ -242,10 +283,10 @@ BEGIN
                 -- This row cannot travel: the rows gathered so far, then a
                 -- bare pointer, whose read finds the rest of this scope.
                 IF carried <> '' THEN
-                    PERFORM pg_notify(channel, outbox_carrying_pointer(scope_json, first_seq, carried_txid, carried));
+                    PERFORM pg_notify(channel, seal('P', outbox_carrying_pointer(scope_json, first_seq, carried_txid, carried)));
                     carried := '';
                 END IF;
-                PERFORM pg_notify(channel, format('{"k":"ptr","s":%s,"q":%s}', scope_json, written.seq));
+                PERFORM pg_notify(channel, seal('P', format('{"k":"ptr","s":%s,"q":%s}', scope_json, written.seq)));
                 IF length(announced) < 8192 THEN
                     announced := announced || key;
                     grew := true;
@@ -254,7 +295,7 @@ BEGIN
             END IF;
             IF carried <> '' AND octet_length(carried) + 1 + octet_length(written.envelope)
                                  + octet_length(scope_json) + overhead > max_payload THEN
-                PERFORM pg_notify(channel, outbox_carrying_pointer(scope_json, first_seq, carried_txid, carried));
+                PERFORM pg_notify(channel, seal('P', outbox_carrying_pointer(scope_json, first_seq, carried_txid, carried)));
                 carried := '';
             END IF;
             IF carried = '' THEN
@@ -266,7 +307,7 @@ BEGIN
             END IF;
         END LOOP;
         IF carried <> '' THEN
-            PERFORM pg_notify(channel, outbox_carrying_pointer(scope_json, first_seq, carried_txid, carried));
+            PERFORM pg_notify(channel, seal('P', outbox_carrying_pointer(scope_json, first_seq, carried_txid, carried)));
         END IF;
     END LOOP;
     IF grew THEN
@@ -292,12 +333,13 @@ CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
 -- trigger skips them. It then marks the transaction so that the trigger,
 -- which fires when the statement ends, sends nothing for it. In the logical
 -- wake-up mode nothing is sent and no mark is left (the trigger is
--- disabled there).
+-- disabled there). The texts are the caller's, so only the relay's role
+-- may call it: an emitting role could announce rows other than its own.
 CREATE FUNCTION outbox_announce_rows(
     ids uuid[], seqs bigint[],
     row_ids uuid[], scopes text[], chunks int[], heads text[], tails text[]
 ) RETURNS void
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     channel text;
     mode text;
@@ -313,7 +355,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('eventrelay.rows_announced', here, true);
-    PERFORM pg_notify(channel, p.payload)
+    PERFORM pg_notify(channel, seal('P', p.payload))
     FROM (
         SELECT r.chunk,
                outbox_carrying_pointer(
@@ -348,7 +390,7 @@ CREATE FUNCTION emit(
     id          uuid        DEFAULT NULL,
     occurred_at timestamptz DEFAULT NULL
 ) RETURNS bigint
-LANGUAGE sql VOLATILE SET search_path FROM CURRENT AS $$
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
     INSERT INTO outbox (id, type, scope_key, data, audience, resources, occurred_at)
     VALUES (
         coalesce($6, gen_random_uuid()),
@@ -362,19 +404,47 @@ LANGUAGE sql VOLATILE SET search_path FROM CURRENT AS $$
     RETURNING seq
 $$;
 
+-- Emits many durable events with one statement, in the order given, in
+-- the caller's transaction, and returns each one's id and seq: the
+-- publisher crate's batch emit. Resource lists are JSON arrays of strings
+-- (SQL arrays of arrays must not be ragged). The trigger announces the rows.
+CREATE FUNCTION emit_batch(
+    ids            uuid[],
+    event_types    text[],
+    scope_keys     text[],
+    datas          jsonb[],
+    audiences      jsonb[],
+    resource_lists jsonb[],
+    occurred_ats   timestamptz[]
+) RETURNS TABLE (id uuid, seq bigint)
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    INSERT INTO outbox AS o (id, type, scope_key, data, audience, resources, occurred_at)
+    SELECT coalesce(e.id, gen_random_uuid()), e.type, e.scope_key, coalesce(e.data, '{}'::jsonb),
+           CASE WHEN e.audience IS NULL OR e.audience = 'null'::jsonb OR e.audience = '{}'::jsonb
+                THEN NULL ELSE e.audience END,
+           ARRAY(SELECT jsonb_array_elements_text(coalesce(e.resources, '[]'::jsonb))),
+           coalesce(e.occurred_at, clock_timestamp())
+    FROM unnest($1, $2, $3, $4, $5, $6, $7)
+         WITH ORDINALITY AS e(id, type, scope_key, data, audience, resources, occurred_at, n)
+    ORDER BY e.n
+    RETURNING o.id, o.seq
+$$;
+
 -- Sends an already encoded ephemeral event (or several sharing one
--- payload), following the wake-up mode: a notification on the channel, or
--- a transactional logical message whose prefix is the channel. Both are
--- delivered at COMMIT and discarded by ROLLBACK.
+-- payload), sealed, following the wake-up mode: a notification on the
+-- channel, or a transactional logical message whose prefix is the channel
+-- (any role may write logical messages, so they are sealed too). Both are
+-- delivered at COMMIT and discarded by ROLLBACK. A relay takes nothing but
+-- ephemeral events from this path.
 CREATE FUNCTION notify_inline(payload text) RETURNS void
-LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     channel text := notify_channel();
 BEGIN
     IF (SELECT wakeup FROM settings) = 'logical' THEN
-        PERFORM pg_logical_emit_message(true, channel, payload);
+        PERFORM pg_logical_emit_message(true, channel, seal('E', payload));
     ELSE
-        PERFORM pg_notify(channel, payload);
+        PERFORM pg_notify(channel, seal('E', payload));
     END IF;
 END
 $$;
@@ -473,10 +543,10 @@ $$;
 --
 -- Webhook workers are woken only by transactions that queued deliveries:
 -- in the notify wake-up mode this sends `{"k":"due"}` on the channel when
--- it queued any (identical payloads of one transaction arrive once). In
+-- it queued any, once per transaction. In
 -- the logical mode the relays see the delivery rows in the stream.
 CREATE FUNCTION outbox_enqueue_webhooks() RETURNS trigger
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM webhook_subscriptions) THEN
         RETURN NULL;
@@ -488,8 +558,13 @@ BEGIN
       ON (s.scope_key IS NULL OR s.scope_key = n.scope_key)
      AND webhook_type_matches(s.types, n.type)
     ORDER BY n.seq, s.id;
-    IF FOUND AND (SELECT wakeup FROM settings) = 'notify' THEN
-        PERFORM pg_notify(notify_channel(), '{"k":"due"}');
+    -- Sealed, no two `due` payloads are equal, so Postgres no longer folds
+    -- a transaction's into one: a transaction-local mark (rolled back with
+    -- a savepoint, like the notification) sends one per transaction.
+    IF FOUND AND (SELECT wakeup FROM settings) = 'notify'
+       AND current_setting('eventrelay.due_sent', true) IS DISTINCT FROM TG_TABLE_SCHEMA THEN
+        PERFORM pg_notify(notify_channel(), seal('P', '{"k":"due"}'));
+        PERFORM set_config('eventrelay.due_sent', TG_TABLE_SCHEMA, true);
     END IF;
     RETURN NULL;
 END

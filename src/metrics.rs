@@ -31,6 +31,12 @@ pub struct SourceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why: `not_sealed`, `bad_tag`, `bad_ciphertext`, `emitter_kind`, ...
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     /// `applied` or `failed`.
     pub result: &'static str,
@@ -150,6 +156,12 @@ pub struct Metrics {
     pub listener_reconnects: Counter,
     pub database_connections_dead: Counter,
     pub notifications_malformed: Counter,
+    /// Notifications that were not sealed by this schema's functions, or
+    /// said what their sender may not say: dropped.
+    pub notifications_rejected: Family<ReasonLabel, Counter>,
+    /// Pointers that announced nothing new (a seq already delivered, or
+    /// older than any late commit): no read.
+    pub pointers_ignored: Counter,
     /// Logical wake-up mode: times the replication stream was re-established.
     pub replication_reconnects: Counter,
     /// Logical wake-up mode: WAL between the change last read and the
@@ -209,6 +221,8 @@ impl Metrics {
             listener_reconnects: Counter::default(),
             database_connections_dead: Counter::default(),
             notifications_malformed: Counter::default(),
+            notifications_rejected: Family::default(),
+            pointers_ignored: Counter::default(),
             replication_reconnects: Counter::default(),
             replication_lag_bytes: Gauge::default(),
             replication_lag_seconds: Gauge::default(),
@@ -292,6 +306,16 @@ impl Metrics {
             "notifications_malformed",
             "Notifications dropped because they did not decode",
             metrics.notifications_malformed.clone(),
+        );
+        registry.register(
+            "notifications_rejected",
+            "Notifications dropped because they were not sealed with this schema's key, or said what their sender may not say",
+            metrics.notifications_rejected.clone(),
+        );
+        registry.register(
+            "pointers_ignored",
+            "Pointers that announced nothing new (a seq already delivered, or older than any late commit), so read nothing",
+            metrics.pointers_ignored.clone(),
         );
         registry.register(
             "replication_reconnects",

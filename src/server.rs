@@ -49,6 +49,8 @@ pub enum ServeError {
     #[error(transparent)]
     Wakeup(#[from] WakeupError),
     #[error(transparent)]
+    Sealing(#[from] crate::store::sealing::SealingError),
+    #[error(transparent)]
     Connect(#[from] eventrelay_publisher::ConnectError),
     #[error(transparent)]
     Database(#[from] DatabaseError),
@@ -75,6 +77,9 @@ pub enum ServeError {
 struct Backend {
     db: Database,
     notifications: NotificationSource,
+    /// The key the schema's notifications are sealed with; `None` for the
+    /// embedded database, whose are not.
+    seal: Option<Arc<eventrelay_wire::SealKey>>,
     #[cfg(feature = "embedded")]
     embedded: Option<crate::store::embedded::EmbeddedDatabase>,
 }
@@ -96,6 +101,7 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
             return Ok(Backend {
                 db,
                 notifications: NotificationSource::Feed(notifications),
+                seal: None,
                 embedded: Some(embedded),
             });
         }
@@ -105,7 +111,7 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
     let options = config.connect_options(&url)?;
     let listen_options = config.connect_options(config.listen_url().unwrap_or(&url))?;
     let wakeup = config.database.wakeup;
-    {
+    let seal = {
         let mut client = options.connect().await?;
         if wakeup == WakeupMode::Logical {
             // Before migrating: a server that cannot serve the mode leaves
@@ -121,7 +127,8 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
             check_schema(&client, &schema).await?;
         }
         crate::store::wakeup::check_ready(&client, &schema, wakeup).await?;
-    }
+        Arc::new(crate::store::sealing::notification_key(&client, &schema).await?)
+    };
     let db = Database::pool(
         &options,
         config.database.pool_size,
@@ -147,6 +154,7 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
     Ok(Backend {
         db: db.clone(),
         notifications,
+        seal: Some(seal),
         #[cfg(feature = "embedded")]
         embedded: None,
     })
@@ -250,7 +258,10 @@ pub async fn run_with(
         .db
         .clone()
         .with_wait_histogram(metrics.database_pool_wait_seconds.clone());
+    // The relay's role may write the outbox, so the publish API's batches
+    // announce their own rows.
     let mut publisher = Publisher::new(schema.as_str())?
+        .announcing_rows()
         .with_ephemeral_max_bytes(config.publish.ephemeral_max_bytes);
     if let Some(dir) = &config.publish.schemas_dir {
         publisher = publisher.with_registry(load_schemas(Path::new(dir))?);
@@ -310,6 +321,7 @@ pub async fn run_with(
             relay: relay.clone(),
             deliveries_due: dispatcher.as_ref().map(Counted::recipient),
             metrics: Arc::clone(&metrics),
+            seal: backend.seal.clone(),
         },
         Arc::clone(&listener_connected),
         actors_running,

@@ -32,6 +32,11 @@ use crate::store::{Database, Outbox, Snapshot, StoreError, StoredEvent};
 
 /// Rows per outbox read, and events per hub message.
 const PAGE: i64 = 500;
+/// The most one read takes, in rows and in stored bytes of `data`, before
+/// it hands on what it found and the next read carries on: what any one
+/// notification can cost, whatever it points at.
+const READ_MAX_ROWS: usize = 4 * PAGE as usize;
+const READ_MAX_BYTES: i64 = 8 << 20;
 /// Wait before retrying a failed outbox read.
 const READ_RETRY: Duration = Duration::from_secs(1);
 
@@ -144,12 +149,17 @@ impl Relay {
             return;
         };
         match msg.result {
-            Ok(rows) => {
-                for batch in scope.state.read_done(msg.from, rows, PAGE as usize) {
+            Ok(read) => {
+                for batch in scope.state.read_done(msg.from, read.rows, PAGE as usize) {
                     scope.hub.do_send(PublishDurable {
                         read_after: batch.read_after,
                         events: batch.events,
                     });
+                }
+                if let Some(after) = read.more_after {
+                    // The read stopped at its bound with rows left: the
+                    // next one carries on from there.
+                    scope.state.widen_pending(after);
                 }
             }
             Err(error) => {
@@ -185,12 +195,12 @@ impl Relay {
         let metrics = Arc::clone(&self.metrics);
         actix::spawn(async move {
             let started = std::time::Instant::now();
-            let result = read_all_after(&db, &outbox, &scope_key, from).await;
+            let result = read_after(&db, &outbox, &scope_key, from).await;
             metrics
                 .outbox_read_seconds
                 .observe(started.elapsed().as_secs_f64());
-            if let Ok(rows) = &result {
-                metrics.outbox_read_rows.observe(rows.len() as f64);
+            if let Ok(read) = &result {
+                metrics.outbox_read_rows.observe(read.rows.len() as f64);
             }
             relay.do_send(ReadDone {
                 scope_key,
@@ -217,24 +227,44 @@ fn arbiter_for(arbiters: &[ArbiterHandle], scope_key: &str) -> usize {
     hasher.finish() as usize % arbiters.len()
 }
 
-async fn read_all_after(
+/// What one read found, and where the next must carry on when it stopped
+/// at its bound with rows left.
+struct ReadRows {
+    rows: Vec<StoredEvent>,
+    more_after: Option<i64>,
+}
+
+/// Reads the scope after `from`, page by page, up to [`READ_MAX_ROWS`]
+/// rows or [`READ_MAX_BYTES`].
+async fn read_after(
     db: &Database,
     outbox: &Outbox,
     scope_key: &str,
     from: i64,
-) -> Result<Vec<StoredEvent>, StoreError> {
+) -> Result<ReadRows, StoreError> {
     let client = db.get().await?;
     let mut events = Vec::new();
+    let mut bytes = 0;
     let mut cursor = from;
     loop {
-        let page = outbox.read_rows(&client, scope_key, cursor, PAGE).await?;
+        let (page, page_bytes) = outbox.read_page(&client, scope_key, cursor, PAGE).await?;
         let done = (page.len() as i64) < PAGE;
         if let Some(last) = page.last().and_then(|e| e.envelope.seq) {
             cursor = last;
         }
         events.extend(page);
+        bytes += page_bytes;
         if done {
-            return Ok(events);
+            return Ok(ReadRows {
+                rows: events,
+                more_after: None,
+            });
+        }
+        if events.len() >= READ_MAX_ROWS || bytes >= READ_MAX_BYTES {
+            return Ok(ReadRows {
+                rows: events,
+                more_after: Some(cursor),
+            });
         }
     }
 }
@@ -278,8 +308,11 @@ impl Handler<Pointer> for Relay {
                 if let Some(Err(reason)) = unread {
                     count_unreadable_rows(&self.metrics, &msg.scope_key, msg.seq, &reason);
                 }
-                let from = scope.state.read_from_for_pointer(msg.seq);
-                self.schedule_read(&msg.scope_key, from, ctx);
+                if let Some(from) = scope.state.read_from_for_pointer(msg.seq) {
+                    self.schedule_read(&msg.scope_key, from, ctx);
+                } else {
+                    self.metrics.pointers_ignored.inc();
+                }
             }
         }
     }
@@ -381,7 +414,7 @@ impl Handler<ListenerConnected> for Relay {
 struct ReadDone {
     scope_key: String,
     from: i64,
-    result: Result<Vec<StoredEvent>, StoreError>,
+    result: Result<ReadRows, StoreError>,
 }
 
 impl Handler<ReadDone> for Relay {

@@ -88,8 +88,23 @@ impl ScopeState {
 
     /// Where to read for a pointer to `seq`: from the watermark, or from
     /// just below `seq` when that is lower, because `seq` may be a late
-    /// commit below what was already delivered.
-    pub fn read_from_for_pointer(&self, seq: i64) -> i64 {
+    /// commit below what was already delivered. `None` when the pointer
+    /// cannot announce anything new: `seq` was delivered already, or lies
+    /// further below the watermark than a late commit plausibly does (the
+    /// same look-back a reconnect re-reads). So a pointer sent again, or
+    /// one to an old seq, costs no read.
+    pub fn read_from_for_pointer(&self, seq: i64) -> Option<i64> {
+        if seq > self.watermark {
+            return Some(self.watermark);
+        }
+        if self.delivered.contains(&seq) || seq <= self.watermark - RECONNECT_LOOKBACK {
+            return None;
+        }
+        Some(self.floor_for(seq))
+    }
+
+    /// Where a read that must find `seq` starts.
+    fn floor_for(&self, seq: i64) -> i64 {
         self.watermark.min(seq - 1)
     }
 
@@ -133,7 +148,7 @@ impl ScopeState {
         let Some(lowest) = rows.iter().filter_map(|row| row.envelope.seq).min() else {
             return Vec::new();
         };
-        let from = self.read_from_for_pointer(lowest);
+        let from = self.floor_for(lowest);
         if self.reading {
             self.widen_pending(from);
             return Vec::new();
@@ -174,7 +189,7 @@ impl ScopeState {
     }
 
     /// Makes the read that follows the running one start at `from` or below.
-    fn widen_pending(&mut self, from: i64) {
+    pub fn widen_pending(&mut self, from: i64) {
         self.pending_from = Some(self.pending_from.map_or(from, |p| p.min(from)));
     }
 
@@ -281,13 +296,13 @@ mod tests {
     fn a_late_commit_below_the_watermark_is_delivered_once() {
         let mut state = activated_at(10);
         // Seq 11's transaction is still running when 12 commits.
-        let from = state.read_from_for_pointer(12);
+        let from = state.read_from_for_pointer(12).unwrap();
         assert_eq!(from, 10);
         assert_eq!(read(&mut state, from, rows(&[12])), vec![(10, vec![12])]);
         assert_eq!(state.watermark(), 12);
 
         // 11 commits: its pointer reads from below the watermark.
-        let from = state.read_from_for_pointer(11);
+        let from = state.read_from_for_pointer(11).unwrap();
         assert_eq!(from, 10, "min(watermark, seq - 1)");
         assert_eq!(
             read(&mut state, from, rows(&[11, 12])),
@@ -296,8 +311,30 @@ mod tests {
         assert_eq!(state.watermark(), 12);
 
         // Pointers above the watermark read from the watermark.
-        assert_eq!(state.read_from_for_pointer(13), 12);
-        assert_eq!(state.read_from_for_pointer(40), 12);
+        assert_eq!(state.read_from_for_pointer(13), Some(12));
+        assert_eq!(state.read_from_for_pointer(40), Some(12));
+        // Pointers to what was delivered read nothing.
+        assert_eq!(state.read_from_for_pointer(11), None);
+        assert_eq!(state.read_from_for_pointer(12), None);
+    }
+
+    #[test]
+    fn pointers_to_delivered_or_old_seqs_cost_no_read() {
+        let mut state = activated_at(0);
+        read(&mut state, 0, rows(&[5_000, 5_001]));
+        assert_eq!(state.read_from_for_pointer(5_001), None, "delivered");
+        assert_eq!(state.read_from_for_pointer(1), None, "far below");
+        assert_eq!(
+            state.read_from_for_pointer(4_001),
+            None,
+            "beyond the look-back"
+        );
+        assert_eq!(
+            state.read_from_for_pointer(4_999),
+            Some(4_998),
+            "a plausible late commit"
+        );
+        assert_eq!(state.read_from_for_pointer(5_002), Some(5_001));
     }
 
     #[test]
@@ -336,7 +373,10 @@ mod tests {
         let mut state = activated_at(2_000);
         assert_eq!(state.start_read(2_000), Some(2_000));
         // Meanwhile a pointer and a reconnect ask for reads.
-        assert_eq!(state.start_read(state.read_from_for_pointer(2_001)), None);
+        assert_eq!(
+            state.start_read(state.read_from_for_pointer(2_001).unwrap()),
+            None
+        );
         assert_eq!(state.start_read(state.read_from_after_reconnect()), None);
         assert_eq!(state.start_read(1_500), None);
         assert!(state.is_reading());

@@ -2,8 +2,10 @@
 //! event into it.
 
 use clap::Args;
+use eventrelay::publisher::Identifier;
 use eventrelay::publisher::{Audience, NewEvent, Publisher};
 use eventrelay::store::migrate_for as apply_migrations;
+use eventrelay::store::roles::{RoleNames, grants_sql};
 
 use super::{CliError, Database, Target, parse_json};
 
@@ -16,6 +18,17 @@ pub struct MigrateArgs {
     /// database left by an earlier build.
     #[arg(long)]
     reset: bool,
+    /// Print the SQL that creates the relay's and the emitters' roles and
+    /// grants them what they need in the schema, and do nothing else (no
+    /// database is needed). Run it as the schema's owner after migrating.
+    #[arg(long, conflicts_with = "reset")]
+    print_grants: bool,
+    /// With --print-grants: the relay's role.
+    #[arg(long, default_value = "eventrelay_relay", requires = "print_grants")]
+    relay_role: String,
+    /// With --print-grants: the role applications that emit are granted.
+    #[arg(long, default_value = "eventrelay_emitter", requires = "print_grants")]
+    emitter_role: String,
 }
 
 #[derive(Args)]
@@ -48,6 +61,17 @@ pub struct EmitArgs {
 /// Applies the migrations (after dropping the schema, with `--reset`) and
 /// reports what was applied.
 pub async fn migrate(args: MigrateArgs) -> Result<(), CliError> {
+    if args.print_grants {
+        let name = |flag: &str, value: &str| {
+            Identifier::new(value).map_err(|error| CliError::Usage(format!("{flag}: {error}")))
+        };
+        let roles = RoleNames {
+            relay: name("--relay-role", &args.relay_role)?,
+            emitter: name("--emitter-role", &args.emitter_role)?,
+        };
+        print!("{}", grants_sql(&args.database.resolve_schema()?, &roles));
+        return Ok(());
+    }
     let Target {
         url,
         schema,

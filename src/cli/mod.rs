@@ -101,6 +101,15 @@ pub struct Target {
 }
 
 impl Database {
+    /// The schema alone, for commands that need no database.
+    pub fn resolve_schema(&self) -> Result<Identifier, CliError> {
+        let mut config = Config::load(self.config.config.as_deref())?;
+        if let Some(schema) = &self.schema {
+            config.database.schema = schema.clone();
+        }
+        Ok(config.schema())
+    }
+
     pub fn resolve(&self) -> Result<Target, CliError> {
         let mut config = Config::load(self.config.config.as_deref())?;
         if let Some(url) = &self.database_url {

@@ -19,7 +19,8 @@ use tokio::sync::mpsc;
 use tokio_postgres::{NoTls, Notification};
 
 use super::database::Database;
-use super::migrate::{MigrateError, migrate};
+use super::migrate::{MigrateError, Sealing, migrate_with};
+use super::wakeup::WakeupMode;
 
 /// Why the embedded database did not start.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +102,16 @@ impl EmbeddedDatabase {
                 tracing::error!(%error, "the embedded database connection failed");
             }
         });
-        migrate(&mut client, schema, channel).await?;
+        // One in-process session: nothing else can listen or notify, so
+        // notifications are not sealed.
+        migrate_with(
+            &mut client,
+            schema,
+            channel,
+            WakeupMode::Notify,
+            Sealing::Open,
+        )
+        .await?;
         client
             .batch_execute(&format!("LISTEN {channel}"))
             .await

@@ -51,6 +51,17 @@ pub enum MigrateError {
         name: &'static str,
     },
     #[error(
+        "eventrelay seals the notifications of schema {schema} with the pgcrypto extension, \
+         which could not be created: {}; ask a superuser or the database owner to run \
+         `CREATE EXTENSION pgcrypto` in this database (any schema), then migrate again",
+        server_said(.source)
+    )]
+    Pgcrypto {
+        schema: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error(
         "schema {schema} was created by a development build of eventrelay from before its \
          schema's first version (it records migration {version} as {applied_name:?}, this \
          build's is {name:?}); drop the schema and let eventrelay create it again, or run \
@@ -106,13 +117,38 @@ pub async fn migrate(
     migrate_for(client, schema, channel, WakeupMode::Notify).await
 }
 
+/// Whether the schema's notifications are sealed (see the wire crate's
+/// `seal` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sealing {
+    /// Sealed with a key only the owner and the relay's role read: every
+    /// schema on a Postgres server, where any role that can log in may
+    /// LISTEN and NOTIFY.
+    Sealed,
+    /// Sent as they are: the embedded database only, one in-process
+    /// session that nothing else can reach.
+    Open,
+}
+
 /// Brings `schema` up to date, points its SQL functions at `channel`, and
 /// records `wakeup` as the way relays are woken (see [`super::wakeup`]).
+/// Notifications are sealed.
 pub async fn migrate_for(
     client: &mut tokio_postgres::Client,
     schema: &Identifier,
     channel: &Identifier,
     wakeup: WakeupMode,
+) -> Result<MigrationReport, MigrateError> {
+    migrate_with(client, schema, channel, wakeup, Sealing::Sealed).await
+}
+
+/// [`migrate_for`], with the choice of [`Sealing`].
+pub async fn migrate_with(
+    client: &mut tokio_postgres::Client,
+    schema: &Identifier,
+    channel: &Identifier,
+    wakeup: WakeupMode,
+    sealing: Sealing,
 ) -> Result<MigrationReport, MigrateError> {
     let tx = client.transaction().await?;
     let lock_key = format!("eventrelay.migrate.{schema}");
@@ -124,7 +160,7 @@ pub async fn migrate_for(
     tx.batch_execute(&format!(
         "SET LOCAL client_min_messages TO warning;
          CREATE SCHEMA IF NOT EXISTS {schema};
-         SET LOCAL search_path TO {schema};
+         SET LOCAL search_path TO {schema}, pg_temp;
          CREATE TABLE IF NOT EXISTS schema_migrations (
              version    integer PRIMARY KEY,
              name       text NOT NULL,
@@ -159,14 +195,94 @@ pub async fn migrate_for(
     }
 
     tx.execute(
-        "INSERT INTO settings (channel) VALUES ($1)
-         ON CONFLICT (singleton) DO UPDATE SET channel = EXCLUDED.channel",
-        &[&channel.as_str()],
+        "INSERT INTO settings (channel, sealed) VALUES ($1, $2)
+         ON CONFLICT (singleton) DO UPDATE SET channel = EXCLUDED.channel, sealed = EXCLUDED.sealed",
+        &[&channel.as_str(), &(sealing == Sealing::Sealed)],
     )
+    .await?;
+    set_up_sealing(&tx, schema, sealing).await?;
+    // Nothing in the schema is anyone's but its owner's until granted
+    // (see `grants_sql`); functions are executable by PUBLIC unless revoked.
+    tx.batch_execute(&format!(
+        "REVOKE ALL ON SCHEMA {schema} FROM PUBLIC;
+         REVOKE ALL ON ALL TABLES IN SCHEMA {schema} FROM PUBLIC;
+         REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema} FROM PUBLIC;
+         REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC;"
+    ))
     .await?;
     super::wakeup::apply(&tx, schema, wakeup).await?;
     tx.commit().await?;
     Ok(report)
+}
+
+/// Writes the notification key (once) and `seal` with pgcrypto's
+/// functions named by their schema, creating the extension (in a schema
+/// named `pgcrypto`) when the database has none; or, for [`Sealing::Open`], a `seal` that
+/// sends payloads as they are.
+async fn set_up_sealing(
+    tx: &tokio_postgres::Transaction<'_>,
+    schema: &Identifier,
+    sealing: Sealing,
+) -> Result<(), MigrateError> {
+    if sealing == Sealing::Open {
+        tx.batch_execute(&format!(
+            "CREATE OR REPLACE FUNCTION {schema}.seal(origin text, payload text) RETURNS text
+             LANGUAGE sql IMMUTABLE AS $seal$ SELECT payload $seal$"
+        ))
+        .await?;
+        return Ok(());
+    }
+    let installed =
+        "SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pgcrypto'";
+    let crypto: String = match tx.query_opt(installed, &[]).await? {
+        Some(row) => row.get(0),
+        None => {
+            // In a schema of its own, so dropping one eventrelay schema
+            // never takes the extension from another; under a lock of the
+            // database's, as migrations of other schemas may race here.
+            tx.batch_execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('eventrelay.pgcrypto', 0));
+                 CREATE SCHEMA IF NOT EXISTS pgcrypto;
+                 CREATE EXTENSION IF NOT EXISTS pgcrypto SCHEMA pgcrypto;",
+            )
+            .await
+            .map_err(|source| MigrateError::Pgcrypto {
+                schema: schema.to_string(),
+                source,
+            })?;
+            match tx.query_opt(installed, &[]).await? {
+                Some(row) => row.get(0),
+                None => "pgcrypto".to_owned(),
+            }
+        }
+    };
+    // Every pgcrypto call has exact argument types, so no function of the
+    // same name in a schema others can write to is a better match.
+    tx.batch_execute(&format!(
+        "INSERT INTO {schema}.notify_key (key) VALUES ({crypto}.gen_random_bytes(64))
+             ON CONFLICT (singleton) DO NOTHING;
+         CREATE OR REPLACE FUNCTION {schema}.seal(origin text, payload text) RETURNS text
+         LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, {schema}, pg_temp AS $seal$
+         DECLARE
+             k bytea;
+             iv bytea := {crypto}.gen_random_bytes(16);
+             body bytea;
+         BEGIN
+             SELECT n.key INTO k FROM notify_key n;
+             IF k IS NULL THEN
+                 RAISE EXCEPTION 'eventrelay: the notification key is missing; run `eventrelay migrate`';
+             END IF;
+             body := iv || {crypto}.encrypt_iv(convert_to(origin || payload, 'UTF8'),
+                                               substring(k FROM 1 FOR 32), iv,
+                                               'aes-cbc/pad:pkcs'::text);
+             RETURN translate(encode(body || {crypto}.hmac(body, substring(k FROM 33 FOR 32),
+                                                           'sha256'::text), 'base64'),
+                              E'\\n', '');
+         END
+         $seal$;"
+    ))
+    .await?;
+    Ok(())
 }
 
 /// Refuses to run against `schema` when what it records was not applied by

@@ -8,6 +8,8 @@ pub mod error;
 pub mod migrate;
 pub mod outbox;
 pub mod pgoutput;
+pub mod roles;
+pub mod sealing;
 pub mod snapshot;
 pub mod statements;
 pub mod wakeup;
@@ -15,7 +17,8 @@ pub mod wakeup;
 pub use database::{Connection, Database, DatabaseError};
 pub use error::StoreError;
 pub use migrate::{
-    MIGRATIONS, MigrateError, Migration, MigrationReport, check_schema, migrate, migrate_for,
+    MIGRATIONS, MigrateError, Migration, MigrationReport, Sealing, check_schema, migrate,
+    migrate_for, migrate_with,
 };
 pub use outbox::{JoinView, Outbox, StoredEvent};
 pub use snapshot::Snapshot;

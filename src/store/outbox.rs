@@ -56,7 +56,7 @@ impl Outbox {
         Outbox {
             read_sql: format!(
                 "SELECT seq, id, type, scope_key, data, audience, resources, occurred_at,
-                        txid::text AS txid
+                        txid::text AS txid, pg_column_size(data) AS data_bytes
                  FROM {schema}.outbox
                  WHERE scope_key = $1 AND seq > $2
                  ORDER BY seq
@@ -114,6 +114,18 @@ impl Outbox {
         after: i64,
         limit: i64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
+        Ok(self.read_page(db, scope_key, after, limit).await?.0)
+    }
+
+    /// As [`Outbox::read_rows`], with the bytes the page's `data` takes in
+    /// the table (as stored, which may be compressed): what bounds a read.
+    pub async fn read_page(
+        &self,
+        db: &impl PgExecutor,
+        scope_key: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<(Vec<StoredEvent>, i64), StoreError> {
         let rows = db
             .query_typed(
                 &self.read_sql,
@@ -124,7 +136,11 @@ impl Outbox {
                 ],
             )
             .await?;
-        Ok(rows.iter().filter_map(stored_from_row).collect())
+        let bytes = rows
+            .iter()
+            .map(|row| row.get::<_, Option<i32>>("data_bytes").unwrap_or(0) as i64)
+            .sum();
+        Ok((rows.iter().filter_map(stored_from_row).collect(), bytes))
     }
 
     /// The outbox as a subscriber joining `scope_key` now sees it.

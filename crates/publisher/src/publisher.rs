@@ -6,8 +6,13 @@
 //! discards both. Errors are returned, never swallowed: inside a transaction
 //! an error must reach the caller so it rolls back.
 //!
-//! A batch is one `INSERT` for all its durable rows, and that statement
-//! announces its rows itself: the envelopes are built here, split around
+//! A batch is one call of the `emit_batch` SQL function for all its
+//! durable rows. Both functions run as the schema's owner, so an emitting
+//! role needs only EXECUTE on them.
+//!
+//! The relay's own publish API, whose role may write the outbox, goes
+//! further ([`Publisher::announcing_rows`]): one `INSERT` whose statement
+//! announces its rows itself. The envelopes are built here, split around
 //! the seq the database has yet to assign, and the statement joins them to
 //! the seqs and sends the carrying pointers, so the trigger, which would
 //! build every envelope again in SQL, has nothing left to do for it.
@@ -67,6 +72,8 @@ pub struct Publisher {
     emit_sql: Arc<str>,
     emit_batch_sql: Arc<str>,
     emit_batch_announced_sql: Arc<str>,
+    /// Whether batches announce their own rows (see [`Self::announcing_rows`]).
+    announce_rows: bool,
     notify_sql: Arc<str>,
     /// Largest encoded ephemeral payload: under the NOTIFY limit unless the
     /// schema's relays are woken by logical decoding.
@@ -93,7 +100,11 @@ impl Publisher {
         );
         Ok(Publisher {
             emit_sql: format!("SELECT {schema}.emit($1, $2, $3, $4, $5, $6, $7)").into(),
-            emit_batch_sql: format!("{insert} RETURNING id, seq").into(),
+            emit_batch_sql: format!(
+                "SELECT id, seq FROM {schema}.emit_batch($1, $2, $3, $4, $5, $6, $7)"
+            )
+            .into(),
+            announce_rows: false,
             // The same INSERT, its rows announced by the statement itself
             // from envelope parts built here ($8 to $10); the database
             // only joins them around the seqs (see `outbox_announce_rows`).
@@ -117,6 +128,17 @@ impl Publisher {
             registry: None,
             ephemeral_max_bytes: MAX_NOTIFY_PAYLOAD_BYTES,
         })
+    }
+
+    /// Makes batches one `INSERT` that announces its own rows from
+    /// envelopes built here, instead of a call of `emit_batch` whose trigger
+    /// builds them again in SQL: less work for the database per event. Only
+    /// for a role trusted with the outbox, such as the relay's: it needs
+    /// INSERT on `outbox` and EXECUTE on `outbox_announce_rows`, which let
+    /// it announce rows as anything it likes.
+    pub fn announcing_rows(mut self) -> Self {
+        self.announce_rows = true;
+        self
     }
 
     /// Raises (or lowers) the cap on an encoded ephemeral event, which is
@@ -270,7 +292,11 @@ impl Publisher {
             payloads,
             first_ephemeral,
         } = batch;
-        let announced = announced_rows(&mut envelopes);
+        let announced = if self.announce_rows {
+            announced_rows(&mut envelopes)
+        } else {
+            None
+        };
         let durable: Vec<&EventEnvelope> = envelopes.iter().filter(|e| e.is_durable()).collect();
         let ids: Vec<uuid::Uuid> = durable.iter().map(|e| e.id).collect();
         let types: Vec<&str> = durable.iter().map(|e| e.event_type.as_str()).collect();

@@ -152,10 +152,10 @@ mod tests {
     #[test]
     fn rows_fill_a_pointer_per_scope_in_order_of_their_first_rows() {
         let rows = [
-            ("a", 3000),
+            ("a", 2200),
             ("b", 10),
-            ("a", 3000),
-            ("a", 3000),
+            ("a", 2200),
+            ("a", 2200),
             ("b", 10),
             ("a", 10),
         ];

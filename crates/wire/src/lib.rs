@@ -7,7 +7,8 @@
 //! # Layout
 //!
 //! [`envelope`] (the event and its rules), [`notification`] (the `NOTIFY`
-//! payloads: pointers, inline events and batches), [`carrying`]
+//! payloads: pointers, inline events and batches), [`seal`] (how those
+//! payloads are sealed on the channel), [`carrying`]
 //! (pointers a writer builds itself before the seqs exist), [`sse`] (frames),
 //! [`audience`] (the one predicate every delivery path applies), [`webhook`]
 //! (Standard Webhooks signing and verifying), and `schema` (the JSON
@@ -19,6 +20,7 @@ pub mod envelope;
 pub mod notification;
 #[cfg(feature = "json-schema")]
 pub mod schema;
+pub mod seal;
 pub mod sse;
 pub mod webhook;
 
@@ -31,7 +33,9 @@ pub use envelope::{
 };
 pub use notification::{
     CarriedRows, DELIVERIES_QUEUED, DecodeError, DeferredPointer, EncodeError, EventNotification,
-    INLINE_BATCH_VERSION, MAX_NOTIFY_PAYLOAD_BYTES, decode_notification,
-    decode_notification_within, defer_carried_rows, encode_inline, encode_inline_batch,
-    encode_inline_batch_within, encode_inline_within, encode_pointer, encode_pointer_carrying,
+    INLINE_BATCH_VERSION, MAX_NOTIFY_PAYLOAD_BYTES, POSTGRES_NOTIFY_LIMIT_BYTES,
+    decode_notification, decode_notification_within, defer_carried_rows, encode_inline,
+    encode_inline_batch, encode_inline_batch_within, encode_inline_within, encode_pointer,
+    encode_pointer_carrying,
 };
+pub use seal::{MAX_SEALED_PLAINTEXT_BYTES, Origin, SealError, SealKey, sealed_len};

@@ -20,9 +20,13 @@ use serde_json::{Map, Value};
 
 use crate::envelope::{EnvelopeError, EventEnvelope, Lane, validate_scope_key};
 
-/// Postgres refuses a `NOTIFY` payload of 8000 bytes or more (with the default
-/// build), so an encoded notification may be at most this long.
-pub const MAX_NOTIFY_PAYLOAD_BYTES: usize = 7999;
+/// Postgres refuses a `NOTIFY` payload of 8000 bytes or more (with the
+/// default build).
+pub const POSTGRES_NOTIFY_LIMIT_BYTES: usize = 7999;
+
+/// The longest encoded notification: what still fits in Postgres's
+/// `NOTIFY` limit (under 8000 bytes) once sealed (see [`crate::seal`]).
+pub const MAX_NOTIFY_PAYLOAD_BYTES: usize = crate::seal::MAX_SEALED_PLAINTEXT_BYTES;
 
 /// One message on the notification channel.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -107,7 +111,7 @@ pub const INLINE_BATCH_VERSION: u8 = 1;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EncodeError {
     #[error(
-        "notification is {len} bytes; Postgres NOTIFY allows at most {max}. Keep ephemeral data to identifiers, or emit a durable event"
+        "notification is {len} bytes; at most {max} fit in a sealed Postgres NOTIFY. Keep ephemeral data to identifiers, or emit a durable event"
     )]
     TooLarge { len: usize, max: usize },
     #[error("only ephemeral events travel inline; durable events travel as pointers")]

@@ -1,20 +1,24 @@
 //! What the listener does with each payload it hears, whichever way it
 //! heard it (a LISTEN connection, the embedded database's feed, or a
-//! logical message on the replication stream): decode it with the wire
-//! codec and hand it on. Events and pointers go to the relay; queued
-//! webhook deliveries go straight to the dispatcher, when it runs here.
-//! A payload that does not decode is dropped with a warning and counted.
+//! logical message on the replication stream): open its seal, decode it
+//! with the wire codec and hand it on. Events and pointers go to the
+//! relay; queued webhook deliveries go straight to the dispatcher, when it
+//! runs here. A payload that was not sealed with the schema's key, or says
+//! more than its sender may (an emitter's seal on anything but ephemeral
+//! events), is dropped with a warning and counted as rejected; one that
+//! does not decode, as malformed.
 
 use std::sync::Arc;
 
 use actix::{Addr, Recipient};
 use eventrelay_wire::{
-    DecodeError, EventNotification, decode_notification_within, defer_carried_rows,
+    DecodeError, EventNotification, Origin, SealKey, decode_notification_within,
+    defer_carried_rows, sealed_len,
 };
 
 use crate::actors::mailbox::Counted;
 use crate::actors::relay::{Ephemeral, ListenerConnected, Pointer, Relay, count_unreadable_rows};
-use crate::metrics::{ActorKind, Metrics};
+use crate::metrics::{ActorKind, Metrics, ReasonLabel};
 use crate::webhooks::DeliveriesDue;
 
 /// Where what the listener hears goes.
@@ -25,6 +29,9 @@ pub struct Targets {
     /// transaction queued deliveries.
     pub deliveries_due: Option<Counted<Recipient<DeliveriesDue>>>,
     pub metrics: Arc<Metrics>,
+    /// The schema's notification key; `None` for the embedded database,
+    /// whose notifications are not sealed (nothing else can reach it).
+    pub seal: Option<Arc<SealKey>>,
 }
 
 impl Targets {
@@ -44,8 +51,8 @@ impl Targets {
 
 /// [`forward`] under supervision: false when it panicked, after which the
 /// listener restarts (a new connection, and the relay re-reads every active
-/// scope), which is counted. Payloads longer than `limit` bytes are
-/// malformed.
+/// scope), which is counted. Notifications longer than `limit` bytes
+/// (before sealing) are malformed.
 pub(super) fn supervised_forward(payload: &str, limit: usize, targets: &Targets) -> bool {
     let forwarded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         forward(payload, limit, targets);
@@ -80,6 +87,40 @@ fn forward(payload: &str, limit: usize, targets: &Targets) {
                     relay.do_send(InjectFault::Hub(scope_key.to_owned()));
                 }
             }
+        }
+        return;
+    }
+    let opened;
+    let (origin, payload) = match &targets.seal {
+        None => (Origin::Rows, payload),
+        Some(key) => {
+            if payload.len() > sealed_len(limit) {
+                reject(metrics, "too_large", payload);
+                return;
+            }
+            match key.open(payload) {
+                Ok((origin, text)) => {
+                    opened = text;
+                    (origin, opened.as_str())
+                }
+                Err(error) => {
+                    reject(metrics, error.reason(), payload);
+                    return;
+                }
+            }
+        }
+    };
+    if origin == Origin::Emitter {
+        // An emitter chose every byte: only ephemeral events may come this way.
+        match decode_notification_within(payload.as_bytes(), limit) {
+            Ok(EventNotification::Inline { envelope }) => relay.do_send(Ephemeral(envelope)),
+            Ok(EventNotification::InlineBatch { envelopes, .. }) => {
+                for envelope in envelopes {
+                    relay.do_send(Ephemeral(envelope));
+                }
+            }
+            Ok(_) => reject(metrics, "emitter_kind", payload),
+            Err(error) => malformed(metrics, &error, payload),
         }
         return;
     }
@@ -125,10 +166,27 @@ fn forward(payload: &str, limit: usize, targets: &Targets) {
                 carried: None,
             });
         }
-        Err(error) => {
-            metrics.notifications_malformed.inc();
-            let shown: String = payload.chars().take(120).collect();
-            tracing::warn!(%error, payload = %shown, "dropping malformed notification");
-        }
+        Err(error) => malformed(metrics, &error, payload),
     }
+}
+
+fn malformed(metrics: &Metrics, error: &DecodeError, payload: &str) {
+    metrics.notifications_malformed.inc();
+    let shown: String = payload.chars().take(120).collect();
+    tracing::warn!(%error, payload = %shown, "dropping malformed notification");
+}
+
+/// Counts and logs a notification that did not come from this schema's
+/// functions (or says more than its sender may). Only its length is
+/// logged: it may be a stranger's, of any size and content.
+fn reject(metrics: &Metrics, reason: &'static str, payload: &str) {
+    metrics
+        .notifications_rejected
+        .get_or_create(&ReasonLabel { reason })
+        .inc();
+    tracing::warn!(
+        reason,
+        bytes = payload.len(),
+        "dropping a notification not sealed by this schema's functions"
+    );
 }

@@ -1275,17 +1275,14 @@ async fn garbage_notifications_are_dropped_counted_and_harmless() {
         "\u{1}\u{2}\u{3}\u{7f}\u{fffd}\u{feff}ÿþ".into(),
         "\\x00\\xff\\xfe binary-looking".into(),
         format!("{}{}", "[".repeat(1000), "]".repeat(1000)),
-        "x".repeat(7999),
+        "x".repeat(eventrelay::wire::MAX_NOTIFY_PAYLOAD_BYTES),
     ];
     let client = db.connect().await;
     let before = server
         .metric("eventrelay_notifications_malformed_total")
         .await;
     for garbage in &malformed {
-        client
-            .execute("SELECT pg_notify($1, $2)", &[&db.channel.as_str(), garbage])
-            .await
-            .unwrap();
+        db.notify_sealed(garbage).await;
     }
     // Well-formed pointers that lead nowhere: a seq past every row, and a
     // scope no one watches. They decode, so they are not counted, and
@@ -1296,13 +1293,7 @@ async fn garbage_notifications_are_dropped_counted_and_harmless() {
         r#"{"k":"ptr","s":"nobody-here","q":1}"#.to_owned(),
         r#"{"k":"ptr","s":"nobody-here","q":1,"x":9,"r":[{"id":"not an event"}]}"#.to_owned(),
     ] {
-        client
-            .execute(
-                "SELECT pg_notify($1, $2)",
-                &[&db.channel.as_str(), &pointer],
-            )
-            .await
-            .unwrap();
+        db.notify_sealed(&pointer).await;
     }
     let publisher = Publisher::new(db.schema.as_str()).unwrap();
     let mut emitted = Vec::new();

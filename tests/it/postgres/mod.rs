@@ -1,4 +1,4 @@
-//! Postgres as the relay meets it: migrations, outbox reads, TLS, poolers, dead connections, prepared statements, the embedded database.
+//! Postgres as the relay meets it: migrations, database roles and the sealed channel, outbox reads, TLS, poolers, dead connections, prepared statements, the embedded database.
 
 mod dead_connections;
 mod embedded;
@@ -6,4 +6,5 @@ mod migrations;
 mod outbox_reads;
 mod pooler;
 mod prepared_statements;
+mod roles;
 mod tls;

@@ -216,7 +216,8 @@ async fn one_statement_cuts_each_scope_into_payloads_under_the_limit_in_seq_orde
     let db = TestDb::new().await;
     let mut listener = db.listen().await;
     let client = db.connect().await;
-    let publisher = publisher(&db);
+    // The relay's publish path: the statement announces its own rows.
+    let publisher = publisher(&db).announcing_rows();
     let pad = |bytes: usize| "p".repeat(bytes);
     // One statement writing three scopes, interleaved: one that fits in a
     // single payload, one (a publish group's worth) that needs several,
@@ -243,7 +244,11 @@ async fn one_statement_cuts_each_scope_into_payloads_under_the_limit_in_seq_orde
     let written = publisher.emit_batch(&client, batch).await.unwrap();
     let payloads = listener.drain(&db).await;
     for payload in &payloads {
-        assert!(payload.len() < 8000, "a payload of {} bytes", payload.len());
+        assert!(
+            payload.len() <= eventrelay::wire::MAX_NOTIFY_PAYLOAD_BYTES,
+            "a payload of {} bytes",
+            payload.len()
+        );
     }
     let seqs_of = |scope: &str| -> Vec<i64> {
         written
@@ -267,7 +272,7 @@ async fn one_statement_cuts_each_scope_into_payloads_under_the_limit_in_seq_orde
     );
 
     let group = of("group");
-    assert!((2..=4).contains(&group.len()), "{group:?}");
+    assert!((3..=6).contains(&group.len()), "{group:?}");
     let mut carried = Vec::new();
     for (q, rows) in group {
         let rows = rows.expect("small rows travel");
@@ -305,7 +310,8 @@ async fn a_batch_announces_its_own_rows_exactly_as_the_trigger_would() {
     let db = TestDb::new().await;
     let mut listener = db.listen().await;
     let client = db.connect().await;
-    let publisher = publisher(&db);
+    // The relay's publish path: the statement announces its own rows.
+    let publisher = publisher(&db).announcing_rows();
     // Two scopes interleaved, one needing several payloads, every row
     // small enough to travel: the statement announces them itself.
     let mut batch = Vec::new();
@@ -328,7 +334,11 @@ async fn a_batch_announces_its_own_rows_exactly_as_the_trigger_would() {
     let written = publisher.emit_batch(&client, batch).await.unwrap();
     let payloads = listener.drain(&db).await;
     for payload in &payloads {
-        assert!(payload.len() < 8000, "a payload of {} bytes", payload.len());
+        assert!(
+            payload.len() <= eventrelay::wire::MAX_NOTIFY_PAYLOAD_BYTES,
+            "a payload of {} bytes",
+            payload.len()
+        );
     }
     let seen = pointers(&payloads);
     let scopes: Vec<&str> = seen.iter().map(|(scope, _, _)| scope.as_str()).collect();
@@ -337,7 +347,7 @@ async fn a_batch_announces_its_own_rows_exactly_as_the_trigger_would() {
         1
     );
     assert!(
-        (2..=4).contains(&scopes.iter().filter(|s| **s == "group").count()),
+        (3..=6).contains(&scopes.iter().filter(|s| **s == "group").count()),
         "{seen:?}"
     );
     // Pointers in order of their lowest seqs, each naming its first row.
@@ -477,7 +487,10 @@ async fn an_oversized_ephemeral_event_is_refused_and_nothing_is_sent() {
         matches!(error, PublishError::Encode(EncodeError::TooLarge { .. })),
         "{error}"
     );
-    assert!(error.to_string().contains("NOTIFY allows at most 7999"));
+    assert!(error.to_string().contains(&format!(
+        "at most {}",
+        eventrelay::wire::MAX_NOTIFY_PAYLOAD_BYTES
+    )));
     assert!(listener.drain(&db).await.is_empty());
 }
 
@@ -749,6 +762,7 @@ async fn a_committed_batch_sends_begin_its_statements_and_commit_together_in_ord
         sent: std::sync::Mutex::new(Vec::new()),
     };
     let written = publisher(&db)
+        .announcing_rows()
         .emit_batch_committed(
             &sender,
             vec![

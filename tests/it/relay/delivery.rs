@@ -452,10 +452,7 @@ async fn rows_that_travel_with_their_pointer_reach_subscribers_without_an_outbox
         r#"{{"k":"ptr","s":"org-1","q":{},"x":1,"r":[{{"id":"not an event"}}]}}"#,
         unannounced.seq.unwrap()
     );
-    client
-        .execute("SELECT pg_notify($1, $2)", &[&db.channel.as_str(), &forged])
-        .await
-        .unwrap();
+    db.notify_sealed(&forged).await;
     let frame = stream.next_event().await;
     assert_eq!(frame.json()["id"], unannounced.id.to_string());
     assert_eq!(server.metric(MALFORMED).await, malformed + 1.0);
@@ -685,20 +682,20 @@ async fn malformed_notifications_are_dropped_counted_and_harmless() {
     let (mut stream, _) = server
         .subscribe(&token("alice", "org-1", json!({})), None, "")
         .await;
-    let client = db.connect().await;
-    for garbage in [
+    let garbage = [
         "not json",
         "{\"k\":\"ptr\",\"s\":\"org-1\"}",
         "{\"k\":\"evt\",\"e\":{\"type\":\"x\"}}",
         "{\"k\":\"zip\"}",
-    ] {
-        client
-            .execute(
-                "SELECT pg_notify($1, $2)",
-                &[&db.channel.as_str(), &garbage],
-            )
-            .await
-            .unwrap();
+    ];
+    // Sealed by the schema's own function (so only the owner or the
+    // relay's role could have sent them): they open, and do not decode.
+    for payload in garbage {
+        db.notify_sealed(payload).await;
+    }
+    // Sent as they are, as any role could: they do not even open.
+    for payload in garbage {
+        db.notify_raw(payload).await;
     }
     let event = db.emit(durable("after.garbage", "org-1")).await;
     let frame = stream.next_event().await;
@@ -706,6 +703,12 @@ async fn malformed_notifications_are_dropped_counted_and_harmless() {
     assert_eq!(
         server
             .metric("eventrelay_notifications_malformed_total")
+            .await,
+        4.0
+    );
+    assert_eq!(
+        server
+            .metric("eventrelay_notifications_rejected_total{reason=\"not_sealed\"}")
             .await,
         4.0
     );

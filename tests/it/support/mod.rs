@@ -220,12 +220,19 @@ impl TestDb {
         let (client, mut connection) = tokio_postgres::connect(&self.url, NoTls).await.unwrap();
         let (sender, receiver) = mpsc::unbounded_channel();
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        // Payloads are opened as a relay opens them; what does not open
+        // (the sentinels) is passed on as it came.
+        let key = self.seal_key().await;
         tokio::spawn(async move {
             while let Some(Ok(message)) = messages.next().await {
-                if let AsyncMessage::Notification(n) = message
-                    && sender.send(n.payload().to_owned()).is_err()
-                {
-                    break;
+                if let AsyncMessage::Notification(n) = message {
+                    let payload = match key.as_ref().map(|k| k.open(n.payload())) {
+                        Some(Ok((_, opened))) => opened,
+                        _ => n.payload().to_owned(),
+                    };
+                    if sender.send(payload).is_err() {
+                        break;
+                    }
                 }
             }
         });
@@ -238,6 +245,41 @@ impl TestDb {
             _client: client,
             sentinel: 0,
         }
+    }
+
+    /// The schema's notification key (`None` for a schema not sealed).
+    pub async fn seal_key(&self) -> Option<eventrelay::wire::SealKey> {
+        let client = self.connect().await;
+        eventrelay::store::sealing::notification_key(&client, &self.schema)
+            .await
+            .ok()
+    }
+
+    /// Sends `payload` on the channel sealed by the schema's own `seal`,
+    /// as eventrelay's functions send what they write from rows: what only
+    /// the owner and the relay's role can do.
+    pub async fn notify_sealed(&self, payload: &str) {
+        self.connect()
+            .await
+            .execute(
+                &format!("SELECT pg_notify($1, {}.seal('P', $2))", self.schema),
+                &[&self.channel.as_str(), &payload],
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Sends `payload` on the channel as it is, as any role that can log in
+    /// may.
+    pub async fn notify_raw(&self, payload: &str) {
+        self.connect()
+            .await
+            .execute(
+                "SELECT pg_notify($1, $2)",
+                &[&self.channel.as_str(), &payload],
+            )
+            .await
+            .unwrap();
     }
 
     /// Number of rows in this test's outbox.

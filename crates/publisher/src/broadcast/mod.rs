@@ -40,7 +40,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES;
+use eventrelay_wire::POSTGRES_NOTIFY_LIMIT_BYTES;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -141,7 +141,7 @@ where
     M: Serialize + DeserializeOwned + Send + 'static,
 {
     /// A channel named `name`, without a schema, capped at
-    /// [`MAX_NOTIFY_PAYLOAD_BYTES`].
+    /// [`POSTGRES_NOTIFY_LIMIT_BYTES`].
     ///
     /// The name must be an [`Identifier`] so that `LISTEN` needs no quoting
     /// and reads the same as the `pg_notify` argument.
@@ -150,7 +150,7 @@ where
             inner: Arc::new(Inner {
                 name: Identifier::new(name)?,
                 schema: None,
-                max_payload_bytes: MAX_NOTIFY_PAYLOAD_BYTES,
+                max_payload_bytes: POSTGRES_NOTIFY_LIMIT_BYTES,
             }),
             _message: PhantomData,
         })
@@ -170,10 +170,10 @@ where
     /// Lowers the cap on an encoded message, in bytes. It cannot be raised:
     /// Postgres refuses larger payloads.
     pub fn with_max_payload_bytes(self, max: usize) -> Result<Self, ChannelError> {
-        if max == 0 || max > MAX_NOTIFY_PAYLOAD_BYTES {
+        if max == 0 || max > POSTGRES_NOTIFY_LIMIT_BYTES {
             return Err(ChannelError::PayloadCap {
                 requested: max,
-                max: MAX_NOTIFY_PAYLOAD_BYTES,
+                max: POSTGRES_NOTIFY_LIMIT_BYTES,
             });
         }
         Ok(self.map_inner(|inner| inner.max_payload_bytes = max))
@@ -382,13 +382,13 @@ mod tests {
     #[test]
     fn the_cap_defaults_to_the_notify_limit_and_cannot_exceed_it() {
         let channel = channel();
-        assert_eq!(channel.max_payload_bytes(), MAX_NOTIFY_PAYLOAD_BYTES);
+        assert_eq!(channel.max_payload_bytes(), POSTGRES_NOTIFY_LIMIT_BYTES);
         let at_limit = Hint {
-            key: "x".repeat(MAX_NOTIFY_PAYLOAD_BYTES - r#"{"key":""}"#.len()),
+            key: "x".repeat(POSTGRES_NOTIFY_LIMIT_BYTES - r#"{"key":""}"#.len()),
         };
         assert_eq!(
             channel.encode(&at_limit).unwrap().len(),
-            MAX_NOTIFY_PAYLOAD_BYTES
+            POSTGRES_NOTIFY_LIMIT_BYTES
         );
         let over = Hint {
             key: format!("{}y", at_limit.key),
@@ -400,7 +400,7 @@ mod tests {
                 max: 7999
             })
         ));
-        for bad in [0, MAX_NOTIFY_PAYLOAD_BYTES + 1] {
+        for bad in [0, POSTGRES_NOTIFY_LIMIT_BYTES + 1] {
             assert!(matches!(
                 channel.clone().with_max_payload_bytes(bad),
                 Err(ChannelError::PayloadCap { .. })
