@@ -199,9 +199,10 @@ pub struct PublishConfig {
     /// Most groups written at once, each on its own database connection
     /// (never more than `database.pool_size`).
     pub group_commit_writers: usize,
-    /// Largest encoded ephemeral event. NOTIFY refuses 8000 bytes or more,
-    /// so above 7999 needs `database.wakeup = "logical"`, where ephemeral
-    /// events travel as logical replication messages.
+    /// Largest encoded ephemeral event. NOTIFY refuses 8000 bytes or more
+    /// and sealing takes a quarter of that, so above 5934 needs
+    /// `database.wakeup = "logical"`, where ephemeral events travel as
+    /// logical replication messages.
     pub ephemeral_max_bytes: usize,
 }
 

@@ -307,6 +307,18 @@ impl Metrics {
             "Notifications dropped because they did not decode",
             metrics.notifications_malformed.clone(),
         );
+        // Every reason from zero, so a first rejection is an increase.
+        for reason in [
+            "not_sealed",
+            "bad_tag",
+            "bad_ciphertext",
+            "too_large",
+            "emitter_kind",
+        ] {
+            let _ = metrics
+                .notifications_rejected
+                .get_or_create(&ReasonLabel { reason });
+        }
         registry.register(
             "notifications_rejected",
             "Notifications dropped because they were not sealed with this schema's key, or said what their sender may not say",

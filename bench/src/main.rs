@@ -23,7 +23,7 @@ use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Serve
 use eventrelay_bench::scenarios::paired_fanout::{self, PairedPlan};
 use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
-    connection_heap, emit_cost, pools, publish_throughput, replay, storm, tail_memory,
+    connection_heap, emit_cost, pools, publish_throughput, replay, seal_cost, storm, tail_memory,
     tails_budget, webhooks,
 };
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
@@ -63,7 +63,7 @@ struct Args {
     logical_database_url: Option<String>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
     /// wakeup, fanout, pools, http2, scopes, replay, webhooks,
-    /// storm, memory; wakeup-latency is the wake-up modes' commit-to-receive
+    /// storm, memory, seal; wakeup-latency is the wake-up modes' commit-to-receive
     /// rows without their emit-cost rounds).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -176,6 +176,9 @@ async fn run_scenarios(
     }
     if wanted("publish") {
         publish_rows(args, schema, &scale, table).await?;
+    }
+    if wanted("seal") {
+        seal_rows(args, schema, table).await?;
     }
     if wanted("wakeup") || wanted("wakeup-latency") {
         // `wakeup-latency` alone skips the emit-cost rounds.
@@ -1299,4 +1302,67 @@ fn cpu_model() -> String {
                 .map(|(_, model)| model.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".to_owned())
+}
+
+/// What sealing the channel costs, side by side with an open channel and
+/// with sealed pointers that carry no rows (see `seal_cost`).
+async fn seal_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResult<()> {
+    const WRITERS: [usize; 2] = [1, 8];
+    let (rounds, run_for, samples) = if args.quick {
+        (2, Duration::from_secs(2), 200)
+    } else {
+        (3, Duration::from_secs(4), 1_000)
+    };
+    let figures = seal_cost::run(
+        &args.database_url,
+        schema,
+        &WRITERS,
+        rounds,
+        run_for,
+        samples,
+    )
+    .await?;
+    let sealed = &figures[0].1;
+    for (w, writers) in WRITERS.iter().enumerate() {
+        let base = median(&sealed.tps[w]);
+        let cells: Vec<String> = figures
+            .iter()
+            .map(|(variant, f)| {
+                let tps = median(&f.tps[w]);
+                format!("{} {tps:.0} tx/s ({:.2}×)", variant.name(), tps / base)
+            })
+            .collect();
+        table.add(
+            format!("sealing: SQL emit(), {writers} writer(s), medians of {rounds} rounds"),
+            cells.join(" · "),
+            "–",
+        );
+    }
+    let cells: Vec<String> = figures
+        .iter()
+        .map(|(variant, f)| {
+            let mut samples = f.latency_ns.clone();
+            let p = eventrelay_bench::clock::Percentiles::of(&mut samples);
+            format!("{} p50 {} · p99 {}", variant.name(), ms(p.p50), ms(p.p99))
+        })
+        .collect();
+    table.add(
+        format!(
+            "sealing: emit+commit to rows in hand, 1 writer, {} events each",
+            samples * rounds
+        ),
+        cells.join(" · "),
+        "–",
+    );
+    table.add(
+        "sealing: the relay opening one payload",
+        format!(
+            "{:.1} µs for a 300-byte pointer · {:.1} µs at the {}-byte limit",
+            seal_cost::open_micros(300)?,
+            seal_cost::open_micros(eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES)?,
+            eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES
+        ),
+        "–",
+    );
+    Ok(())
 }

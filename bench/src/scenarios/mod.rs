@@ -8,6 +8,7 @@ pub mod paired_fanout;
 pub mod pools;
 pub mod publish_throughput;
 pub mod replay;
+pub mod seal_cost;
 pub mod storm;
 pub mod tail_memory;
 pub mod tails_budget;

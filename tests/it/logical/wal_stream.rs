@@ -99,7 +99,7 @@ async fn emitting_sends_no_notification_and_the_relay_reads_a_temporary_slot() {
 }
 
 #[tokio::test]
-async fn an_ephemeral_event_over_the_notify_limit_travels_when_the_cap_is_raised() {
+async fn an_ephemeral_event_over_the_notify_limit_travels_when_the_cap_is_raised_and_forgeries_do_not() {
     let (db, _cluster) = TestDb::for_mode(WakeupMode::Logical).await;
     let server = TestServer::start(&db, |c| c.publish.ephemeral_max_bytes = 65_536);
     server.ready().await;
@@ -131,6 +131,23 @@ async fn an_ephemeral_event_over_the_notify_limit_travels_when_the_cap_is_raised
         .unwrap();
     let frame = stream.next_event().await;
     assert_eq!(frame.json()["data"]["pad"].as_str().unwrap().len(), 30_000);
+
+    // Any role may write a logical message with any prefix: one the
+    // schema's functions did not seal is dropped and counted.
+    let forged = json!({"k": "evt", "e": {"id": uuid::Uuid::new_v4(), "type": "forged",
+        "scopeKey": "org-1", "lane": "ephemeral", "data": {}, "resources": [],
+        "occurredAt": "2024-01-01T00:00:00Z"}});
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, $1, $2::text)",
+            &[&db.channel.as_str(), &forged.to_string()],
+        )
+        .await
+        .unwrap();
+    let after = db.emit(NewEvent::durable("after.forgery", "org-1", json!({}))).await;
+    assert_eq!(stream.next_event().await.json()["id"], after.id.to_string());
+    let rejected = "eventrelay_notifications_rejected_total{reason=\"not_sealed\"}";
+    assert_eq!(server.metric(rejected).await, 1.0);
 }
 
 #[tokio::test]
