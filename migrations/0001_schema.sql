@@ -120,7 +120,7 @@ CREATE TABLE outbox (
         -- Event types that streams use for their own frames are refused at
         -- every emit path: emit(), the batch INSERT, and a plain INSERT.
         CONSTRAINT outbox_type_not_reserved
-        CHECK (type NOT IN ('ready', 'open', 'error') AND NOT starts_with(type, 'eventrelay.')),
+        CHECK (type NOT IN ('ready', 'open', 'error', 'reauth', 'revoked') AND NOT starts_with(type, 'eventrelay.')),
     scope_key   text        NOT NULL
         CONSTRAINT outbox_scope_key_valid
         CHECK (scope_key <> '' AND octet_length(scope_key) <= 200 AND scope_key !~ '[\x01-\x1f\x7f-\x9f]'),

@@ -157,6 +157,10 @@ pub struct SseConfig {
     /// Streams end after this long (minus up to 10% jitter), so credentials
     /// are re-checked on reconnect and replay is exercised routinely.
     pub max_age_secs: u64,
+    /// A stream whose credentials expire sends `event: reauth` this long
+    /// before they do (at most half their remaining lifetime at connect),
+    /// so its client opens the next stream in time; 0 sends none.
+    pub reauth_lead_secs: u64,
     pub max_connections_per_subscriber: usize,
     pub retry_ms: u64,
     /// How far before `Last-Event-ID` replay starts, to catch events that
@@ -288,6 +292,7 @@ impl Default for SseConfig {
         SseConfig {
             heartbeat_secs: 20,
             max_age_secs: 300,
+            reauth_lead_secs: 30,
             max_connections_per_subscriber: 5,
             retry_ms: 3000,
             replay_lookback: 100,

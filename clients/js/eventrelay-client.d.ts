@@ -107,7 +107,7 @@ export class EventRelayError extends Error {
   readonly eventType?: string;
 }
 
-/** `ready`, `open`, `error` and every type starting with `eventrelay.`: never an application event. */
+/** `ready`, `open`, `error`, `reauth`, `revoked` and every type starting with `eventrelay.`: never an application event. */
 export function isReservedEventType(type: string): boolean;
 
 /** A `Retry-After` value (seconds or an HTTP date) as milliseconds from `now`; undefined when unreadable. */

@@ -25,10 +25,11 @@ const SHARE_PREFIX = 'eventrelay-v1:';
 // never announces `stopped`: another tab takes over instead).
 const FOLLOWED_STATES = new Set(['connecting', 'reconnecting', 'degraded']);
 
-// Names the relay refuses for application events: `ready` is its control
-// frame, `open` and `error` are what EventSource raises for the connection
-// itself, and the prefix is kept for future control frames.
-const RESERVED_EVENT_TYPES = new Set(['ready', 'open', 'error']);
+// Names the relay refuses for application events: `ready`, `reauth` and
+// `revoked` are its control frames, `open` and `error` are what EventSource
+// raises for the connection itself, and the prefix is kept for future
+// control frames.
+const RESERVED_EVENT_TYPES = new Set(['ready', 'open', 'error', 'reauth', 'revoked']);
 const RESERVED_EVENT_TYPE_PREFIX = 'eventrelay.';
 
 /** True for event types an application event may not have. */
@@ -356,6 +357,9 @@ export function createEventStreamClient(options) {
       onConnected(s, ready.resync);
       return;
     }
+    // The relay's warning that the stream's token expires soon: the stream
+    // ends then and the client reconnects with the token it is given.
+    if (frame.event === 'reauth' && !frame.ownId) return;
     const envelope = parseJson(frame.data);
     // Only durable events move the watermark: an ephemeral id would point at
     // nothing in the outbox. An empty `id:` forgets it, as in a browser.

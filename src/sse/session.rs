@@ -58,6 +58,9 @@ pub struct SessionParams {
     pub heartbeat: Duration,
     /// When the stream ends regardless (age cap, credentials' expiry).
     pub ends_at: Instant,
+    /// When to warn that the credentials expire, and how many seconds
+    /// they have left then: only for a stream its credentials end.
+    pub reauth: Option<(Instant, u64)>,
     pub until: Option<String>,
     pub resync: bool,
     pub replay: Replay,
@@ -195,6 +198,11 @@ impl Session {
             if self.phase != Phase::Finished && Instant::now() >= self.params.ends_at {
                 self.phase = Phase::Finished;
             }
+            if self.phase != Phase::Retry
+                && let Some(frame) = self.reauth_due()
+            {
+                return Some(Ok(frame));
+            }
             match self.phase {
                 Phase::Retry => {
                     self.phase = Phase::Replay;
@@ -248,16 +256,33 @@ impl Session {
         }
     }
 
+    /// The `reauth` frame, once, when its moment has come: checked before
+    /// every chunk, so a replay sends it on time too.
+    fn reauth_due(&mut self) -> Option<Bytes> {
+        let (at, expires_in) = self.params.reauth?;
+        if self.phase == Phase::Finished || Instant::now() < at {
+            return None;
+        }
+        self.params.reauth = None;
+        Some(Bytes::from(sse::reauth_frame(expires_in)))
+    }
+
     async fn next_live(&mut self) -> Option<Bytes> {
         let ends_at = self.params.ends_at;
         let mut closing = self.params.closing.clone();
         let peer = self.params.peer;
         loop {
+            let reauth_at = self.params.reauth.map(|(at, _)| at);
             tokio::select! {
                 biased;
                 _ = tokio::time::sleep_until(ends_at) => {
                     self.phase = Phase::Finished;
                     return None;
+                }
+                _ = tokio::time::sleep_until(reauth_at.unwrap_or(ends_at)), if reauth_at.is_some() => {
+                    if let Some(frame) = self.reauth_due() {
+                        return Some(frame);
+                    }
                 }
                 _ = self.peek.tick(), if peer.is_some() => {
                     if let Some(due) = still_waiting(self.last_write, PEEK_EVERY) {

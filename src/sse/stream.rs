@@ -172,15 +172,22 @@ pub async fn stream_events(
     };
 
     let jitter = sse.max_age().mul_f64(fastrand::f64() * 0.1);
-    let mut ends_at = Instant::now() + sse.max_age() - jitter;
+    let now = Instant::now();
+    let aged_at = now + sse.max_age() - jitter;
+    let mut ends_at = aged_at;
+    let mut reauth = None;
     if let Some(expires_at) = resolved.expires_at {
         let left = (expires_at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-        ends_at = ends_at.min(Instant::now() + left);
+        if now + left < aged_at {
+            ends_at = now + left;
+            reauth = reauth_warning(now, left, Duration::from_secs(sse.reauth_lead_secs));
+        }
     }
     let params = SessionParams {
         retry_ms: sse.retry_ms,
         heartbeat: sse.heartbeat(),
         ends_at,
+        reauth,
         until: query.until.clone(),
         resync,
         replay,
@@ -195,6 +202,17 @@ pub async fn stream_events(
         .insert_header(("x-accel-buffering", "no"))
         .insert_header((header::CONTENT_ENCODING, "identity"))
         .streaming(body))
+}
+
+/// When a stream its credentials end, `left` from `now`, warns its client:
+/// `lead` before the end, or halfway when the credentials have less than
+/// twice that left; with the whole seconds left then (at least 1).
+fn reauth_warning(now: Instant, left: Duration, lead: Duration) -> Option<(Instant, u64)> {
+    if lead.is_zero() || left.is_zero() {
+        return None;
+    }
+    let lead = lead.min(left / 2);
+    Some((now + left - lead, lead.as_secs().max(1)))
 }
 
 /// Whether a client replaying after `after` may have missed events and

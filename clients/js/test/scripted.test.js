@@ -325,7 +325,7 @@ test('without onError, a dropped frame is reported on console.warn', async () =>
 });
 
 test('the reserved rule matches the relay’s', () => {
-  for (const type of ['ready', 'open', 'error', 'eventrelay.', 'eventrelay.resync']) assert.ok(isReservedEventType(type), type);
+  for (const type of ['ready', 'open', 'error', 'reauth', 'revoked', 'eventrelay.', 'eventrelay.resync']) assert.ok(isReservedEventType(type), type);
   for (const type of ['Ready', 'ready.changed', 'order.error', 'message', 'eventrelay']) assert.ok(!isReservedEventType(type), type);
 });
 

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventrelay_wire::sse::READY_EVENT;
+use eventrelay_wire::sse::{READY_EVENT, REAUTH_EVENT};
 use eventrelay_wire::{EventEnvelope, is_reserved_event_type};
 use futures_util::StreamExt;
 use reqwest::StatusCode;
@@ -502,6 +502,11 @@ impl Runner {
                 Ok(ready) => self.on_ready(ready.resync),
                 Err(error) => tracing::warn!(%error, "skipping a malformed `ready` frame"),
             }
+            return Ok(());
+        }
+        if frame.event_type == REAUTH_EVENT && frame.id.is_none() {
+            // The stream's credentials expire soon; it ends then, and the
+            // client reconnects as after any end.
             return Ok(());
         }
         if is_reserved_event_type(&frame.event_type) {

@@ -17,6 +17,10 @@ pub const HEARTBEAT_FRAME: &str = ": hb\n\n";
 /// The event type of the frame sent once a subscription is live.
 pub const READY_EVENT: &str = "ready";
 
+/// The event type of the frame that warns a stream's credentials expire
+/// soon: fetch a new token and open the next stream before this one ends.
+pub const REAUTH_EVENT: &str = "reauth";
+
 /// Encodes an envelope as one frame. Only durable events get an `id:` line,
 /// because an ephemeral id would point at nothing in the outbox.
 pub fn event_frame(envelope: &EventEnvelope) -> String {
@@ -59,6 +63,16 @@ pub fn ready_frame(resync: bool) -> String {
         r#"{"resync":false}"#
     };
     frame(None, Some(READY_EVENT), data)
+}
+
+/// The `reauth` frame: the stream's credentials expire in
+/// `expires_in_secs` seconds, and the stream ends then.
+pub fn reauth_frame(expires_in_secs: u64) -> String {
+    frame(
+        None,
+        Some(REAUTH_EVENT),
+        &format!(r#"{{"expiresIn":{expires_in_secs}}}"#),
+    )
 }
 
 /// The `retry:` frame telling a client how long to wait before reconnecting.

@@ -99,7 +99,8 @@ async fn emitting_sends_no_notification_and_the_relay_reads_a_temporary_slot() {
 }
 
 #[tokio::test]
-async fn an_ephemeral_event_over_the_notify_limit_travels_when_the_cap_is_raised_and_forgeries_do_not() {
+async fn an_ephemeral_event_over_the_notify_limit_travels_when_the_cap_is_raised_and_forgeries_do_not()
+ {
     let (db, _cluster) = TestDb::for_mode(WakeupMode::Logical).await;
     let server = TestServer::start(&db, |c| c.publish.ephemeral_max_bytes = 65_536);
     server.ready().await;
@@ -144,7 +145,9 @@ async fn an_ephemeral_event_over_the_notify_limit_travels_when_the_cap_is_raised
         )
         .await
         .unwrap();
-    let after = db.emit(NewEvent::durable("after.forgery", "org-1", json!({}))).await;
+    let after = db
+        .emit(NewEvent::durable("after.forgery", "org-1", json!({})))
+        .await;
     assert_eq!(stream.next_event().await.json()["id"], after.id.to_string());
     let rejected = "eventrelay_notifications_rejected_total{reason=\"not_sealed\"}";
     assert_eq!(server.metric(rejected).await, 1.0);

@@ -1,6 +1,7 @@
-//! The SSE connection itself: clients that close, stall or churn, and the session protocol.
+//! The SSE connection itself: clients that close, stall or churn, the session protocol, and the warning before a token ends a stream.
 
 mod churn;
 mod closed_clients;
 mod ends_on_time;
+mod reauth;
 mod slow_clients;
