@@ -451,6 +451,29 @@ $$;
 
 
 -- ---------------------------------------------------------------------------
+-- Disconnecting subscribers
+-- ---------------------------------------------------------------------------
+
+-- An operator's disconnection of a subscriber (the admin API writes one
+-- per request): every relay reads new rows within a second, ends the
+-- subscriber's streams (in `scope_key` only, when set), and refuses new
+-- ones until `deny_until`, when set. Relays delete rows a day old whose
+-- denial has passed.
+CREATE TABLE subscriber_disconnections (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    subscriber_id text NOT NULL
+        CONSTRAINT subscriber_disconnections_subscriber_valid
+        CHECK (subscriber_id <> '' AND octet_length(subscriber_id) <= 200),
+    scope_key     text
+        CONSTRAINT subscriber_disconnections_scope_valid
+        CHECK (scope_key IS NULL OR (scope_key <> '' AND octet_length(scope_key) <= 200)),
+    deny_until    timestamptz,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX subscriber_disconnections_deny_idx ON subscriber_disconnections (deny_until);
+
+
+-- ---------------------------------------------------------------------------
 -- Webhooks
 -- ---------------------------------------------------------------------------
 --

@@ -24,6 +24,7 @@ use crate::metrics::ActorKind;
 use crate::metrics::Metrics;
 use crate::reload::{ReloadError, ReloadReport, Reloading};
 use crate::store::StoreError;
+use crate::store::disconnections::Disconnections;
 use crate::store::{
     Database, DatabaseError, MigrateError, Outbox, WakeupError, WakeupMode, check_schema,
     migrate_for,
@@ -335,6 +336,16 @@ pub async fn run_with(
         Arc::clone(&metrics),
     ));
 
+    // Disconnections recorded through any relay: denials in force now,
+    // then every new one within a second.
+    let streams = crate::sse::registry::StreamRegistry::default();
+    let disconnections = Disconnections::new(&schema);
+    let follower = actix::spawn(follow_disconnections(
+        db.clone(),
+        disconnections.clone(),
+        streams.clone(),
+    ));
+
     let closing_streams = tokio::sync::watch::Sender::new(false);
     let publishing = Publishing::start(
         db.clone(),
@@ -382,6 +393,9 @@ pub async fn run_with(
         cors,
         closing: closing_streams.subscribe(),
         open_streams,
+        streams,
+        disconnections,
+        relay_name: relay_name(),
     });
     let inspector = config.http.inspector;
     let mut server = HttpServer::new(move || {
@@ -445,6 +459,7 @@ pub async fn run_with(
         }
     };
     janitor.abort();
+    follower.abort();
     trimmer.abort();
     if let Some(reloader) = reloader {
         reloader.abort();
@@ -562,6 +577,78 @@ async fn reload_once(
     }
     live.send_replace(Arc::new(merged));
     Ok(report)
+}
+
+/// How often each relay reads the disconnections recorded meanwhile: a
+/// disconnection through one relay ends the streams on every other within
+/// about this long.
+const DISCONNECTIONS_POLL: Duration = Duration::from_millis(500);
+
+/// Reads the disconnections recorded through any relay and applies them to
+/// this relay's streams; deletes old ones now and then. Starts with the
+/// denials in force, so a relay that starts late refuses the same
+/// subscribers as the others.
+async fn follow_disconnections(
+    db: Database,
+    disconnections: Disconnections,
+    streams: crate::sse::registry::StreamRegistry,
+) {
+    let mut read_after = None;
+    let mut ticks = tokio::time::interval(DISCONNECTIONS_POLL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut polls: u64 = 0;
+    loop {
+        ticks.tick().await;
+        polls += 1;
+        let step: Result<(), crate::store::StoreError> = async {
+            let client = db.get().await?;
+            match read_after {
+                None => {
+                    let (denials, newest) = disconnections.at_start(&*client).await?;
+                    for denial in &denials {
+                        streams.apply(denial);
+                    }
+                    read_after = Some(newest);
+                }
+                Some(after) => {
+                    for disconnection in disconnections.since(&*client, after).await? {
+                        let ended = streams.apply(&disconnection);
+                        if ended > 0 {
+                            tracing::info!(
+                                subscriber = %disconnection.subscriber_id,
+                                ended,
+                                "streams ended: the subscriber was disconnected through another relay"
+                            );
+                        }
+                        read_after = Some(disconnection.id);
+                    }
+                }
+            }
+            // About once an hour.
+            if polls % 7_200 == 0 {
+                disconnections.prune(&*client).await?;
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(error) = step {
+            tracing::warn!(%error, "reading disconnections failed; will retry");
+        }
+    }
+}
+
+/// This relay's name in the admin API: its host and process id.
+fn relay_name() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: the buffer is valid for its length, and gethostname writes at
+    // most that many bytes.
+    let host = if unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) } == 0 {
+        let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+        String::from_utf8_lossy(&buffer[..end]).into_owned()
+    } else {
+        "unknown-host".to_owned()
+    };
+    format!("{host}/{}", std::process::id())
 }
 
 /// The janitor: removes outbox rows older than the retention, on an interval.

@@ -3,10 +3,6 @@
 //! subscriber with the audience predicate and queues the shared frame. A
 //! subscriber whose queue is full is dropped on the spot (it reconnects and
 //! replays), so one slow reader never stalls the others.
-//!
-//! The hub also enforces the per-subscriber connection cap: it is the one
-//! place that knows every open stream of its scope, so it decides at
-//! `Attach` whether a subscriber may open one more.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,8 +28,6 @@ pub struct Hub {
     tail: Tail,
     budget: Arc<TailBudget>,
     members: HashMap<u64, Member>,
-    /// Open streams per subscriber id, for the connection cap.
-    streams: HashMap<String, usize>,
     metrics: Arc<Metrics>,
     /// The arbiter this hub runs on, for its load metrics.
     arbiter: usize,
@@ -73,7 +67,6 @@ impl Hub {
             tail: Tail::new(max_events, max_bytes),
             budget,
             members: HashMap::new(),
-            streams: HashMap::new(),
             busy: metrics.arbiter_busy(0),
             metrics,
             arbiter: 0,
@@ -102,7 +95,6 @@ impl Hub {
         // one per subscriber.
         let mut delivered = 0u64;
         let mut filtered = 0u64;
-        let mut gone = Vec::new();
         self.members.retain(|id, member| {
             if !event.is_permitted_for(&member.subscriber) {
                 filtered += 1;
@@ -126,18 +118,11 @@ impl Hub {
                         session = id,
                         "subscriber too slow for its queue; disconnecting"
                     );
-                    gone.push(member.subscriber.subscriber_id.clone());
                     false
                 }
-                Err(TrySendError::Closed(_)) => {
-                    gone.push(member.subscriber.subscriber_id.clone());
-                    false
-                }
+                Err(TrySendError::Closed(_)) => false,
             }
         });
-        for subscriber_id in gone {
-            stream_closed(&mut self.streams, &subscriber_id);
-        }
         metrics.events_delivered.inc_by(delivered);
         metrics.events_filtered.inc_by(filtered);
         let latency = (Utc::now() - event.occurred_at())
@@ -165,18 +150,7 @@ impl Hub {
                 "a hub failed; restarting it: its streams end and their clients reconnect"
             );
             self.members.clear();
-            self.streams.clear();
             self.tail.forget();
-        }
-    }
-}
-
-/// Counts one stream of `subscriber_id` as closed.
-fn stream_closed(streams: &mut HashMap<String, usize>, subscriber_id: &str) {
-    if let Some(open) = streams.get_mut(subscriber_id) {
-        *open -= 1;
-        if *open == 0 {
-            streams.remove(subscriber_id);
         }
     }
 }
@@ -241,42 +215,25 @@ impl Handler<PublishEphemeral> for Hub {
     }
 }
 
-/// Adds a subscriber, unless it already has `max_streams` open in this
-/// scope. With `replay_after`, answers the events after it from the tail
+/// Adds a subscriber. With `replay_after`, answers the events after it from the tail
 /// (already filtered for this subscriber), or `None` when the tail does not
 /// reach back that far. Registration and the tail snapshot happen in one
 /// step, so replay and live neither overlap nor leave a gap.
 #[derive(Message)]
-#[rtype(result = "Result<Option<Vec<Arc<EncodedEvent>>>, TooManyStreams>")]
+#[rtype(result = "Option<Vec<Arc<EncodedEvent>>>")]
 pub struct Attach {
     pub session: u64,
     pub subscriber: Subscriber,
     pub queue: FrameSender,
     pub replay_after: Option<i64>,
     pub hide_committed_before: Option<Arc<Snapshot>>,
-    /// The connection cap (`sse.max_connections_per_subscriber`), read per
-    /// attach so a changed setting applies to the next connection.
-    pub max_streams: usize,
 }
-
-/// The subscriber already has the most streams the cap allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the subscriber already has {0} open streams")]
-pub struct TooManyStreams(pub usize);
 
 impl Handler<Attach> for Hub {
     type Result = MessageResult<Attach>;
 
     fn handle(&mut self, msg: Attach, _: &mut Context<Self>) -> Self::Result {
         let _handling = self.handling();
-        let open = self
-            .streams
-            .get(&msg.subscriber.subscriber_id)
-            .copied()
-            .unwrap_or(0);
-        if open >= msg.max_streams {
-            return MessageResult(Err(TooManyStreams(open)));
-        }
         let replay = msg
             .replay_after
             .and_then(|after| self.tail.recent(after))
@@ -286,10 +243,6 @@ impl Handler<Attach> for Hub {
                     .filter(|event| event.is_permitted_for(&msg.subscriber))
                     .collect()
             });
-        *self
-            .streams
-            .entry(msg.subscriber.subscriber_id.clone())
-            .or_default() += 1;
         self.members.insert(
             msg.session,
             Member {
@@ -298,7 +251,7 @@ impl Handler<Attach> for Hub {
                 hide_committed_before: msg.hide_committed_before,
             },
         );
-        MessageResult(Ok(replay))
+        MessageResult(replay)
     }
 }
 
@@ -313,9 +266,7 @@ impl Handler<Detach> for Hub {
 
     fn handle(&mut self, msg: Detach, _: &mut Context<Self>) {
         let _handling = self.handling();
-        if let Some(member) = self.members.remove(&msg.session) {
-            stream_closed(&mut self.streams, &member.subscriber.subscriber_id);
-        }
+        self.members.remove(&msg.session);
     }
 }
 

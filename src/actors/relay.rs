@@ -20,9 +20,7 @@ use actix::{
 use eventrelay_wire::{DeferredPointer, EventEnvelope, Subscriber};
 
 use super::encoded::EncodedEvent;
-use super::hub::{
-    Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral, TooManyStreams,
-};
+use super::hub::{Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral};
 use super::mailbox::Counted;
 use super::scope::{History, ScopeState};
 use super::tail::Bound;
@@ -436,9 +434,6 @@ pub struct Attached {
 /// Why a session was not subscribed.
 #[derive(Debug, thiserror::Error)]
 pub enum SubscribeError {
-    /// The scope's hub refused it: the subscriber is at its connection cap.
-    #[error(transparent)]
-    TooManyStreams(#[from] TooManyStreams),
     /// The scope's hub is gone: the relay is stopping.
     #[error("the relay is stopping")]
     Stopping,
@@ -454,9 +449,6 @@ pub struct Subscribe {
     /// Where the subscriber joined. A subscriber that asked for no replay
     /// is never sent an event its snapshot already saw committed.
     pub joined: JoinPoint,
-    /// The most streams one subscriber may hold open in the scope; the
-    /// hub decides.
-    pub max_streams: usize,
 }
 
 impl Handler<Subscribe> for Relay {
@@ -480,12 +472,10 @@ impl Handler<Subscribe> for Relay {
             queue: msg.queue,
             replay_after: msg.replay_after,
             hide_committed_before,
-            max_streams: msg.max_streams,
         });
         Box::pin(async move {
             let refused = match attach.await {
-                Ok(Ok(from_tail)) => return Ok(Attached { session, from_tail }),
-                Ok(Err(too_many)) => SubscribeError::from(too_many),
+                Ok(from_tail) => return Ok(Attached { session, from_tail }),
                 Err(_) => SubscribeError::Stopping,
             };
             // Counted above, but no session will ever unsubscribe: undo

@@ -6,6 +6,7 @@
 //! - `migrate.rs`: `migrate`, `emit`
 //! - `deliveries.rs`: `deliveries ...`
 //! - `subscriptions.rs`: `subscriptions ...`
+//! - `subscribers.rs`: `subscribers ...` (through the admin API)
 //!
 //! The commands print their results on stdout (JSON lines where a program
 //! reads them) and everything else on stderr.
@@ -13,6 +14,7 @@
 mod deliveries;
 mod migrate;
 mod serve;
+mod subscribers;
 mod subscriptions;
 mod token;
 
@@ -69,6 +71,9 @@ pub enum Command {
     /// Manage webhook subscriptions. Prints JSON lines.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCommand),
+    /// List who is connected, and end a subscriber's streams on every relay.
+    #[command(subcommand)]
+    Subscribers(subscribers::SubscribersCommand),
 }
 
 /// Database settings: the configuration (file and environment), with these
@@ -178,8 +183,8 @@ pub enum CliError {
     },
     #[error(transparent)]
     Tls(#[from] eventrelay::http::tls::TlsError),
-    #[error("{url} refused the reload ({status}): {message}")]
-    ReloadRefused {
+    #[error("{url} refused ({status}): {message}")]
+    Refused {
         url: String,
         status: reqwest::StatusCode,
         message: String,
@@ -225,6 +230,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Emit(args) => migrate::emit(args).await,
         Command::Deliveries(command) => deliveries::run(command).await,
         Command::Subscriptions(command) => subscriptions::run(command).await,
+        Command::Subscribers(command) => subscribers::run(command).await,
     }
 }
 
@@ -303,5 +309,61 @@ impl LogFilter {
         let filter = EnvFilter::try_new(level)?;
         self.0.reload(filter)?;
         Ok(())
+    }
+}
+
+/// One call of a running relay's admin API, with the configured
+/// `admin.token`.
+pub struct AdminCall {
+    base: String,
+    token: eventrelay::secret::Secret,
+}
+
+impl AdminCall {
+    pub fn new(config: &ConfigArgs, base: &str) -> Result<AdminCall, CliError> {
+        let config = Config::load(config.config.as_deref())?;
+        let token = config.admin.token.ok_or_else(|| {
+            CliError::Usage(
+                "admin.token is not set: this command uses the relay's admin API".into(),
+            )
+        })?;
+        Ok(AdminCall {
+            base: base.trim_end_matches('/').to_owned(),
+            token,
+        })
+    }
+
+    /// Sends the request and answers the JSON body of a success; a refusal
+    /// is an error carrying the API's message.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+    ) -> Result<serde_json::Value, CliError> {
+        let url = format!("{}{path}", self.base);
+        let unreachable = |source| CliError::Unreachable {
+            url: url.clone(),
+            source,
+        };
+        let response = reqwest::Client::new()
+            .request(method, &url)
+            .bearer_auth(self.token.expose())
+            .timeout(std::time::Duration::from_secs(30))
+            .send()
+            .await
+            .map_err(unreachable)?;
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.map_err(unreachable)?;
+        if !status.is_success() {
+            return Err(CliError::Refused {
+                url,
+                status,
+                message: body["error"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            });
+        }
+        Ok(body)
     }
 }

@@ -12,7 +12,7 @@ use eventrelay::config::Config;
 use eventrelay::reload::Reloading;
 use eventrelay::store::{WakeupMode, wakeup};
 
-use super::{CliError, ConfigArgs, DEV_DIR, dev_secret, init_logging};
+use super::{AdminCall, CliError, ConfigArgs, DEV_DIR, dev_secret, init_logging};
 
 #[derive(Args)]
 pub struct HealthArgs {
@@ -187,36 +187,13 @@ pub struct ReloadArgs {
 /// Asks the relay at `--url` to reload, with the configured admin token,
 /// and prints what it applied and what needs a restart.
 pub async fn reload(args: ReloadArgs) -> Result<(), CliError> {
-    let config = Config::load(args.config.config.as_deref())?;
-    let token = config.admin.token.ok_or_else(|| {
-        CliError::Usage(
+    let call = AdminCall::new(&args.config, &args.url).map_err(|error| match error {
+        CliError::Usage(_) => CliError::Usage(
             "admin.token is not set: `eventrelay reload` uses the admin API; send SIGHUP to the relay's process instead".into(),
-        )
+        ),
+        other => other,
     })?;
-    let url = format!("{}/v1/admin/reload", args.url.trim_end_matches('/'));
-    let unreachable = |source| CliError::Unreachable {
-        url: url.clone(),
-        source,
-    };
-    let response = reqwest::Client::new()
-        .post(&url)
-        .bearer_auth(token.expose())
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .map_err(unreachable)?;
-    let status = response.status();
-    let body: serde_json::Value = response.json().await.map_err(unreachable)?;
-    if !status.is_success() {
-        return Err(CliError::ReloadRefused {
-            url,
-            status,
-            message: body["error"]["message"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-        });
-    }
+    let body = call.send(reqwest::Method::POST, "/v1/admin/reload").await?;
     println!("{body}");
     Ok(())
 }

@@ -43,6 +43,7 @@ pub enum ErrorCode {
     CorsHeaderNotAllowed,
     MintingDisabled,
     InvalidConfig,
+    SubscriberDisconnected,
 }
 
 impl ErrorCode {

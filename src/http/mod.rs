@@ -9,6 +9,7 @@ pub mod inspector;
 pub mod ops;
 pub mod publish;
 pub mod routes;
+pub mod subscribers;
 pub mod tls;
 pub mod token;
 
@@ -55,6 +56,13 @@ pub struct AppState {
     pub closing: tokio::sync::watch::Receiver<bool>,
     /// Every stream holds one of these while it is open.
     pub open_streams: OpenStreams,
+    /// This relay's open streams, by subscriber: the connection cap, the
+    /// admin API's listing, and disconnections.
+    pub streams: crate::sse::registry::StreamRegistry,
+    /// Where disconnections are recorded for every relay to read.
+    pub disconnections: crate::store::disconnections::Disconnections,
+    /// This relay's name in the admin API's answers: host and process id.
+    pub relay_name: String,
 }
 
 /// What a shutdown waits for: each open stream holds a sender of one

@@ -4,7 +4,7 @@
 use actix_web::web;
 
 use super::error::{ApiError, ErrorCode};
-use super::{admin, cors, inspector, ops, publish};
+use super::{admin, cors, inspector, ops, publish, subscribers};
 
 /// Registers every route. The inspector's routes exist only when
 /// `http.inspector` is on.
@@ -58,6 +58,11 @@ pub fn routes(config: &mut web::ServiceConfig, inspector_enabled: bool) {
                     web::post().to(admin::rotate_secret),
                 )
                 .route("/reload", web::post().to(admin::reload))
+                .route("/subscribers", web::get().to(subscribers::list))
+                .route(
+                    "/subscribers/{subscriber}/disconnect",
+                    web::post().to(subscribers::disconnect),
+                )
                 .route("/deliveries", web::get().to(admin::list_deliveries))
                 // Registered before `{id}` so `prune` is never taken for an id.
                 .route("/deliveries/prune", web::post().to(admin::prune_deliveries))

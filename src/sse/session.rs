@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Interval};
 
 use super::peer::{PEEK_EVERY, PeerSocket};
+use super::registry::Ticket;
 use crate::actors::EncodedEvent;
 use crate::actors::mailbox::Counted;
 use crate::actors::relay::{Relay, Unsubscribe};
@@ -61,6 +62,9 @@ pub struct SessionParams {
     /// When to warn that the credentials expire, and how many seconds
     /// they have left then: only for a stream its credentials end.
     pub reauth: Option<(Instant, u64)>,
+    /// The stream's place among this relay's streams; its `revoked` turns
+    /// true when an operator disconnects the subscriber.
+    pub ticket: Ticket,
     pub until: Option<String>,
     pub resync: bool,
     pub replay: Replay,
@@ -198,6 +202,10 @@ impl Session {
             if self.phase != Phase::Finished && Instant::now() >= self.params.ends_at {
                 self.phase = Phase::Finished;
             }
+            if self.phase != Phase::Finished && *self.params.ticket.revoked.borrow() {
+                self.phase = Phase::Finished;
+                return Some(Ok(Bytes::from(sse::revoked_frame())));
+            }
             if self.phase != Phase::Retry
                 && let Some(frame) = self.reauth_due()
             {
@@ -271,6 +279,7 @@ impl Session {
         let ends_at = self.params.ends_at;
         let mut closing = self.params.closing.clone();
         let peer = self.params.peer;
+        let mut revoked = self.params.ticket.revoked.clone();
         loop {
             let reauth_at = self.params.reauth.map(|(at, _)| at);
             tokio::select! {
@@ -278,6 +287,10 @@ impl Session {
                 _ = tokio::time::sleep_until(ends_at) => {
                     self.phase = Phase::Finished;
                     return None;
+                }
+                _ = revoked.wait_for(|revoked| *revoked) => {
+                    self.phase = Phase::Finished;
+                    return Some(Bytes::from(sse::revoked_frame()));
                 }
                 _ = tokio::time::sleep_until(reauth_at.unwrap_or(ends_at)), if reauth_at.is_some() => {
                     if let Some(frame) = self.reauth_due() {

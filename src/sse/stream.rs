@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::peer::PeerSocket;
+use super::registry::Refusal;
 use super::session::{Registration, Replay, Session, SessionParams, count_replay};
-use crate::actors::hub::TooManyStreams;
 use crate::actors::relay::{JoinPoint, Subscribe, SubscribeError};
 use crate::auth::Credentials;
 use crate::http::AppState;
@@ -105,6 +105,27 @@ pub async fn stream_events(
     let subscriber = resolved.subscriber;
 
     let sse = &config.sse;
+    // Before anything is read or attached: a subscriber at its cap, or one
+    // an operator disconnected, costs no query.
+    let ticket = state
+        .streams
+        .open(
+            &subscriber.subscriber_id,
+            &subscriber.scope_key,
+            sse.max_connections_per_subscriber,
+        )
+        .map_err(|refusal| match refusal {
+            Refusal::TooManyStreams(_) => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::TooManyConnections,
+                refusal.to_string(),
+            ),
+            Refusal::Denied(_) => ApiError::new(
+                StatusCode::FORBIDDEN,
+                ErrorCode::SubscriberDisconnected,
+                refusal.to_string(),
+            ),
+        })?;
     let replay_from = last_event_id.map(|id| (id - sse.replay_lookback).max(0));
     // Taken before the subscription exists, so whatever it saw committed
     // is history to this subscriber and everything after it is live.
@@ -130,16 +151,10 @@ pub async fn stream_events(
                 snapshot: Arc::new(view.snapshot.clone()),
                 scope_newest: view.scope_newest,
             },
-            max_streams: sse.max_connections_per_subscriber,
         })
         .await
         .map_err(|_| ApiError::unavailable("the relay is shutting down"))?
         .map_err(|refused| match refused {
-            SubscribeError::TooManyStreams(TooManyStreams(open)) => ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                ErrorCode::TooManyConnections,
-                format!("subscriber already has {open} open streams; close one first"),
-            ),
             SubscribeError::Stopping => ApiError::unavailable("the relay is shutting down"),
         })?;
     let registration = Registration::new(
@@ -188,6 +203,7 @@ pub async fn stream_events(
         heartbeat: sse.heartbeat(),
         ends_at,
         reauth,
+        ticket,
         until: query.until.clone(),
         resync,
         replay,

@@ -2,6 +2,7 @@
 //! outbox's read side and the snapshots that tell history from new events.
 
 pub mod database;
+pub mod disconnections;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 pub mod error;

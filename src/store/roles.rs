@@ -53,6 +53,7 @@ GRANT SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {relay};
 GRANT SELECT, INSERT, UPDATE, DELETE
     ON {schema}.webhook_subscriptions, {schema}.webhook_deliveries, {schema}.webhook_attempts
     TO {relay};
+GRANT SELECT, INSERT, DELETE ON {schema}.subscriber_disconnections TO {relay};
 GRANT EXECUTE ON FUNCTION
     {schema}.outbox_announce_rows(uuid[], bigint[], uuid[], text[], integer[], text[], text[]),
     {schema}.notify_inline(text),

@@ -75,6 +75,16 @@ pub fn reauth_frame(expires_in_secs: u64) -> String {
     )
 }
 
+/// The event type of the last frame of a stream an operator ended.
+pub const REVOKED_EVENT: &str = "revoked";
+
+/// The `revoked` frame: an operator disconnected this subscriber, and the
+/// stream ends now. A client should not reconnect with the same
+/// credentials.
+pub fn revoked_frame() -> String {
+    frame(None, Some(REVOKED_EVENT), r#"{"reason":"disconnected"}"#)
+}
+
 /// The `retry:` frame telling a client how long to wait before reconnecting.
 pub fn retry_frame(milliseconds: u64) -> String {
     format!("retry: {milliseconds}\n\n")

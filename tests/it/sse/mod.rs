@@ -4,4 +4,5 @@ mod churn;
 mod closed_clients;
 mod ends_on_time;
 mod reauth;
+mod revocation;
 mod slow_clients;

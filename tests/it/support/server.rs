@@ -446,12 +446,15 @@ impl SseStream {
         events
     }
 
-    /// True when the stream ends (skipping heartbeats) before the deadline.
+    /// True when the stream ends (skipping heartbeats and `reauth`) before
+    /// the deadline.
     pub async fn ends(&mut self) -> bool {
         loop {
             match self.next_frame().await {
                 None => return true,
                 Some(frame) if frame.comment.is_some() => continue,
+                // The warning that the token expires comes before its end.
+                Some(frame) if frame.event.as_deref() == Some("reauth") => continue,
                 Some(frame) => panic!("expected the end of the stream, got {frame:?}"),
             }
         }

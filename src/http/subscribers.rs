@@ -1,0 +1,121 @@
+//! `/v1/admin/subscribers`: who is connected to this relay, and ending a
+//! subscriber's streams now.
+//!
+//! A disconnection is recorded in the database before it is applied here,
+//! so every other relay on the schema reads it within a second and ends
+//! that subscriber's streams too (see `crate::sse::registry` and the poll
+//! in `crate::server`). With `denySecs`, relays also refuse the
+//! subscriber's new streams until then: what makes a disconnection stick
+//! while the subscriber's tokens are still valid.
+
+use actix_web::{HttpResponse, web};
+use chrono::{Duration, Utc};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::admin::Admin;
+use super::error::{ApiError, ErrorCode};
+use crate::store::disconnections::Disconnection;
+
+/// The most streams one listing page holds.
+const MAX_PAGE: usize = 500;
+/// The longest denial: a disconnection is no way to ban for good (revoke
+/// the subscriber's credentials for that).
+const MAX_DENY_SECS: i64 = 7 * 24 * 3600;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DisconnectQuery {
+    scope: Option<String>,
+    deny_secs: Option<i64>,
+}
+
+/// `POST /v1/admin/subscribers/{subscriber}/disconnect`.
+pub async fn disconnect(
+    state: Admin,
+    subscriber: web::Path<String>,
+    query: web::Query<DisconnectQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let subscriber = subscriber.into_inner();
+    let invalid = |message: String| ApiError::bad_request(ErrorCode::InvalidQuery, message);
+    if subscriber.is_empty() || subscriber.len() > 200 {
+        return Err(invalid("the subscriber id must be 1 to 200 bytes".into()));
+    }
+    if let Some(scope) = &query.scope {
+        eventrelay_wire::validate_scope_key(scope).map_err(|e| invalid(format!("scope: {e}")))?;
+    }
+    let deny_until = match query.deny_secs {
+        None | Some(0) => None,
+        Some(secs) if (1..=MAX_DENY_SECS).contains(&secs) => {
+            Some(Utc::now() + Duration::seconds(secs))
+        }
+        Some(_) => {
+            return Err(invalid(format!(
+                "denySecs must be between 0 and {MAX_DENY_SECS}"
+            )));
+        }
+    };
+    let client = state
+        .db
+        .get()
+        .await
+        .map_err(|e| ApiError::failed("the database did not answer", &e))?;
+    let id = state
+        .disconnections
+        .insert(&client, &subscriber, query.scope.as_deref(), deny_until)
+        .await
+        .map_err(|e| ApiError::failed("the disconnection could not be recorded", &e))?;
+    let ended = state.streams.apply_recorded(&Disconnection {
+        id,
+        subscriber_id: subscriber.clone(),
+        scope_key: query.scope.clone(),
+        deny_until,
+    });
+    tracing::info!(%subscriber, scope = ?query.scope, ?deny_until, ended, "subscriber disconnected by an operator");
+    Ok(HttpResponse::Ok().json(json!({
+        "subscriber": subscriber,
+        "scopeKey": query.scope,
+        "disconnected": ended,
+        "relay": state.relay_name,
+        "denyUntil": deny_until,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListQuery {
+    scope: Option<String>,
+    after: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/admin/subscribers`: the streams open on this relay, oldest
+/// first, a page at a time (`next` is the `after` of the next page).
+pub async fn list(state: Admin, query: web::Query<ListQuery>) -> Result<HttpResponse, ApiError> {
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(
+            ErrorCode::InvalidQuery,
+            format!("limit must be between 1 and {MAX_PAGE}"),
+        ));
+    }
+    let page = state
+        .streams
+        .list(query.scope.as_deref(), query.after.unwrap_or(0), limit);
+    let next = (page.len() == limit)
+        .then(|| page.last().map(|s| s.id))
+        .flatten();
+    let streams: Vec<_> = page
+        .iter()
+        .map(|stream| {
+            json!({
+                "id": stream.id,
+                "subscriber": stream.subscriber,
+                "scopeKey": stream.scope_key,
+                "connectedAt": stream.connected_at,
+                "relay": state.relay_name,
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "streams": streams, "next": next })))
+}

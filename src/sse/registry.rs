@@ -1,0 +1,299 @@
+//! Every stream open on this relay, by subscriber: what enforces the
+//! per-subscriber connection cap across scopes, lists who is connected for
+//! the admin API, and ends a subscriber's streams at once when it is
+//! disconnected (here, or on another relay through the database), keeping
+//! a deny-list until the disconnection's expiry.
+//!
+//! It is one mutex around small maps, touched when a stream opens or
+//! closes and when an operator acts: never on the delivery path.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use chrono::{DateTime, Utc};
+use tokio::sync::watch;
+
+use crate::store::disconnections::Disconnection;
+
+/// Why a stream may not open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("subscriber already has {0} open streams on this relay; close one first")]
+    TooManyStreams(usize),
+    #[error("subscriber was disconnected by an operator until {0}")]
+    Denied(DateTime<Utc>),
+}
+
+/// One open stream, as the admin API lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenStream {
+    pub id: u64,
+    pub subscriber: String,
+    pub scope_key: String,
+    pub connected_at: DateTime<Utc>,
+}
+
+/// A subscriber shut out until `until`, in one scope or in all.
+#[derive(Debug, Clone)]
+struct Denial {
+    scope_key: Option<String>,
+    until: DateTime<Utc>,
+}
+
+struct Entry {
+    stream: OpenStream,
+    /// Turns true when the stream is to end as revoked.
+    revoke: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Disconnections applied by this relay when it recorded them, so the
+    /// poll that reads them back from the database skips them.
+    applied: std::collections::HashSet<i64>,
+    next_id: u64,
+    /// By id, so listings page in a stable order.
+    streams: BTreeMap<u64, Entry>,
+    per_subscriber: HashMap<String, usize>,
+    denials: HashMap<String, Vec<Denial>>,
+}
+
+/// The registry; cheap to clone (one shared map).
+#[derive(Clone, Default)]
+pub struct StreamRegistry {
+    inner: Arc<Mutex<Inner>>,
+}
+
+/// A stream's place in the registry: dropping it removes the stream.
+pub struct Ticket {
+    registry: StreamRegistry,
+    id: u64,
+    /// Turns true when an operator disconnects the stream.
+    pub revoked: watch::Receiver<bool>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut inner = self.registry.lock();
+        if let Some(entry) = inner.streams.remove(&self.id) {
+            let subscriber = entry.stream.subscriber;
+            if let Some(count) = inner.per_subscriber.get_mut(&subscriber) {
+                *count -= 1;
+                if *count == 0 {
+                    inner.per_subscriber.remove(&subscriber);
+                }
+            }
+        }
+    }
+}
+
+impl StreamRegistry {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding it leaves plain maps behind: still usable.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers a stream, unless the subscriber is denied in this scope or
+    /// already has `max_streams` open on this relay, in any scope.
+    pub fn open(
+        &self,
+        subscriber: &str,
+        scope_key: &str,
+        max_streams: usize,
+    ) -> Result<Ticket, Refusal> {
+        let now = Utc::now();
+        let mut inner = self.lock();
+        if let Some(denials) = inner.denials.get_mut(subscriber) {
+            denials.retain(|denial| denial.until > now);
+            if let Some(denial) = denials.iter().find(|denial| {
+                denial
+                    .scope_key
+                    .as_deref()
+                    .is_none_or(|scope| scope == scope_key)
+            }) {
+                return Err(Refusal::Denied(denial.until));
+            }
+        }
+        let open = inner.per_subscriber.get(subscriber).copied().unwrap_or(0);
+        if open >= max_streams {
+            return Err(Refusal::TooManyStreams(open));
+        }
+        inner.next_id += 1;
+        let id = inner.next_id;
+        let (revoke, revoked) = watch::channel(false);
+        inner.streams.insert(
+            id,
+            Entry {
+                stream: OpenStream {
+                    id,
+                    subscriber: subscriber.to_owned(),
+                    scope_key: scope_key.to_owned(),
+                    connected_at: now,
+                },
+                revoke,
+            },
+        );
+        *inner
+            .per_subscriber
+            .entry(subscriber.to_owned())
+            .or_default() += 1;
+        Ok(Ticket {
+            registry: self.clone(),
+            id,
+            revoked,
+        })
+    }
+
+    /// Ends `subscriber`'s streams on this relay (in `scope_key` only, when
+    /// given), and refuses new ones until `deny_until`. Returns how many
+    /// streams it ended.
+    pub fn disconnect(
+        &self,
+        subscriber: &str,
+        scope_key: Option<&str>,
+        deny_until: Option<DateTime<Utc>>,
+    ) -> usize {
+        let mut inner = self.lock();
+        if let Some(until) = deny_until.filter(|until| *until > Utc::now()) {
+            inner
+                .denials
+                .entry(subscriber.to_owned())
+                .or_default()
+                .push(Denial {
+                    scope_key: scope_key.map(str::to_owned),
+                    until,
+                });
+        }
+        let mut ended = 0;
+        for entry in inner.streams.values() {
+            let stream = &entry.stream;
+            if stream.subscriber == subscriber
+                && scope_key.is_none_or(|scope| scope == stream.scope_key)
+                && !*entry.revoke.borrow()
+            {
+                entry.revoke.send_replace(true);
+                ended += 1;
+            }
+        }
+        ended
+    }
+
+    /// Applies a recorded disconnection (see [`Self::disconnect`]) unless
+    /// this relay applied it already; answers how many streams it ended.
+    pub fn apply(&self, disconnection: &Disconnection) -> usize {
+        if self.lock().applied.remove(&disconnection.id) {
+            return 0;
+        }
+        self.disconnect(
+            &disconnection.subscriber_id,
+            disconnection.scope_key.as_deref(),
+            disconnection.deny_until,
+        )
+    }
+
+    /// Applies a disconnection this relay has just recorded, so reading it
+    /// back later does nothing.
+    pub fn apply_recorded(&self, disconnection: &Disconnection) -> usize {
+        self.lock().applied.insert(disconnection.id);
+        self.disconnect(
+            &disconnection.subscriber_id,
+            disconnection.scope_key.as_deref(),
+            disconnection.deny_until,
+        )
+    }
+
+    /// Up to `limit` open streams with ids above `after`, in `scope_key`
+    /// only when given, in the order they opened.
+    pub fn list(&self, scope_key: Option<&str>, after: u64, limit: usize) -> Vec<OpenStream> {
+        let inner = self.lock();
+        inner
+            .streams
+            .range(after + 1..)
+            .map(|(_, entry)| &entry.stream)
+            .filter(|stream| scope_key.is_none_or(|scope| scope == stream.scope_key))
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_counts_a_subscribers_streams_across_scopes() {
+        let registry = StreamRegistry::default();
+        let a = registry.open("alice", "org-1", 2).unwrap();
+        let _b = registry.open("alice", "org-2", 2).unwrap();
+        assert_eq!(
+            registry.open("alice", "org-3", 2).err(),
+            Some(Refusal::TooManyStreams(2))
+        );
+        assert!(registry.open("bob", "org-3", 2).is_ok(), "per subscriber");
+        drop(a);
+        assert!(
+            registry.open("alice", "org-3", 2).is_ok(),
+            "a closed stream frees its place"
+        );
+    }
+
+    #[test]
+    fn a_disconnection_ends_the_matching_streams_and_denies_until_its_expiry() {
+        let registry = StreamRegistry::default();
+        let one = registry.open("alice", "org-1", 9).unwrap();
+        let two = registry.open("alice", "org-2", 9).unwrap();
+        let other = registry.open("bob", "org-1", 9).unwrap();
+        let until = Utc::now() + chrono::Duration::seconds(60);
+        assert_eq!(registry.disconnect("alice", Some("org-1"), Some(until)), 1);
+        assert!(*one.revoked.borrow());
+        assert!(!*two.revoked.borrow() && !*other.revoked.borrow());
+        assert_eq!(
+            registry.open("alice", "org-1", 9).err(),
+            Some(Refusal::Denied(until))
+        );
+        let _three = registry
+            .open("alice", "org-3", 9)
+            .expect("other scopes stay open");
+        assert_eq!(
+            registry.disconnect("alice", None, None),
+            2,
+            "org-2 and org-3"
+        );
+        assert_eq!(
+            registry.disconnect("alice", None, None),
+            0,
+            "already ending"
+        );
+        let past = Utc::now() - chrono::Duration::seconds(1);
+        registry.disconnect("bob", None, Some(past));
+        assert!(
+            registry.open("bob", "org-1", 9).is_ok(),
+            "an expired denial is no denial"
+        );
+    }
+
+    #[test]
+    fn listings_page_in_opening_order_and_filter_by_scope() {
+        let registry = StreamRegistry::default();
+        let _tickets: Vec<_> = ["org-1", "org-2", "org-1", "org-1"]
+            .iter()
+            .enumerate()
+            .map(|(n, scope)| registry.open(&format!("s{n}"), scope, 9).unwrap())
+            .collect();
+        let first = registry.list(Some("org-1"), 0, 2);
+        assert_eq!(
+            first
+                .iter()
+                .map(|s| s.subscriber.as_str())
+                .collect::<Vec<_>>(),
+            ["s0", "s2"]
+        );
+        let rest = registry.list(Some("org-1"), first[1].id, 2);
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].subscriber, "s3");
+        assert_eq!(registry.list(None, 0, 10).len(), 4);
+    }
+}
