@@ -20,7 +20,7 @@ async fn the_openapi_document_describes_routes_that_exist() {
     let client = reqwest::Client::new();
     let mut checked = 0;
     for (path, operations) in document["paths"].as_object().unwrap() {
-        let path = path.replace("{id}", "1");
+        let path = path.replace("{id}", "1").replace("{subscriber}", "alice");
         for method in operations.as_object().unwrap().keys() {
             let url = server.url(&path);
             let request = match method.as_str() {
@@ -35,7 +35,7 @@ async fn the_openapi_document_describes_routes_that_exist() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 17);
+    assert_eq!(checked, 19);
 
     let missing = client.get(server.url("/v2/nothing")).send().await.unwrap();
     assert_eq!(missing.status(), 404);

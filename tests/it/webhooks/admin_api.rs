@@ -822,6 +822,8 @@ async fn the_openapi_document_lists_every_admin_endpoint() {
         ("/v1/admin/deliveries/{id}/redeliver", "post"),
         ("/v1/admin/deliveries/prune", "post"),
         ("/v1/admin/reload", "post"),
+        ("/v1/admin/subscribers", "get"),
+        ("/v1/admin/subscribers/{subscriber}/disconnect", "post"),
     ];
     for (path, method) in expected {
         assert!(
@@ -829,7 +831,7 @@ async fn the_openapi_document_lists_every_admin_endpoint() {
             "{method} {path} is not documented"
         );
         // Routed: without a token every admin endpoint says 401, not 404.
-        let concrete = path.replace("{id}", "1");
+        let concrete = path.replace("{id}", "1").replace("{subscriber}", "alice");
         let (status, body) = call_as(
             &server,
             None,
