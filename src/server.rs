@@ -625,7 +625,7 @@ async fn follow_disconnections(
                 }
             }
             // About once an hour.
-            if polls % 7_200 == 0 {
+            if polls.is_multiple_of(7_200) {
                 disconnections.prune(&*client).await?;
             }
             Ok(())

@@ -88,11 +88,25 @@ pub async fn run(command: SubscribersCommand) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Percent-encodes a path segment or query value.
+/// Percent-encodes a path segment or query value: every byte but the
+/// unreserved ones (RFC 3986).
 fn encode(text: &str) -> String {
-    let mut url = reqwest::Url::parse("http://x/").expect("a valid base");
-    url.path_segments_mut()
-        .expect("a base with a path")
-        .push(text);
-    url.path().trim_start_matches('/').to_owned()
+    text.bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+                char::from(byte).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_unreserved_bytes_pass_unencoded() {
+        assert_eq!(super::encode("org-1_a.b~"), "org-1_a.b~");
+        assert_eq!(super::encode("a/b c?é"), "a%2Fb%20c%3F%C3%A9");
+    }
 }
