@@ -5,7 +5,7 @@
 //! serves; pointers to what was delivered cost no read.
 
 use crate::support::server::{TestServer, token};
-use crate::support::{TestDb, eventually};
+use crate::support::{TestDb, block_on_own_thread, eventually};
 use eventrelay::publisher::Identifier;
 use eventrelay::publisher::{Audience, NewEvent};
 use eventrelay::store::roles::{RoleNames, grants_sql};
@@ -44,26 +44,19 @@ impl Drop for TestRoles {
     fn drop(&mut self) {
         let url = self.db_url.clone();
         let names = std::mem::take(&mut self.names);
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                if let Ok(client) = eventrelay::connect(&url).await {
-                    for name in names {
-                        let _ = client
-                            .batch_execute(&format!(
-                                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                                   WHERE usename = '{name}';
-                                 DROP OWNED BY {name}; DROP ROLE {name}"
-                            ))
-                            .await;
-                    }
+        block_on_own_thread(async move {
+            if let Ok(client) = eventrelay::connect(&url).await {
+                for name in names {
+                    let _ = client
+                        .batch_execute(&format!(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                               WHERE usename = '{name}';
+                             DROP OWNED BY {name}; DROP ROLE {name}"
+                        ))
+                        .await;
                 }
-            });
-        })
-        .join();
+            }
+        });
     }
 }
 
@@ -92,6 +85,31 @@ async fn refused(client: &Client, sql: &str) -> String {
 }
 
 const INSUFFICIENT_PRIVILEGE: &str = "42501";
+
+/// Creates `<schema>_relay`, `<schema>_emitter` and a login role
+/// `<schema>_<login>`, runs what `migrate --print-grants` prints, and
+/// grants the login role `granted(&names)`.
+async fn with_grants(
+    db: &TestDb,
+    login: &str,
+    granted: impl Fn(&RoleNames) -> &Identifier,
+) -> (TestRoles, RoleNames) {
+    let roles = TestRoles::create(db, &["relay", "emitter", login]).await;
+    let names = RoleNames {
+        relay: Identifier::new(&roles.names[0]).unwrap(),
+        emitter: Identifier::new(&roles.names[1]).unwrap(),
+    };
+    let owner = db.connect().await;
+    owner
+        .batch_execute(&grants_sql(&db.schema, &names))
+        .await
+        .unwrap();
+    owner
+        .batch_execute(&format!("GRANT {} TO {}", granted(&names), roles.names[2]))
+        .await
+        .unwrap();
+    (roles, names)
+}
 
 #[tokio::test]
 async fn a_role_that_can_only_log_in_reads_nothing_from_the_channel_and_forges_nothing() {
@@ -206,20 +224,7 @@ async fn a_role_that_can_only_log_in_reads_nothing_from_the_channel_and_forges_n
 #[tokio::test]
 async fn an_emitter_with_only_its_grants_emits_and_can_do_nothing_else() {
     let db = TestDb::new().await;
-    let roles = TestRoles::create(&db, &["relay", "emitter", "app"]).await;
-    let names = RoleNames {
-        relay: Identifier::new(&roles.names[0]).unwrap(),
-        emitter: Identifier::new(&roles.names[1]).unwrap(),
-    };
-    let owner = db.connect().await;
-    owner
-        .batch_execute(&grants_sql(&db.schema, &names))
-        .await
-        .unwrap();
-    owner
-        .batch_execute(&format!("GRANT {} TO {}", names.emitter, roles.names[2]))
-        .await
-        .unwrap();
+    let (roles, _) = with_grants(&db, "app", |names| &names.emitter).await;
     let server = TestServer::start(&db, |_| {});
     server.ready().await;
     let (mut stream, _) = server
@@ -313,26 +318,15 @@ async fn an_emitter_with_only_its_grants_emits_and_can_do_nothing_else() {
 }
 
 #[tokio::test]
-async fn a_relay_with_only_the_relay_grants_serves_publishes_and_prunes() {
+async fn a_relay_with_only_the_relay_grants_serves_publishes_prunes_and_disconnects() {
     let db = TestDb::new().await;
-    let roles = TestRoles::create(&db, &["relay", "emitter", "relay_login"]).await;
-    let names = RoleNames {
-        relay: Identifier::new(&roles.names[0]).unwrap(),
-        emitter: Identifier::new(&roles.names[1]).unwrap(),
-    };
-    let owner = db.connect().await;
-    owner
-        .batch_execute(&grants_sql(&db.schema, &names))
-        .await
-        .unwrap();
-    owner
-        .batch_execute(&format!("GRANT {} TO {}", names.relay, roles.names[2]))
-        .await
-        .unwrap();
+    let (roles, _) = with_grants(&db, "relay_login", |names| &names.relay).await;
     let url = url_as(&db, &roles.names[2]);
     let server = TestServer::start(&db, |c| {
         c.database.url = Some(url.into());
         c.database.migrate = false;
+        c.outbox.prune_interval_secs = 1;
+        c.admin.token = Some("admin-token-for-the-relay-role".into());
     });
     server.ready().await;
     let (mut stream, _) = server
@@ -352,6 +346,28 @@ async fn a_relay_with_only_the_relay_grants_serves_publishes_and_prunes() {
     assert_eq!(frames[0].json()["type"], "published");
     assert_eq!(frames[1].json()["type"], "published.now");
     assert_eq!(frames[2].json()["id"], emitted.id.to_string());
+
+    // It prunes: rows past retention go.
+    db.connect()
+        .await
+        .batch_execute(&format!(
+            "UPDATE {}.outbox SET written_at = now() - interval '30 days'",
+            db.schema
+        ))
+        .await
+        .unwrap();
+    server
+        .wait_for_metric("eventrelay_outbox_rows_pruned_total", |n| n >= 2.0)
+        .await;
+    // It records and applies disconnections.
+    let response = reqwest::Client::new()
+        .post(server.url("/v1/admin/subscribers/alice/disconnect"))
+        .bearer_auth("admin-token-for-the-relay-role")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(stream.last_event().await.as_deref(), Some("revoked"));
 }
 
 #[tokio::test]

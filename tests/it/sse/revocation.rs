@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::support::server::{SseStream, TestServer, token};
+use crate::support::server::{TestServer, token};
 use crate::support::{TestDb, eventually};
 use eventrelay::publisher::NewEvent;
 use serde_json::{Value, json};
@@ -27,17 +27,6 @@ async fn admin(server: &TestServer, method: reqwest::Method, path: &str) -> (u16
         .unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap())
-}
-
-/// The stream's last frame, once it ends.
-async fn last_frame(stream: &mut SseStream) -> Option<String> {
-    let mut last = None;
-    while let Some(frame) = stream.next_frame().await {
-        if frame.comment.is_none() {
-            last = frame.event.clone();
-        }
-    }
-    last
 }
 
 #[tokio::test]
@@ -62,8 +51,8 @@ async fn a_disconnection_ends_the_subscribers_streams_on_every_relay_within_a_se
     .await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["disconnected"], 1, "this relay's stream: {answer}");
-    assert_eq!(last_frame(&mut on_a).await.as_deref(), Some("revoked"));
-    assert_eq!(last_frame(&mut on_b).await.as_deref(), Some("revoked"));
+    assert_eq!(on_a.last_event().await.as_deref(), Some("revoked"));
+    assert_eq!(on_b.last_event().await.as_deref(), Some("revoked"));
     let everywhere = asked.elapsed();
     assert!(
         everywhere < Duration::from_millis(1_500),

@@ -297,35 +297,40 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         let url = self.url.clone();
         let schema = self.schema.clone();
-        // Drop runs inside the test's runtime, which is blocked while this
-        // waits; so clean up from a thread with a runtime of its own, and end
-        // the test's sessions first (a connection whose task cannot run now
-        // may still hold locks).
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                if let Ok((client, connection)) = tokio_postgres::connect(&url, NoTls).await {
-                    tokio::spawn(connection);
-                    let _ = client
-                        .execute(
-                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+        // End the test's sessions first (a connection whose task cannot run
+        // now may still hold locks).
+        block_on_own_thread(async move {
+            if let Ok((client, connection)) = tokio_postgres::connect(&url, NoTls).await {
+                tokio::spawn(connection);
+                let _ = client
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
                              WHERE application_name = $1 AND pid <> pg_backend_pid()",
-                            &[&schema.as_str()],
-                        )
-                        .await;
-                    let _ = client
-                        .batch_execute(&format!(
-                            "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS {schema} CASCADE"
-                        ))
-                        .await;
-                }
-            });
-        })
-        .join();
+                        &[&schema.as_str()],
+                    )
+                    .await;
+                let _ = client
+                    .batch_execute(&format!(
+                        "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS {schema} CASCADE"
+                    ))
+                    .await;
+            }
+        });
     }
+}
+
+/// Runs `work` to its end on a thread with a runtime of its own: for
+/// cleanup in `Drop`, which runs inside the test's runtime, blocked while
+/// this waits.
+pub fn block_on_own_thread(work: impl Future<Output = ()> + Send + 'static) {
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(work)
+    })
+    .join();
 }
 
 /// Notifications received by a LISTEN connection, in commit order.

@@ -446,6 +446,18 @@ impl SseStream {
         events
     }
 
+    /// The event type of the stream's last frame (heartbeats aside), once
+    /// it ends before the deadline.
+    pub async fn last_event(&mut self) -> Option<String> {
+        let mut last = None;
+        while let Some(frame) = self.next_frame().await {
+            if frame.comment.is_none() {
+                last = frame.event;
+            }
+        }
+        last
+    }
+
     /// True when the stream ends (skipping heartbeats and `reauth`) before
     /// the deadline.
     pub async fn ends(&mut self) -> bool {
