@@ -52,7 +52,7 @@ pub struct CreateSubscriptionArgs {
     /// Where to POST events (http:// or https://).
     #[arg(long)]
     url: String,
-    /// Signing secret (`whsec_<base64>`); generated when absent.
+    /// Signing secret of at least 24 bytes (`whsec_<base64>`, or text); generated when absent.
     #[arg(long)]
     secret: Option<String>,
     /// Event type pattern: an exact type, `prefix.*` or `*` (repeatable; default `*`).

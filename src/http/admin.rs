@@ -29,9 +29,9 @@ use super::token::Guard;
 use crate::reload::ReloadError;
 use crate::store::{Connection, StoreError};
 use crate::webhooks::{
-    DeliveriesDue, DeliveryFilter, DeliveryStatus, MAX_PAGE, Subscription, SubscriptionPatch,
-    ensure_changeable, generate_secret, prepare_subscription, validate_subscription,
-    validate_subscription_fields,
+    DeliveriesDue, DeliveryFilter, DeliveryStatus, InvalidSubscription, MAX_PAGE, Subscription,
+    SubscriptionPatch, ensure_changeable, generate_secret, prepare_subscription,
+    validate_subscription, validate_subscription_fields,
 };
 
 const ADMIN: Guard = Guard {
@@ -99,6 +99,16 @@ fn conflict(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, message)
 }
 
+/// A subscription field that breaks a rule: 400 `invalid_body`, or
+/// `weak_secret` for a secret too short to sign with.
+fn invalid_subscription(error: InvalidSubscription) -> ApiError {
+    let code = match error.weak_secret {
+        true => ErrorCode::WeakSecret,
+        false => ErrorCode::InvalidBody,
+    };
+    ApiError::bad_request(code, error.to_string())
+}
+
 fn refuse_config_source(subscription: &Subscription) -> Result<(), ApiError> {
     ensure_changeable(subscription).map_err(|e| conflict(e.to_string()))
 }
@@ -127,7 +137,7 @@ pub async fn create_subscription(
         create.types,
         create.scope_key,
     )
-    .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, e.to_string()))?;
+    .map_err(invalid_subscription)?;
     let conn = connection(&state).await?;
     let created = state
         .webhooks
@@ -187,7 +197,7 @@ pub async fn update_subscription(
 ) -> Result<HttpResponse, ApiError> {
     let patch: SubscriptionPatch = json_body(payload, &state).await?;
     validate_subscription(None, patch.url.as_deref(), patch.types.as_deref())
-        .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, e.to_string()))?;
+        .map_err(invalid_subscription)?;
     let scope_key = patch.scope_key.clone().flatten();
     validate_subscription_fields(
         patch.url.as_deref(),
@@ -195,7 +205,7 @@ pub async fn update_subscription(
         scope_key.as_deref(),
         None,
     )
-    .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, e.to_string()))?;
+    .map_err(invalid_subscription)?;
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
     let updated = state

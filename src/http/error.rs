@@ -44,6 +44,7 @@ pub enum ErrorCode {
     MintingDisabled,
     InvalidConfig,
     SubscriberDisconnected,
+    WeakSecret,
 }
 
 impl ErrorCode {

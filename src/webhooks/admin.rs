@@ -37,7 +37,9 @@ pub fn ensure_changeable(subscription: &Subscription) -> Result<(), ConfiguredSu
 }
 
 /// Checks a subscription to create, defaulting its types to `*` and
-/// generating a secret when none is given.
+/// generating a secret when none is given. A given secret must be at least
+/// [`MIN_SECRET_BYTES`](eventrelay_wire::webhook::MIN_SECRET_BYTES) long;
+/// a generated one is 32 bytes.
 pub fn prepare_subscription(
     id: String,
     url: String,
@@ -53,16 +55,8 @@ pub fn prepare_subscription(
         scope_key.as_deref(),
         secret.as_deref(),
     )?;
-    let secret = match secret {
-        Some(secret) => {
-            WebhookSecret::parse(&secret).map_err(|e| InvalidSubscription {
-                field: "secret",
-                message: e.to_string(),
-            })?;
-            secret
-        }
-        None => generate_secret(),
-    };
+    // A given secret was checked above, its length included.
+    let secret = secret.unwrap_or_else(generate_secret);
     Ok(NewSubscription {
         id,
         url,

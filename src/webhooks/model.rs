@@ -12,6 +12,7 @@ use std::str::FromStr;
 
 use bytes::BytesMut;
 use chrono::{DateTime, Utc};
+use eventrelay_wire::webhook::{SecretError, WebhookSecret};
 use serde::{Deserialize, Serialize};
 use strum::IntoEnumIterator;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, accepts, to_sql_checked};
@@ -26,12 +27,17 @@ use crate::secret::{Secret, redact_url};
 pub struct InvalidSubscription {
     pub field: &'static str,
     pub message: String,
+    /// Set when the fault is a secret shorter than
+    /// [`MIN_SECRET_BYTES`](eventrelay_wire::webhook::MIN_SECRET_BYTES),
+    /// which the admin API answers with a code of its own.
+    pub weak_secret: bool,
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> InvalidSubscription {
     InvalidSubscription {
         field,
         message: message.into(),
+        weak_secret: false,
     }
 }
 
@@ -198,8 +204,11 @@ fn check_scope_key(scope_key: Option<&str>) -> Result<(), InvalidSubscription> {
 /// could match an event (no control characters, at most 200 bytes), and a
 /// secret without control characters. Postgres text cannot hold NUL, so
 /// without this such input would fail in the database instead of being
-/// refused here. The admin API, the command line and the configuration file
-/// all apply it.
+/// refused here. A secret must also be one to sign with: valid base64 after
+/// a `whsec_` prefix, and at least
+/// [`MIN_SECRET_BYTES`](eventrelay_wire::webhook::MIN_SECRET_BYTES) long
+/// (decoded for `whsec_`, UTF-8 otherwise). The admin API, the command line
+/// and the configuration file all apply it.
 pub fn validate_subscription_fields(
     url: Option<&str>,
     types: Option<&[String]>,
@@ -231,8 +240,14 @@ pub fn validate_subscription_fields(
         eventrelay_wire::validate_scope_key(scope_key)
             .map_err(|e| invalid("scopeKey", e.to_string()))?;
     }
-    if secret.is_some_and(|secret| secret.chars().any(char::is_control)) {
-        return Err(invalid("secret", "must not contain control characters"));
+    if let Some(secret) = secret {
+        if secret.chars().any(char::is_control) {
+            return Err(invalid("secret", "must not contain control characters"));
+        }
+        WebhookSecret::parse_for_subscription(secret).map_err(|error| InvalidSubscription {
+            weak_secret: matches!(error, SecretError::TooShort { .. }),
+            ..invalid("secret", error.to_string())
+        })?;
     }
     Ok(())
 }
@@ -494,6 +509,28 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_secret_shorter_than_24_bytes_is_refused_in_either_form() {
+        let check = |secret: &str| validate_subscription_fields(None, None, None, Some(secret));
+        let whsec = |n: usize| WebhookSecret::from_bytes(vec![1u8; n]).to_whsec();
+        for short in ["s".repeat(23), whsec(23)] {
+            let error = check(&short).unwrap_err();
+            assert_eq!(
+                (error.field, error.weak_secret),
+                ("secret", true),
+                "{short}"
+            );
+            assert!(error.message.contains("at least 24"), "{}", error.message);
+        }
+        for enough in ["s".repeat(24), whsec(24)] {
+            check(&enough).unwrap();
+        }
+        let error = check("whsec_not base64!").unwrap_err();
+        assert_eq!((error.field, error.weak_secret), ("secret", false));
+        let error = check("a-secret-long-enough-but-\u{0}").unwrap_err();
+        assert_eq!((error.field, error.weak_secret), ("secret", false));
+    }
+
     /// Every representation of a status or outcome (serde, `as_str`,
     /// `FromStr`, and the command line's for statuses) spells it the same.
     #[test]
@@ -586,8 +623,8 @@ mod tests {
         let mut subscription = Subscription {
             id: "s".into(),
             url: "https://x".into(),
-            secret: "new".into(),
-            previous_secret: Some("old".into()),
+            secret: "the-new-signing-secret-of-the-hook".into(),
+            previous_secret: Some("the-old-signing-secret-of-the-hook".into()),
             previous_secret_expires_at: Some(now + chrono::Duration::minutes(1)),
             types: vec!["*".into()],
             scope_key: None,
@@ -595,9 +632,13 @@ mod tests {
             created_at: now,
             updated_at: now,
         };
-        assert_eq!(subscription.signing_secrets(now), ["new", "old"]);
+        let (new, old) = (
+            "the-new-signing-secret-of-the-hook",
+            "the-old-signing-secret-of-the-hook",
+        );
+        assert_eq!(subscription.signing_secrets(now), [new, old]);
         subscription.previous_secret_expires_at = Some(now - chrono::Duration::minutes(1));
-        assert_eq!(subscription.signing_secrets(now), ["new"]);
+        assert_eq!(subscription.signing_secrets(now), [new]);
     }
 
     #[test]

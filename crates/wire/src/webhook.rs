@@ -17,6 +17,12 @@ type HmacSha256 = Hmac<Sha256>;
 /// How far a `webhook-timestamp` may be from the receiver's clock.
 pub const TIMESTAMP_TOLERANCE_SECS: i64 = 5 * 60;
 
+/// The fewest bytes a signing secret may have when a subscription is given
+/// one: 24 bytes (192 bits) keep a forged HMAC-SHA256 signature out of
+/// reach of guessing the secret. Counted after decoding, so `whsec_` plus
+/// 32 base64 characters is the shortest `whsec_` secret.
+pub const MIN_SECRET_BYTES: usize = 24;
+
 const SECRET_PREFIX: &str = "whsec_";
 const SIGNATURE_VERSION: &str = "v1,";
 
@@ -38,6 +44,11 @@ pub enum SecretError {
     Empty,
     #[error("a whsec_ secret must be base64 after the prefix")]
     InvalidBase64,
+    #[error(
+        "webhook secret is {bytes} bytes; at least {MIN_SECRET_BYTES} are needed \
+         (a whsec_ secret counts its decoded bytes, any other its UTF-8 bytes)"
+    )]
+    TooShort { bytes: usize },
 }
 
 impl WebhookSecret {
@@ -53,6 +64,22 @@ impl WebhookSecret {
             return Err(SecretError::Empty);
         }
         Ok(WebhookSecret(bytes))
+    }
+
+    /// Parses a secret given to a subscription: as [`parse`], and refused
+    /// when shorter than [`MIN_SECRET_BYTES`]. Signing and
+    /// verifying still accept any secret [`parse`] does, so a receiver or a
+    /// subscription stored before this rule keeps working.
+    ///
+    /// [`parse`]: WebhookSecret::parse
+    pub fn parse_for_subscription(secret: &str) -> Result<Self, SecretError> {
+        let parsed = Self::parse(secret)?;
+        if parsed.0.len() < MIN_SECRET_BYTES {
+            return Err(SecretError::TooShort {
+                bytes: parsed.0.len(),
+            });
+        }
+        Ok(parsed)
     }
 
     /// Uses raw key bytes.
@@ -258,5 +285,33 @@ mod tests {
         assert_eq!(WebhookSecret::parse(""), Err(SecretError::Empty));
         let round = WebhookSecret::parse(&plain.to_whsec()).unwrap();
         assert_eq!(round, plain);
+    }
+
+    #[test]
+    fn a_secret_to_sign_with_has_at_least_24_bytes_in_either_form() {
+        let plain = |n: usize| "s".repeat(n);
+        let whsec = |n: usize| WebhookSecret::from_bytes(vec![7u8; n]).to_whsec();
+        for short in [plain(23), whsec(23)] {
+            assert_eq!(
+                WebhookSecret::parse_for_subscription(&short),
+                Err(SecretError::TooShort { bytes: 23 }),
+                "{short}"
+            );
+            // Still usable to verify with, as before.
+            WebhookSecret::parse(&short).unwrap();
+        }
+        for enough in [plain(24), whsec(24), VECTOR_SECRET.to_owned()] {
+            WebhookSecret::parse_for_subscription(&enough).unwrap();
+        }
+        // 24 characters of which some are multi-byte count their bytes.
+        WebhookSecret::parse_for_subscription(&"é".repeat(12)).unwrap();
+        assert_eq!(
+            WebhookSecret::parse_for_subscription(&"é".repeat(11)),
+            Err(SecretError::TooShort { bytes: 22 })
+        );
+        assert_eq!(
+            WebhookSecret::parse_for_subscription("whsec_!!!"),
+            Err(SecretError::InvalidBase64)
+        );
     }
 }

@@ -8,7 +8,7 @@
 use crate::support::TestDb;
 use crate::support::server::{PUBLISH_TOKEN, TestServer};
 use chrono::{DateTime, Utc};
-use eventrelay::publisher::{NewEvent, PgExecutor, Publisher};
+use eventrelay::publisher::{NewEvent, PgExecutor, Publisher, WebhookSecret};
 use eventrelay::webhooks::NewSubscription;
 use eventrelay::webhooks::WebhookStore;
 use reqwest::Method;
@@ -353,7 +353,7 @@ async fn malformed_subscriptions_are_refused_with_the_field_named() {
     for patch in [
         json!({"types": ["*x"]}),
         json!({"url": "mailto:a@b"}),
-        json!({"secret": "whsec_AAAA"}),
+        json!({"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}),
         json!({"scopeKey": ""}),
     ] {
         let (status, error) = call(
@@ -367,6 +367,100 @@ async fn malformed_subscriptions_are_refused_with_the_field_named() {
     }
     let (_, list) = call(&server, Method::GET, "/v1/admin/subscriptions", None).await;
     assert_eq!(list["subscriptions"].as_array().unwrap().len(), 1);
+}
+
+/// Secrets of `bytes` bytes in both forms: UTF-8 text, and `whsec_` with
+/// that many bytes once decoded.
+fn secrets_of(bytes: usize) -> [String; 2] {
+    [
+        "k".repeat(bytes),
+        WebhookSecret::from_bytes(vec![0x5a; bytes]).to_whsec(),
+    ]
+}
+
+#[tokio::test]
+async fn a_secret_shorter_than_24_bytes_is_refused_wherever_it_is_given() {
+    let db = TestDb::new().await;
+    let server = start(&db);
+    server.ready().await;
+    let url = "https://example.com/hooks";
+
+    for (n, short) in secrets_of(23).iter().enumerate() {
+        let body = json!({"id": format!("short-{n}"), "url": url, "secret": short});
+        let (status, error) =
+            call(&server, Method::POST, "/v1/admin/subscriptions", Some(body)).await;
+        assert_error(status, &error, 400, "weak_secret");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("secret:") && message.contains("23 bytes"),
+            "{short}: {message}"
+        );
+    }
+    for (n, enough) in secrets_of(24).iter().enumerate() {
+        let created = create(
+            &server,
+            json!({"id": format!("enough-{n}"), "url": url, "secret": enough}),
+        )
+        .await;
+        assert_eq!(&created["secret"], enough);
+    }
+
+    // The command line, with the same rule.
+    let sub = |args: &[&str]| run(&db, "subscriptions", args);
+    for (n, short) in secrets_of(23).iter().enumerate() {
+        let id = format!("cli-short-{n}");
+        let (code, stdout, stderr) = sub(&["create", "--id", &id, "--url", url, "--secret", short]);
+        assert_eq!((code, stdout.as_str()), (1, ""), "{short}: {stderr}");
+        assert!(stderr.contains("at least 24"), "{short}: {stderr}");
+    }
+    for (n, enough) in secrets_of(24).iter().enumerate() {
+        let id = format!("cli-enough-{n}");
+        let (code, stdout, stderr) =
+            sub(&["create", "--id", &id, "--url", url, "--secret", enough]);
+        assert_eq!(code, 0, "{enough}: {stderr}");
+        assert_eq!(&json_lines(&stdout)[0]["secret"], enough);
+    }
+    let (_, stdout, _) = sub(&["list"]);
+    let mut ids: Vec<String> = json_lines(&stdout)
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        ["cli-enough-0", "cli-enough-1", "enough-0", "enough-1"],
+        "nothing refused was written"
+    );
+
+    // The configuration: `check-config` refuses it, naming the setting.
+    let dir = std::env::temp_dir().join(format!("{}-secrets", db.schema));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("eventrelay.toml");
+    for (short, enough) in secrets_of(23).iter().zip(&secrets_of(24)) {
+        for (secret, valid) in [(short, false), (enough, true)] {
+            std::fs::write(
+                &file,
+                format!(
+                    "[[webhooks.subscriptions]]\nid = \"configured\"\nurl = \"{url}\"\n\
+                     secret = \"{secret}\"\n"
+                ),
+            )
+            .unwrap();
+            let (code, _, stderr) = run(&db, "check-config", &["--config", file.to_str().unwrap()]);
+            if valid {
+                assert_eq!(code, 0, "{secret}: {stderr}");
+            } else {
+                assert_ne!(code, 0, "{secret} was accepted");
+                assert!(
+                    stderr.contains("webhooks.subscriptions")
+                        && stderr.contains("configured: secret:")
+                        && stderr.contains("at least 24"),
+                    "{secret}: {stderr}"
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(dir).ok();
 }
 
 #[tokio::test]

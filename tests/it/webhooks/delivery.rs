@@ -365,7 +365,7 @@ async fn a_rotated_secret_keeps_signing_during_its_grace_window() {
             &NewSubscription {
                 id: "rotating".into(),
                 url: receiver.url.clone(),
-                secret: "old-secret-old-secret".into(),
+                secret: "old-secret-old-secret-old".into(),
                 types: vec!["*".into()],
                 scope_key: None,
             },
@@ -376,7 +376,7 @@ async fn a_rotated_secret_keeps_signing_during_its_grace_window() {
         .rotate_secret(
             &client,
             "rotating",
-            "new-secret-new-secret",
+            "new-secret-new-secret-new",
             Duration::from_secs(60),
         )
         .await
@@ -384,7 +384,7 @@ async fn a_rotated_secret_keeps_signing_during_its_grace_window() {
     db.emit(NewEvent::durable("anything", "org-1", json!({})))
         .await;
     let request = receiver.wait_for(1).await.remove(0);
-    for secret in ["old-secret-old-secret", "new-secret-new-secret"] {
+    for secret in ["old-secret-old-secret-old", "new-secret-new-secret-new"] {
         verify(
             &WebhookSecret::parse(secret).unwrap(),
             WebhookHeaders {
