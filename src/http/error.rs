@@ -45,6 +45,7 @@ pub enum ErrorCode {
     InvalidConfig,
     SubscriberDisconnected,
     WeakSecret,
+    NumberOutOfRange,
 }
 
 impl ErrorCode {

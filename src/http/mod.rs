@@ -6,6 +6,7 @@ pub mod body;
 pub mod cors;
 pub mod error;
 pub mod inspector;
+pub mod json_numbers;
 pub mod ops;
 pub mod publish;
 pub mod routes;

@@ -17,6 +17,7 @@ use tokio_postgres::error::SqlState;
 use super::AppState;
 use super::body::read_body;
 use super::error::{ApiError, ErrorCode};
+use super::json_numbers::{MAX_EXACT_INTEGER, inexact_integer};
 use super::token::Guard;
 use crate::group_commit::GroupError;
 
@@ -26,8 +27,32 @@ const PUBLISH: Guard = Guard {
     name: "publish token",
 };
 
-/// The events of a publish body: one event object or an array of them.
+/// The events of a publish body: one event object or an array of them,
+/// with no integer beyond what JavaScript holds exactly (see
+/// [`json_numbers`](super::json_numbers)).
 fn parse_events(body: &[u8], max_batch: usize) -> Result<Vec<NewEvent>, ApiError> {
+    let events = read_events(body, max_batch)?;
+    if let Some(integer) = inexact_integer(body) {
+        // A number of a megabyte's digits is named by its start.
+        let shown: String = integer.chars().take(40).collect();
+        let ellipsis = if shown.len() < integer.len() {
+            "…"
+        } else {
+            ""
+        };
+        return Err(ApiError::bad_request(
+            ErrorCode::NumberOutOfRange,
+            format!(
+                "the integer {shown}{ellipsis} is beyond ±2^53 ({MAX_EXACT_INTEGER}), which \
+                 browsers' JavaScript cannot hold exactly; send it as a string"
+            ),
+        ));
+    }
+    Ok(events)
+}
+
+/// The events of a body, read without the number check.
+fn read_events(body: &[u8], max_batch: usize) -> Result<Vec<NewEvent>, ApiError> {
     // A well-formed body is read straight into events, without building a
     // JSON tree first; only a body that fails is read again as a tree, to
     // name the event at fault and what is wrong with it.
@@ -184,6 +209,18 @@ mod tests {
         // A key given twice keeps its last value, as a JSON tree reads it.
         let twice = br#"{"type":"a","type":"b","scopeKey":"s","lane":"durable"}"#;
         assert_eq!(parse_events(twice, 10).unwrap()[0].event_type, "b");
+        // An integer JavaScript would round is refused wherever it is.
+        for big in [
+            &br#"{"type":"a","scopeKey":"s","lane":"durable","data":{"n":9007199254740993}}"#[..],
+            br#"[{"type":"a","scopeKey":"s","lane":"durable","data":[-18446744073709551615]}]"#,
+        ] {
+            assert_eq!(
+                parse_events(big, 10).unwrap_err().code,
+                "number_out_of_range"
+            );
+        }
+        let edge = br#"{"type":"a","scopeKey":"s","lane":"durable","data":{"n":9007199254740992,"m":-9007199254740992,"f":1e30}}"#;
+        assert_eq!(parse_events(edge, 10).unwrap().len(), 1);
         let wrong = br#"[{"type":"a","scopeKey":"s","lane":"sometimes"}]"#;
         let error = parse_events(wrong, 10).unwrap_err();
         assert_eq!(error.code, "invalid_event");

@@ -67,6 +67,59 @@ async fn an_oversized_publish_body_is_refused_with_a_named_error() {
 }
 
 #[tokio::test]
+async fn integers_beyond_two_to_the_53_are_refused_and_nothing_is_written() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let publish = async |body: &str| {
+        let response = reqwest::Client::new()
+            .post(server.url("/v1/events"))
+            .bearer_auth(PUBLISH_TOKEN)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    };
+
+    for body in [
+        r#"{"type": "a", "scopeKey": "s", "lane": "durable", "data": {"n": 9007199254740993}}"#,
+        r#"{"type": "a", "scopeKey": "s", "lane": "durable", "data": {"n": -9007199254740993}}"#,
+        // In a batch, next to a fine event: the batch is refused whole.
+        r#"[{"type": "a", "scopeKey": "s", "lane": "durable", "data": {}},
+            {"type": "b", "scopeKey": "s", "lane": "durable", "data": [18446744073709551616]}]"#,
+        r#"{"type": "a", "scopeKey": "s", "lane": "ephemeral", "data": {"id": 12345678901234567890}}"#,
+    ] {
+        let (status, answer) = publish(body).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], "number_out_of_range", "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("9007199254740992"),
+            "{answer}"
+        );
+    }
+    assert_eq!(db.outbox_count().await, 0, "a refused body wrote nothing");
+
+    let (status, answer) = publish(
+        r#"[{"type": "a", "scopeKey": "s", "lane": "durable", "data": {"n": 9007199254740992}},
+            {"type": "b", "scopeKey": "s", "lane": "durable",
+             "data": {"n": -9007199254740992, "f": 9007199254740993.0, "s": "9007199254740993"}}]"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let events = answer["events"].as_array().unwrap();
+    assert_eq!(events[0]["data"]["n"], json!(9_007_199_254_740_992_i64));
+    assert_eq!(events[1]["data"]["n"], json!(-9_007_199_254_740_992_i64));
+    assert_eq!(events[1]["data"]["s"], "9007199254740993");
+    assert_eq!(db.outbox_count().await, 2);
+}
+
+#[tokio::test]
 async fn publishing_with_a_schema_registry_refuses_unknown_types() {
     let db = TestDb::new().await;
     let dir = std::env::temp_dir().join(format!("eventrelay-schemas-{}", db.schema));
