@@ -18,14 +18,29 @@ export interface StreamRequest {
   headers?: Record<string, string>;
 }
 
-export interface ClientOptions {
-  /** Called on every connect, so credentials are always fresh. */
-  buildRequest: () => StreamRequest | Promise<StreamRequest>;
+interface CommonOptions {
+  /**
+   * Resolves to a fresh bearer token, sent as `Authorization: Bearer <token>`
+   * (in place of any the request has). Called at the start, when the relay
+   * refuses a token (401 or 403: once per stream that reaches `ready`, the
+   * retry going at once), and when the relay warns that the stream's token
+   * is about to expire (`event: reauth`): the client then opens the next
+   * stream with the new token and the watermark while the old one still
+   * delivers, and closes the old one once the new one is `ready`, so no
+   * event is missed and none reaches `onEvent` twice. Between those calls
+   * the token is reused for reconnects. With tabs sharing a stream, only the
+   * tab holding the connection renews. A rejection counts as a failed
+   * attempt (retried with backoff).
+   */
+  getToken?: () => Promise<string>;
   onEvent?: (event: EventEnvelope) => void;
   onStateChange?: (state: ConnectionState) => void;
   /** The relay says events may have been missed: re-read what the page shows. */
   onResync?: () => void;
-  /** 401/403: return true after refreshing credentials to retry; otherwise the client stops. */
+  /**
+   * 401/403 (after `getToken`, if given, had its try): return true after
+   * refreshing credentials to retry; otherwise the client stops.
+   */
   onUnauthorized?: (status: number) => boolean | Promise<boolean>;
   /**
    * The client stopped on refused credentials (`code` `unauthorized`), or
@@ -71,6 +86,20 @@ export interface ClientOptions {
   shareName?: string;
 }
 
+export type ClientOptions = CommonOptions &
+  (
+    | {
+        /** Called on every connect, so credentials are always fresh. */
+        buildRequest: () => StreamRequest | Promise<StreamRequest>;
+        url?: never;
+      }
+    | {
+        /** The stream's URL, for a request with nothing to build but the token from `getToken`. */
+        url: string;
+        buildRequest?: never;
+      }
+  );
+
 export interface EventStreamClient {
   start(): void;
   stop(): void;
@@ -89,7 +118,8 @@ export type EventRelayErrorCode =
   | 'ended_early'
   | 'not_event_stream'
   | 'malformed_ready'
-  | 'reserved_event_type';
+  | 'reserved_event_type'
+  | 'revoked';
 
 /** What the client reports; `code` keeps its meaning across versions. */
 export class EventRelayError extends Error {

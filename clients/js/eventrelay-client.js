@@ -1,10 +1,12 @@
 // eventrelay browser client: reads the relay's Server-Sent Events stream with
 // fetch (so it can send an Authorization header, which EventSource cannot),
 // replays from a durable-only watermark, reconnects with full-jitter backoff,
-// and de-duplicates at-least-once delivery by envelope id. In a browser, the
-// tabs of one origin share one connection: one tab holds it (a Web Lock) and
-// passes what arrives to the others (a BroadcastChannel). No dependencies;
-// runs in browsers, workers and Node 20+.
+// and de-duplicates at-least-once delivery by envelope id. Given `getToken`,
+// it renews an expiring token without a gap: warned by the relay, it opens
+// the next stream with a fresh token before the old one ends. In a browser,
+// the tabs of one origin share one connection: one tab holds it (a Web Lock)
+// and passes what arrives to the others (a BroadcastChannel). No
+// dependencies; runs in browsers, workers and Node 20+.
 
 /** @typedef {'connecting'|'connected'|'reconnecting'|'degraded'|'stopped'} ConnectionState */
 
@@ -268,6 +270,9 @@ export async function deriveShareName(request) {
  */
 export function createEventStreamClient(options) {
   const settings = { ...DEFAULTS, ...options };
+  if (typeof settings.buildRequest !== 'function' && typeof settings.url !== 'string') {
+    throw new TypeError('createEventStreamClient needs `buildRequest` or `url`');
+  }
   const sharing = (settings.shareAcrossTabs ?? !isNode) && canShare();
   const seen = new SeenIds(settings.seenCapacity);
   let state = 'stopped';
@@ -339,9 +344,92 @@ export function createEventStreamClient(options) {
     }
   };
 
+  /**
+   * The request for one connection: the application's (or `url`), with the
+   * token from `getToken` as its bearer credentials. A token is fetched only
+   * when none is held: at the start, after a refusal, and for the stream
+   * that replaces one whose token expires. Answers the token it used too.
+   */
+  async function streamRequest(s) {
+    const request = settings.buildRequest ? await settings.buildRequest() : { url: settings.url };
+    const headers = new Headers(request.headers ?? {});
+    let token;
+    if (settings.getToken) {
+      if (s.token === undefined) {
+        const fetched = await settings.getToken();
+        if (typeof fetched !== 'string' || fetched === '') throw new TypeError('getToken must resolve to a non-empty string');
+        // Only for the run that asked: a stop() meanwhile discards it.
+        if (s.active) s.token = fetched;
+        token = fetched;
+      } else {
+        token = s.token;
+      }
+      headers.set('authorization', `Bearer ${token}`);
+    }
+    return { url: request.url, headers, token };
+  }
+
+  /**
+   * Opens a connection in the background. `finished` settles when it ends,
+   * never rejects (it holds the error), so an attempt nobody awaits yet
+   * cannot raise an unhandled rejection.
+   */
+  function startAttempt(s) {
+    const attempt = {
+      ready: false, // its relay sent `ready`
+      closed: false, // replaced by its successor, which closed it
+      close: () => {},
+      token: undefined, // the token it was opened with
+      successor: undefined, // the stream opened to replace it before it ends
+    };
+    attempt.finished = connectOnce(s, attempt).then(
+      () => ({}),
+      (error) => ({ error }),
+    );
+    return attempt;
+  }
+
+  /**
+   * The relay warned that the stream's token expires soon (`reauth`): with
+   * `getToken`, the next stream opens now, with a fresh token and the
+   * watermark, while this one still delivers. Until the new one is live
+   * both deliver, and the seen ids drop what arrives twice; at its `ready`,
+   * `takeOver` closes the old one. So nothing falls between the two, and
+   * nothing is delivered twice. Without `getToken`, the stream simply ends
+   * and the client reconnects, as after any end.
+   */
+  function renew(s, outgoing) {
+    if (!settings.getToken || outgoing.successor || outgoing.closed) return;
+    // The token in hand is the expiring one: no later connection may use it.
+    if (s.token === outgoing.token) s.token = undefined;
+    const successor = startAttempt(s);
+    outgoing.successor = successor;
+    successor.finished.then(() => {
+      // Failed before it was live while the old stream still runs: the old
+      // one goes on, and when it ends the client reconnects as usual.
+      if (!successor.ready && outgoing.successor === successor && s.current === outgoing) {
+        outgoing.successor = undefined;
+      }
+    });
+  }
+
+  /**
+   * A successor is live: it becomes the connection and closes the one it
+   * replaces. The watermark stays where the old one left it (everything up
+   * to it was delivered), and moves with the new one's frames from here on.
+   */
+  function takeOver(s, successor) {
+    const outgoing = s.current;
+    s.current = successor;
+    if (outgoing && outgoing !== successor) {
+      outgoing.closed = true;
+      outgoing.close();
+    }
+  }
+
   /** A frame from the connection (only the tab holding it reads frames). */
   function onFrame(s, attempt, frame) {
-    if (!s.active) return;
+    if (!s.active || attempt.closed) return;
     // A `ready` without an `id:` of its own is the relay's control frame:
     // the relay refuses application events under that name, and durable
     // ones always carry an id. (`frame.id` would not do: it keeps the last
@@ -354,16 +442,31 @@ export function createEventStreamClient(options) {
       }
       attempt.ready = true;
       s.failures = 0;
+      s.renewedAfterRefusal = false;
+      if (attempt !== s.current) takeOver(s, attempt);
       onConnected(s, ready.resync);
       return;
     }
-    // The relay's warning that the stream's token expires soon: the stream
-    // ends then and the client reconnects with the token it is given.
-    if (frame.event === 'reauth' && !frame.ownId) return;
+    // The relay's warning that the stream's token expires in `expiresIn`
+    // seconds, when the stream ends: time to open the next one (even
+    // during a replay: a long one may outlast a short token).
+    if (frame.event === 'reauth' && !frame.ownId) {
+      if (attempt === s.current) renew(s, attempt);
+      return;
+    }
+    // An operator disconnected the subscriber: the stream ends now. The
+    // client reconnects as after any end; while the operator's denial lasts
+    // the relay answers 403, which ends in `stopped` unless a fresh token
+    // or `onUnauthorized` says otherwise.
+    if (frame.event === 'revoked' && !frame.ownId) {
+      report(new EventRelayError('revoked', 'an operator disconnected this subscriber'));
+      return;
+    }
     const envelope = parseJson(frame.data);
     // Only durable events move the watermark: an ephemeral id would point at
     // nothing in the outbox. An empty `id:` forgets it, as in a browser.
-    if (frame.ownId && envelope?.lane === 'durable') lastEventId = frame.id || undefined;
+    // While two streams overlap, only the one the client is on moves it.
+    if (frame.ownId && envelope?.lane === 'durable' && attempt === s.current) lastEventId = frame.id || undefined;
     const reserved = [frame.event, envelope?.type].find(isReservedEventType);
     if (reserved !== undefined) {
       // Never handed to the application: a control frame this version does
@@ -380,18 +483,28 @@ export function createEventStreamClient(options) {
   /** One connection, from the request to the end of its body. */
   async function connectOnce(s, attempt) {
     // Its own controller, so the request and its body are released however
-    // the attempt ends (a thrown error included), and a stop() ends it.
+    // the attempt ends (a thrown error included), and a stop() or the
+    // stream that replaces it ends it.
     const controller = new AbortController();
     const abort = () => controller.abort();
+    attempt.close = abort;
     s.signal.addEventListener('abort', abort, { once: true });
     try {
-      const request = await settings.buildRequest();
-      if (!s.active) return;
-      const headers = new Headers(request.headers ?? {});
+      const request = await streamRequest(s);
+      if (!s.active || controller.signal.aborted) return;
+      attempt.token = request.token;
+      const { headers } = request;
       headers.set('accept', 'text/event-stream');
       if (lastEventId) headers.set('last-event-id', String(lastEventId));
       const response = await fetch(request.url, { headers, signal: controller.signal, cache: 'no-store' });
-      if (!response.ok) throw refusal(response);
+      if (!response.ok) {
+        const error = refusal(response);
+        // A refused token is never sent again: the next attempt fetches one.
+        if (error.code === 'unauthorized' && request.token !== undefined && s.token === request.token) {
+          s.token = undefined;
+        }
+        throw error;
+      }
       const type = response.headers.get('content-type') ?? '';
       if (!response.body || !type.toLowerCase().startsWith('text/event-stream')) {
         throw new EventRelayError('not_event_stream', `the relay answered ${JSON.stringify(type)}, not an event stream`);
@@ -426,34 +539,61 @@ export function createEventStreamClient(options) {
   async function lead(s) {
     if (!s.active) return;
     s.leader = true;
+    // A token fetched before following another tab's stream may have
+    // expired while this tab waited: take over with a fresh one.
+    if (s.adopted) s.token = undefined;
     // Taking over a stream another tab had open: to the app, a reconnect.
     setState(s, state === 'connecting' ? 'connecting' : 'reconnecting');
     while (s.active) {
-      const attempt = { ready: false };
+      const attempt = s.current ?? (s.current = startAttempt(s));
+      const { error } = await attempt.finished;
+      if (!s.active) break;
+      // Its successor went live and closed it: carry on with that one.
+      if (s.current !== attempt) continue;
+      if (attempt.successor) {
+        // It ended before the stream opened to replace it was live: that
+        // one is already on its way, so no wait.
+        s.current = attempt.successor;
+        setState(s, 'reconnecting');
+        continue;
+      }
+      s.current = undefined;
       let wait;
       try {
-        await connectOnce(s, attempt);
-        if (!s.active) break;
-        // A relay that accepts and then drops every connection must still
-        // lead to `degraded`: an attempt succeeds at `ready`, not at 200.
-        if (!attempt.ready) throw new EventRelayError('ended_early', 'the stream ended before the relay was ready');
+        if (error) throw error;
+        if (!attempt.ready) {
+          // A token past its expiry but within the relay's clock leeway is
+          // accepted, and its stream ends at once: never send it again.
+          if (s.token !== undefined && s.token === attempt.token) s.token = undefined;
+          // A relay that accepts and then drops every connection must still
+          // lead to `degraded`: an attempt succeeds at `ready`, not at 200.
+          throw new EventRelayError('ended_early', 'the stream ended before the relay was ready');
+        }
         // Ended after `ready` (the age cap, `until`, an expired token): a
         // normal reconnect, replaying from the watermark.
         setState(s, 'reconnecting');
         wait = Math.random() * s.retryMs;
-      } catch (error) {
-        if (!s.active) break;
-        if (error instanceof EventRelayError && error.code === 'unauthorized') {
+      } catch (caught) {
+        let failure = caught;
+        if (failure instanceof EventRelayError && failure.code === 'unauthorized') {
+          // With `getToken`, a refusal means the token expired or was
+          // revoked: a fresh one gets one try at once, once per stream
+          // that reaches `ready`.
+          if (settings.getToken && !s.renewedAfterRefusal) {
+            s.renewedAfterRefusal = true;
+            setState(s, 'reconnecting');
+            continue;
+          }
           let retry = false;
           try {
-            retry = settings.onUnauthorized ? await settings.onUnauthorized(error.status) : false;
+            retry = settings.onUnauthorized ? await settings.onUnauthorized(failure.status) : false;
           } catch (refreshError) {
-            error = refreshError;
+            failure = refreshError;
           }
           if (!s.active) break;
           if (!retry) {
             stopSession(s);
-            call(settings.onError, error);
+            call(settings.onError, failure);
             break;
           }
         }
@@ -463,7 +603,7 @@ export function createEventStreamClient(options) {
         setState(s, s.failures >= settings.degradedAfter ? 'degraded' : 'reconnecting');
         // A relay that is shedding load says when to come back: wait at
         // least that long (up to a ceiling), the usual backoff if longer.
-        const asked = Math.min(error?.retryAfterMs ?? 0, settings.maxRetryAfterMs);
+        const asked = Math.min(failure?.retryAfterMs ?? 0, settings.maxRetryAfterMs);
         wait = Math.max(backoff(s), asked);
       }
       await delay(wait, s.signal);
@@ -496,7 +636,9 @@ export function createEventStreamClient(options) {
   async function share(s) {
     let name;
     try {
-      name = SHARE_PREFIX + (settings.shareName ?? (await deriveShareName(await settings.buildRequest())));
+      // With `getToken`, the token fetched here is the one this tab
+      // connects with if it gets the lock at once.
+      name = SHARE_PREFIX + (settings.shareName ?? (await deriveShareName(await streamRequest(s))));
     } catch {
       // No request to derive the name from (say, the token could not be
       // fetched): connect alone; the connection loop retries that request.
@@ -535,6 +677,9 @@ export function createEventStreamClient(options) {
         adopted: false, // followed another tab's stream
         failures: 0, // failed attempts since the last `ready`
         retryMs: settings.initialDelayMs,
+        current: undefined, // the connection being read (or opened)
+        token: undefined, // from `getToken`, reused until it is refused or expires
+        renewedAfterRefusal: false, // a refusal fetched a fresh token since the last `ready`
       };
       session = s;
       setState(s, 'connecting');

@@ -102,6 +102,12 @@ pub async fn stream_events(
                 ApiError::failed("the subscriber could not be authenticated", &error)
             }
         })?;
+    // A token inside its verification leeway past `exp` is still accepted,
+    // but a stream on it would end at once: refuse it as expired, so the
+    // client fetches a new one instead of reconnecting in a loop.
+    if resolved.expires_at.is_some_and(|at| at <= Utc::now()) {
+        return Err(ApiError::unauthorized("the token has expired"));
+    }
     let subscriber = resolved.subscriber;
 
     let sse = &config.sse;

@@ -373,3 +373,267 @@ test('tabs meet under a name that depends on the stream and the subscriber, not 
   assert.notEqual(await name('Bearer opaque'), await name('Bearer other'));
   assert.match(first, /^[0-9a-f]{32}$/);
 });
+
+// Token renewal: `getToken` and the relay's `reauth` warning.
+
+const reauth = (expiresIn = 2) => `event: reauth\ndata: ${JSON.stringify({ expiresIn })}\n\n`;
+
+/** A `getToken` that hands out token-1, token-2, … and counts its calls. */
+function tokens() {
+  const issued = [];
+  const getToken = async () => {
+    const token = `token-${issued.length + 1}`;
+    issued.push(token);
+    return token;
+  };
+  return { issued, getToken };
+}
+
+/**
+ * A relay whose connections the test drives itself: each one is kept, with
+ * when the client closed it, and the script only opens them.
+ */
+async function driven(open = (_n, _request, response) => stream(response)) {
+  const connections = [];
+  const relay = await scripted((n, request, response) => {
+    const connection = { response, closed: false, openWhenArrived: connections.filter((c) => !c.closed).map((c) => c.n), n };
+    connections.push(connection);
+    response.on('close', () => {
+      connection.closed = true;
+    });
+    open(n, request, response);
+  });
+  return { ...relay, connections };
+}
+
+const ids = (events) => events.map((e) => e.seq);
+
+test('on reauth, the next stream opens with a fresh token before the old one ends, which closes at the new one’s ready', async () => {
+  const relay = await driven();
+  const { issued, getToken } = tokens();
+  const e = (n) => envelope(n);
+  const { instance, seen } = client(relay.url, { getToken });
+  try {
+    await until(() => relay.connections.length === 1, 'the first stream');
+    const [old] = relay.connections;
+    old.response.write(ready(true) + frame(e(1)) + frame(e(2)) + reauth());
+    await until(() => relay.connections.length === 2, 'the next stream, opened on the warning');
+    const next = relay.connections[1];
+    assert.deepEqual(next.openWhenArrived, [0], 'the old stream was still open');
+    assert.equal(relay.requests[0].headers.authorization, 'Bearer token-1');
+    assert.equal(relay.requests[1].headers.authorization, 'Bearer token-2');
+    assert.equal(relay.requests[1].headers['last-event-id'], '2');
+
+    // Both deliver until the new one is ready: the old one live, the new
+    // one its replay (reaching back before the watermark, as the relay's
+    // lookback does), each ahead of the other in turn.
+    old.response.write(frame(e(3)));
+    await until(() => seen.events.length === 3, 'the old stream’s live event');
+    next.response.write(frame(e(2)) + frame(e(3)) + frame(e(4)));
+    await until(() => seen.events.length === 4, 'the new stream’s replay');
+    old.response.write(frame(e(4)) + frame(e(5)));
+    await until(() => seen.events.length === 5, 'the old stream, still delivering');
+    assert.ok(!old.closed, 'not closed before the new stream is ready');
+    next.response.write(frame(e(5)) + ready(false) + frame(e(6)));
+    await until(() => old.closed, 'the old stream to close at the new one’s ready');
+    await until(() => seen.events.length === 6, 'the live event after ready');
+    next.response.write(frame(e(7)));
+    await until(() => seen.events.length === 7, 'the next live event');
+
+    assert.deepEqual(ids(seen.events), [1, 2, 3, 4, 5, 6, 7], 'each once, in order');
+    assert.deepEqual(issued, ['token-1', 'token-2']);
+    assert.deepEqual(seen.states, ['connecting', 'connected'], 'never a reconnect');
+    assert.equal(seen.resyncs, 1, 'only the first stream asked for a resync');
+    assert.equal(instance.lastEventId, '7');
+    assert.equal(relay.connections.length, 2);
+    assert.deepEqual(seen.errors, []);
+
+    // The new stream's own warning renews again.
+    next.response.write(reauth());
+    await until(() => relay.connections.length === 3, 'the third stream');
+    assert.equal(relay.requests[2].headers.authorization, 'Bearer token-3');
+    assert.equal(relay.requests[2].headers['last-event-id'], '7');
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('a refused renewal leaves the old stream on, and its end reconnects with another fresh token', async () => {
+  const relay = await driven((n, _request, response) => {
+    if (n === 1) {
+      response.writeHead(401, { 'content-type': 'application/json' });
+      response.end('{"error":{"code":"unauthorized","message":"no"}}');
+    } else {
+      stream(response);
+    }
+  });
+  const { issued, getToken } = tokens();
+  const { instance, seen } = client(relay.url, { getToken });
+  try {
+    await until(() => relay.connections.length === 1, 'the first stream');
+    const [old] = relay.connections;
+    old.response.write(ready(true) + frame(envelope(1)) + reauth());
+    await until(() => relay.connections[1]?.closed, 'the refused renewal');
+    old.response.write(frame(envelope(2)));
+    await until(() => seen.events.length === 2, 'the old stream, still delivering');
+    assert.equal(instance.state, 'connected');
+    old.response.end();
+    await until(() => relay.connections.length === 3, 'the reconnect');
+    relay.connections[2].response.write(ready(false) + frame(envelope(3)));
+    await until(() => seen.events.length === 3, 'the new stream');
+    assert.deepEqual(ids(seen.events), [1, 2, 3]);
+    // The refused token is not sent again.
+    assert.deepEqual(relay.requests.map((r) => r.headers.authorization), ['Bearer token-1', 'Bearer token-2', 'Bearer token-3']);
+    assert.equal(relay.requests[2].headers['last-event-id'], '2');
+    assert.deepEqual(issued.length, 3);
+    assert.deepEqual(seen.errors, [], 'a failed renewal is not an application error');
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('when the old stream ends before the new one is ready, the new one carries on', async () => {
+  const relay = await driven();
+  const { issued, getToken } = tokens();
+  const { instance, seen } = client(relay.url, { getToken });
+  try {
+    await until(() => relay.connections.length === 1, 'the first stream');
+    const [old] = relay.connections;
+    old.response.write(ready(true) + frame(envelope(1)) + reauth());
+    await until(() => relay.connections.length === 2, 'the next stream');
+    old.response.end();
+    await until(() => instance.state === 'reconnecting', 'reconnecting');
+    const next = relay.connections[1];
+    next.response.write(frame(envelope(1)) + frame(envelope(2)) + ready(false) + frame(envelope(3)));
+    await until(() => seen.events.length === 3, 'the new stream');
+    assert.deepEqual(ids(seen.events), [1, 2, 3]);
+    assert.deepEqual(seen.states, ['connecting', 'connected', 'reconnecting', 'connected']);
+    assert.equal(relay.connections.length, 2, 'no third connection');
+    assert.equal(issued.length, 2);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('with getToken, a refused token is replaced once per ready stream; a second refusal in a row stops', async () => {
+  const relay = await driven((n, _request, response) => {
+    if (n === 1) {
+      stream(response, ready(true) + frame(envelope(1)));
+      response.end();
+    } else {
+      response.writeHead(401, { 'content-type': 'application/json' });
+      response.end('{"error":{"code":"unauthorized","message":"no"}}');
+    }
+  });
+  const { issued, getToken } = tokens();
+  const { instance, seen } = client(relay.url, { getToken });
+  try {
+    await until(() => instance.state === 'stopped', 'stopped');
+    assert.deepEqual(
+      relay.requests.map((r) => r.headers.authorization),
+      // Refused, renewed and ready; the same token again after the clean
+      // end (refused); renewed once more (refused): stop.
+      ['Bearer token-1', 'Bearer token-2', 'Bearer token-2', 'Bearer token-3'],
+    );
+    assert.equal(issued.length, 3);
+    assert.deepEqual(ids(seen.events), [1]);
+    assert.deepEqual(seen.errors.map((e) => [e.code, e.status]), [['unauthorized', 401]]);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('without getToken, reauth opens no stream early: the client reconnects when the stream ends', async () => {
+  const relay = await driven();
+  const { instance, seen } = client(relay.url);
+  try {
+    await until(() => relay.connections.length === 1, 'the first stream');
+    const [old] = relay.connections;
+    old.response.write(ready(true) + frame(envelope(1)) + reauth() + frame(envelope(2)));
+    await until(() => seen.events.length === 2, 'the events around the warning');
+    old.response.end();
+    await until(() => relay.connections.length === 2, 'the reconnect');
+    assert.deepEqual(relay.connections[1].openWhenArrived, [], 'only after the old stream ended');
+    assert.deepEqual(seen.errors, [], 'the warning is no error');
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('getToken or url: a client without a request is refused at creation', () => {
+  assert.throws(() => createEventStreamClient({ getToken: async () => 't' }), TypeError);
+});
+
+test('with url and getToken, no buildRequest is needed', async () => {
+  const relay = await driven((_n, _request, response) => stream(response, ready(true) + frame(envelope(1))));
+  const events = [];
+  const instance = createEventStreamClient({ url: relay.url, getToken: async () => 'only', onEvent: (e) => events.push(e) });
+  instance.start();
+  try {
+    await until(() => events.length === 1, 'the event');
+    assert.equal(relay.requests[0].headers.authorization, 'Bearer only');
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('with getToken, a stream that ends on its expired token without a warning reconnects with a fresh one', async () => {
+  // A relay with `sse.reauth_lead_secs = 0`: the stream just ends. The
+  // token the client holds has expired but is within the relay's clock
+  // leeway, so the relay accepts it and ends the stream at once, before
+  // `ready`, rather than refusing it.
+  const relay = await driven((n, request, response) => {
+    if (n === 0) {
+      stream(response, ready(true) + frame(envelope(1)));
+      response.end();
+    } else if (request.headers.authorization === 'Bearer token-1') {
+      stream(response);
+      response.end();
+    } else {
+      stream(response, frame(envelope(1)) + ready(false) + frame(envelope(2)));
+    }
+  });
+  const { issued, getToken } = tokens();
+  const { instance, seen } = client(relay.url, { getToken });
+  try {
+    await until(() => seen.events.length === 2, 'the event after the reconnect');
+    assert.deepEqual(ids(seen.events), [1, 2]);
+    assert.deepEqual(relay.requests.map((r) => r.headers.authorization), ['Bearer token-1', 'Bearer token-1', 'Bearer token-2']);
+    assert.equal(relay.requests[2].headers['last-event-id'], '1');
+    assert.equal(issued.length, 2);
+    assert.equal(instance.state, 'connected');
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('a warning during the replay renews too: the new stream’s ready closes the old one', async () => {
+  const relay = await driven();
+  const { issued, getToken } = tokens();
+  const { instance, seen } = client(relay.url, { getToken, lastEventId: '0' });
+  try {
+    await until(() => relay.connections.length === 1, 'the first stream');
+    const [old] = relay.connections;
+    // A short token and a long replay: the warning comes before `ready`.
+    old.response.write(frame(envelope(1)) + reauth(1));
+    await until(() => relay.connections.length === 2, 'the next stream');
+    assert.equal(relay.requests[1].headers['last-event-id'], '1');
+    const next = relay.connections[1];
+    next.response.write(frame(envelope(1)) + frame(envelope(2)) + ready(false));
+    await until(() => old.closed, 'the old stream to close');
+    await until(() => instance.state === 'connected', 'connected');
+    assert.deepEqual(ids(seen.events), [1, 2]);
+    assert.deepEqual(seen.states, ['connecting', 'connected']);
+    assert.equal(issued.length, 2);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});

@@ -6,17 +6,22 @@
 //! consumer applies backpressure to the connection instead of growing
 //! memory), the connection state on a `watch` channel (a current value, not
 //! a log), and a resync callback.
+//!
+//! With a token provider, a stream whose token expires is replaced without
+//! a gap: at the relay's `reauth` warning the next stream opens with a fresh
+//! token while the current one still delivers, both are read until the new
+//! one is `ready` (the seen ids drop what both deliver), and then the old
+//! one is closed.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventrelay_wire::sse::{READY_EVENT, REAUTH_EVENT};
+use eventrelay_wire::sse::{READY_EVENT, REAUTH_EVENT, REVOKED_EVENT};
 use eventrelay_wire::{EventEnvelope, is_reserved_event_type};
-use futures_util::StreamExt;
 use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -34,6 +39,9 @@ type BuildRequest = Arc<dyn Fn(reqwest::Client) -> RequestFuture + Send + Sync>;
 type Refresh =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync>;
 type OnResync = Arc<dyn Fn() + Send + Sync>;
+/// What the token provider returns: a fresh bearer token.
+type TokenFuture = Pin<Box<dyn Future<Output = Result<String, BoxError>> + Send>>;
+type TokenProvider = Arc<dyn Fn() -> TokenFuture + Send + Sync>;
 
 /// The connection state, as the browser client names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,6 +89,7 @@ pub struct ClientBuilder {
     build_request: BuildRequest,
     http: Option<reqwest::Client>,
     refresh: Option<Refresh>,
+    token_provider: Option<TokenProvider>,
     on_resync: Option<OnResync>,
     last_event_id: Option<String>,
     initial_delay: Duration,
@@ -134,6 +143,7 @@ impl ClientBuilder {
             build_request,
             http: None,
             refresh: None,
+            token_provider: None,
             on_resync: None,
             last_event_id: None,
             initial_delay: Duration::from_secs(1),
@@ -180,6 +190,44 @@ impl ClientBuilder {
         self.refresh = Some(Arc::new(move || {
             let future = refresh();
             Box::pin(async move { future.await.map_err(Into::into) })
+        }));
+        self
+    }
+
+    /// Where the bearer token comes from, for tokens that expire: the client
+    /// sends the token it returns as `Authorization: Bearer <token>` (in
+    /// place of any the request builder sets). It is called for the first
+    /// connection, after the relay refuses a token (401 or 403, one retry at
+    /// once per successful connection, as with
+    /// [`on_unauthorized`](Self::on_unauthorized), which runs first if set),
+    /// after a stream ends before `ready` (a token just past its expiry is
+    /// accepted within the relay's clock leeway, and its stream ends at
+    /// once), and when the relay warns that the stream's token is about to
+    /// expire (`event: reauth`). Then the client opens the next stream with
+    /// the new token and the watermark while the current one still
+    /// delivers, reads both, and closes the old one once the new one is
+    /// `ready`: no event is lost, none is delivered twice, and the state
+    /// stays [`State::Connected`]. Between calls the token is reused for
+    /// reconnects. An error (or a token that is not a valid header value)
+    /// counts as a failed attempt, retried with backoff.
+    ///
+    /// ```no_run
+    /// # async fn fetch_token() -> Result<String, std::io::Error> { Ok(String::new()) }
+    /// let (handle, mut events) = eventrelay_client::ClientBuilder::new(|http| {
+    ///     http.get("http://127.0.0.1:8080/v1/events")
+    /// })
+    /// .token_provider(|| async { fetch_token().await })
+    /// .start();
+    /// ```
+    pub fn token_provider<F, Fut, E>(mut self, provider: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<String, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.token_provider = Some(Arc::new(move || {
+            let future = provider();
+            Box::pin(async move { future.await.map_err(Into::into) }) as TokenFuture
         }));
         self
     }
@@ -247,12 +295,16 @@ impl ClientBuilder {
         });
         let (stop, stop_requested) = oneshot::channel();
         let mut runner = Runner {
-            http,
-            build_request: self.build_request,
+            connector: Connector {
+                http,
+                build_request: self.build_request,
+                token_provider: self.token_provider,
+                idle_timeout: self.idle_timeout,
+            },
             refresh: self.refresh,
             on_resync: self.on_resync,
             degraded_after: self.degraded_after,
-            idle_timeout: self.idle_timeout,
+            token: None,
             events,
             status,
             backoff: Backoff::new(self.initial_delay, self.max_delay),
@@ -343,49 +395,261 @@ struct ReadyData {
     resync: bool,
 }
 
-/// How one connection ended.
+/// How the streams of one [`Runner::follow`] ended.
 enum End {
+    /// The stream ended after `ready`.
     Closed,
     Failed(ClientError),
     ReceiverGone,
 }
 
-struct Runner {
+/// The application dropped the event receiver.
+struct ReceiverGone;
+
+/// What a frame means for the connection loop, beyond any event it
+/// delivered.
+enum Control {
+    Nothing,
+    /// The relay's `ready`, with its `resync`.
+    Ready(bool),
+    /// The relay's warning that the stream's token expires soon.
+    Reauth,
+}
+
+/// What opening a stream needs, kept apart from the runner so that the next
+/// stream can open while the runner reads the current one.
+#[derive(Clone)]
+struct Connector {
     http: reqwest::Client,
     build_request: BuildRequest,
+    token_provider: Option<TokenProvider>,
+    idle_timeout: Option<Duration>,
+}
+
+/// A stream on its way.
+type Opening = Pin<Box<dyn Future<Output = Opened> + Send>>;
+
+/// How opening a stream went, with the token its request carried (or would
+/// have), so the runner knows whether to keep that token.
+struct Opened {
+    token: Option<String>,
+    stream: Result<Box<Stream>, ClientError>,
+}
+
+impl Connector {
+    /// Opens a stream resuming after `watermark`, with `token`, or with a
+    /// fresh one from the provider when there is none.
+    fn open(&self, token: Option<String>, watermark: Option<String>) -> Opening {
+        let connector = self.clone();
+        Box::pin(async move {
+            let token = match (token, &connector.token_provider) {
+                (None, Some(provider)) => match provider().await {
+                    Ok(token) => Some(token),
+                    Err(error) => {
+                        return Opened {
+                            token: None,
+                            stream: Err(ClientError::Token(error)),
+                        };
+                    }
+                },
+                (token, _) => token,
+            };
+            let stream = connector.send(token.as_deref(), watermark.as_deref()).await;
+            Opened { token, stream }
+        })
+    }
+
+    /// Sends the request and checks that the answer is an event stream.
+    async fn send(
+        &self,
+        token: Option<&str>,
+        watermark: Option<&str>,
+    ) -> Result<Box<Stream>, ClientError> {
+        let mut request = (self.build_request)(self.http.clone())
+            .await
+            .map_err(ClientError::BuildRequest)?
+            .header(ACCEPT, "text/event-stream");
+        if let Some(id) = watermark {
+            request = request.header("last-event-id", id);
+        }
+        let (http, request) = request.build_split();
+        // An invalid URL or header: no retry can fix it.
+        let mut request = request.map_err(ClientError::InvalidRequest)?;
+        if let Some(token) = token {
+            let mut value = HeaderValue::try_from(format!("Bearer {token}"))
+                .map_err(|error| ClientError::Token(error.into()))?;
+            value.set_sensitive(true);
+            // In place of any the request builder set.
+            request.headers_mut().insert(AUTHORIZATION, value);
+        }
+        let response = match idle(self.idle_timeout, http.execute(request)).await? {
+            Ok(response) => response,
+            Err(error) if error.is_builder() => return Err(ClientError::InvalidRequest(error)),
+            Err(error) => return Err(error.into()),
+        };
+        if !response.status().is_success() {
+            return Err(refusal(response).await);
+        }
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        if !content_type
+            .to_ascii_lowercase()
+            .starts_with("text/event-stream")
+        {
+            return Err(ClientError::NotEventStream(content_type));
+        }
+        Ok(Box::new(Stream::new(
+            response,
+            token.map(str::to_owned),
+            self.idle_timeout,
+        )))
+    }
+}
+
+/// One open stream: its response, and what was read of it.
+struct Stream {
+    response: reqwest::Response,
+    parser: SseParser,
+    /// The relay sent `ready` on it.
+    ready: bool,
+    /// The bearer token it was opened with.
+    token: Option<String>,
+    idle_timeout: Option<Duration>,
+    /// When it counts as silent (with an idle timeout): every chunk moves it.
+    silent_at: tokio::time::Instant,
+}
+
+impl Stream {
+    fn new(
+        response: reqwest::Response,
+        token: Option<String>,
+        idle_timeout: Option<Duration>,
+    ) -> Self {
+        Stream {
+            response,
+            parser: SseParser::new(),
+            ready: false,
+            token,
+            idle_timeout,
+            silent_at: tokio::time::Instant::now() + idle_timeout.unwrap_or_default(),
+        }
+    }
+
+    /// The items the next chunk completes; `None` once the stream ended.
+    /// Cancel-safe: a chunk is taken whole or not at all.
+    async fn next_items(&mut self) -> Result<Option<Vec<SseItem>>, ClientError> {
+        let chunk = match self.idle_timeout {
+            Some(limit) => tokio::time::timeout_at(self.silent_at, self.response.chunk())
+                .await
+                .map_err(|_| ClientError::Idle(limit))?,
+            None => self.response.chunk().await,
+        }?;
+        let Some(chunk) = chunk else {
+            return Ok(None);
+        };
+        if let Some(limit) = self.idle_timeout {
+            self.silent_at = tokio::time::Instant::now() + limit;
+        }
+        Ok(Some(self.parser.feed(&chunk)))
+    }
+}
+
+/// The stream opened to replace one whose token expires.
+enum Successor {
+    Opening(Opening),
+    /// Open and replaying, not yet `ready`.
+    Open(Box<Stream>),
+}
+
+/// What the successor did next.
+enum SuccessorStep {
+    Opened(Opened),
+    Read(Result<Option<Vec<SseItem>>, ClientError>),
+}
+
+impl Successor {
+    /// The next step of the successor, if any; never resolves without one.
+    async fn step(successor: &mut Option<Successor>) -> SuccessorStep {
+        match successor {
+            None => std::future::pending().await,
+            Some(Successor::Opening(opening)) => SuccessorStep::Opened(opening.await),
+            Some(Successor::Open(stream)) => SuccessorStep::Read(stream.next_items().await),
+        }
+    }
+
+    /// Its opening, to follow it as the stream itself once the old one ended.
+    fn into_opening(self) -> Opening {
+        match self {
+            Successor::Opening(opening) => opening,
+            Successor::Open(stream) => Box::pin(std::future::ready(Opened {
+                token: stream.token.clone(),
+                stream: Ok(stream),
+            })),
+        }
+    }
+}
+
+struct Runner {
+    connector: Connector,
     refresh: Option<Refresh>,
     on_resync: Option<OnResync>,
     degraded_after: u32,
-    idle_timeout: Option<Duration>,
+    /// The provider's token, reused until the relay refuses it, a stream
+    /// opened with it ends before `ready`, or the relay warns it expires.
+    token: Option<String>,
     events: mpsc::Sender<Event>,
     status: watch::Sender<Status>,
     backoff: Backoff,
     seen: SeenIds,
-    /// The last `id:` received: moved by durable events only, because only
-    /// they carry one.
+    /// The last `id:` received on the stream being read: moved by durable
+    /// events only, because only they carry one.
     watermark: Option<String>,
     failures: u32,
-    /// The refresh hook was used since the last successful connection.
+    /// The refresh hook or the token provider was used after a refusal
+    /// since the last successful connection.
     refreshed: bool,
-    /// The current connection reached `ready`.
+    /// The stream being read reached `ready`.
     ready: bool,
 }
 
 impl Runner {
     async fn run(&mut self) -> Result<(), ClientError> {
+        let mut next = None;
         loop {
             self.ready = false;
-            let error = match self.connect().await {
+            let opening = next.take().unwrap_or_else(|| {
+                self.connector
+                    .open(self.token.clone(), self.watermark.clone())
+            });
+            let (end, successor) = self.follow(opening).await;
+            let error = match end {
                 End::ReceiverGone => return Ok(()),
                 End::Closed => None,
                 End::Failed(error) => Some(error),
             };
+            if let Some(successor) = successor {
+                // It ended before the stream opened to replace it was
+                // ready: that one is on its way, so no wait.
+                tracing::debug!("event stream ended while the next one was opening");
+                self.set_status(State::Reconnecting, error.map(Arc::new));
+                next = Some(successor);
+                continue;
+            }
             if let Some(ClientError::Unauthorized { status, .. }) = &error {
-                if let Some(refresh) = self.refresh.clone().filter(|_| !self.refreshed) {
+                let can_refresh = self.refresh.is_some() || self.connector.token_provider.is_some();
+                if can_refresh && !self.refreshed {
                     tracing::info!(status, "credentials refused; refreshing them once");
                     self.refreshed = true;
                     self.set_status(State::Reconnecting, error.map(Arc::new));
-                    refresh().await.map_err(ClientError::Refresh)?;
+                    if let Some(refresh) = self.refresh.clone() {
+                        refresh().await.map_err(ClientError::Refresh)?;
+                    }
+                    // The refused token was dropped: the provider, if any,
+                    // is asked for a fresh one.
                     continue;
                 }
             }
@@ -403,6 +667,126 @@ impl Runner {
                 self.after_failure(None);
             }
             tokio::time::sleep(self.backoff.next_delay()).await;
+        }
+    }
+
+    /// Reads a stream from its opening to its end. When the relay warns
+    /// that its token expires, and a token provider can supply the next,
+    /// the next stream opens alongside and both are read: the seen ids drop
+    /// what both deliver. Once the new one is `ready` it is the stream read,
+    /// and the old one is dropped, which closes it. Answers how the stream
+    /// read last ended, and the next one if it was still on its way then.
+    async fn follow(&mut self, opening: Opening) -> (End, Option<Opening>) {
+        let mut current = match self.opened(opening.await) {
+            Ok(stream) => stream,
+            Err(error) => return (End::Failed(error), None),
+        };
+        let mut successor = None;
+        loop {
+            tokio::select! {
+                read = current.next_items() => {
+                    let items = match read {
+                        Ok(Some(items)) => items,
+                        Ok(None) if current.ready => {
+                            return (End::Closed, successor.map(Successor::into_opening));
+                        }
+                        Ok(None) => {
+                            self.ended_early(&current);
+                            let next = successor.map(Successor::into_opening);
+                            return (End::Failed(ClientError::EndedEarly), next);
+                        }
+                        Err(error) => {
+                            return (End::Failed(error), successor.map(Successor::into_opening));
+                        }
+                    };
+                    for item in items {
+                        match self.item(item, true).await {
+                            Err(ReceiverGone) => return (End::ReceiverGone, None),
+                            Ok(Control::Ready(resync)) => {
+                                current.ready = true;
+                                self.on_ready(resync);
+                            }
+                            Ok(Control::Reauth) if successor.is_none() => {
+                                successor = self.renew(&current);
+                            }
+                            Ok(_) => {}
+                        }
+                    }
+                }
+                step = Successor::step(&mut successor) => match step {
+                    SuccessorStep::Opened(opened) => match self.opened(opened) {
+                        Ok(stream) => successor = Some(Successor::Open(stream)),
+                        Err(error) => {
+                            tracing::warn!(%error, "the next stream did not open; the current one goes on");
+                            successor = None;
+                        }
+                    },
+                    SuccessorStep::Read(Ok(Some(items))) => {
+                        // Its frames are the current stream's from its `ready` on.
+                        let mut promoted = false;
+                        for item in items {
+                            match self.item(item, promoted).await {
+                                Err(ReceiverGone) => return (End::ReceiverGone, None),
+                                Ok(Control::Ready(resync)) if !promoted => {
+                                    if let Some(Successor::Open(next)) = successor.take() {
+                                        tracing::debug!("the next stream is ready; closing the old one");
+                                        current = next;
+                                        current.ready = true;
+                                        promoted = true;
+                                        self.on_ready(resync);
+                                    }
+                                }
+                                Ok(Control::Reauth) if promoted && successor.is_none() => {
+                                    successor = self.renew(&current);
+                                }
+                                Ok(_) => {}
+                            }
+                        }
+                    }
+                    SuccessorStep::Read(ended) => {
+                        if let Some(Successor::Open(stream)) = &successor {
+                            if matches!(ended, Ok(None)) {
+                                self.ended_early(stream);
+                            }
+                        }
+                        let error = ended.err().unwrap_or(ClientError::EndedEarly);
+                        tracing::warn!(%error, "the next stream ended before it was ready; the current one goes on");
+                        successor = None;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Opens the stream to replace `current`, whose token expires soon,
+    /// when a token provider can give the fresh token it needs.
+    fn renew(&mut self, current: &Stream) -> Option<Successor> {
+        self.connector.token_provider.as_ref()?;
+        // The token in hand is the one expiring: no later stream may use it.
+        if self.token == current.token {
+            self.token = None;
+        }
+        tracing::debug!("the stream's token expires soon; opening the next stream");
+        let opening = self.connector.open(None, self.watermark.clone());
+        Some(Successor::Opening(opening))
+    }
+
+    /// Keeps the token an opening used, unless the relay refused it, and
+    /// answers its stream.
+    fn opened(&mut self, opened: Opened) -> Result<Box<Stream>, ClientError> {
+        self.token = match &opened.stream {
+            Err(ClientError::Unauthorized { .. }) => None,
+            _ => opened.token,
+        };
+        opened.stream
+    }
+
+    /// A stream that ended before `ready`: a token past its expiry but
+    /// within the relay's clock leeway is accepted and its stream ends at
+    /// once, so its token is not sent again.
+    fn ended_early(&mut self, stream: &Stream) {
+        if self.token.is_some() && self.token == stream.token {
+            self.token = None;
         }
     }
 
@@ -432,82 +816,43 @@ impl Runner {
         result
     }
 
-    /// One connection, from the request to the end of its stream.
-    async fn connect(&mut self) -> End {
-        let request = match (self.build_request)(self.http.clone()).await {
-            Ok(request) => request,
-            Err(error) => return End::Failed(ClientError::BuildRequest(error)),
-        };
-        let mut request = request.header(ACCEPT, "text/event-stream");
-        if let Some(id) = &self.watermark {
-            request = request.header("last-event-id", id.as_str());
-        }
-        let response = match idle(self.idle_timeout, request.send()).await {
-            Ok(Ok(response)) => response,
-            Ok(Err(error)) if error.is_builder() => {
-                // An invalid URL or header: no retry can fix it.
-                return End::Failed(ClientError::InvalidRequest(error));
+    async fn item(&mut self, item: SseItem, on_current: bool) -> Result<Control, ReceiverGone> {
+        match item {
+            SseItem::Retry(delay) => {
+                self.backoff.set_base(delay);
+                Ok(Control::Nothing)
             }
-            Ok(Err(error)) => return End::Failed(error.into()),
-            Err(error) => return End::Failed(error),
-        };
-        if !response.status().is_success() {
-            return End::Failed(refusal(response).await);
-        }
-        let content_type = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        if !content_type
-            .to_ascii_lowercase()
-            .starts_with("text/event-stream")
-        {
-            return End::Failed(ClientError::NotEventStream(content_type));
-        }
-        let mut body = response.bytes_stream();
-        let mut parser = SseParser::new();
-        let mut items = Vec::new();
-        loop {
-            let chunk = match idle(self.idle_timeout, body.next()).await {
-                Ok(Some(Ok(chunk))) => chunk,
-                Ok(Some(Err(error))) => return End::Failed(error.into()),
-                Ok(None) if self.ready => return End::Closed,
-                Ok(None) => return End::Failed(ClientError::EndedEarly),
-                Err(error) => return End::Failed(error),
-            };
-            parser.feed_into(&chunk, &mut items);
-            for item in items.drain(..) {
-                match item {
-                    SseItem::Retry(delay) => self.backoff.set_base(delay),
-                    SseItem::Event(event) => {
-                        if self.handle(event).await.is_err() {
-                            return End::ReceiverGone;
-                        }
-                    }
-                }
-            }
+            SseItem::Event(frame) => self.handle(frame, on_current).await,
         }
     }
 
-    /// One dispatched frame. Errs only when the application dropped the
-    /// event receiver.
-    async fn handle(&mut self, frame: SseEvent) -> Result<(), ()> {
+    /// One dispatched frame: an event goes to the application (once), a
+    /// control frame back to the connection loop. Only frames of the stream
+    /// being read (`on_current`) move the watermark: while the next one
+    /// replays, the watermark stays where the current one has it.
+    async fn handle(&mut self, frame: SseEvent, on_current: bool) -> Result<Control, ReceiverGone> {
         // The relay refuses application events under reserved names, so a
         // `ready` frame is the control frame, unless it carries an `id:`,
         // which only durable application events have.
         if frame.event_type == READY_EVENT && frame.id.is_none() {
-            match serde_json::from_str::<ReadyData>(&frame.data) {
-                Ok(ready) => self.on_ready(ready.resync),
-                Err(error) => tracing::warn!(%error, "skipping a malformed `ready` frame"),
-            }
-            return Ok(());
+            return Ok(match serde_json::from_str::<ReadyData>(&frame.data) {
+                Ok(ready) => Control::Ready(ready.resync),
+                Err(error) => {
+                    tracing::warn!(%error, "skipping a malformed `ready` frame");
+                    Control::Nothing
+                }
+            });
         }
         if frame.event_type == REAUTH_EVENT && frame.id.is_none() {
-            // The stream's credentials expire soon; it ends then, and the
-            // client reconnects as after any end.
-            return Ok(());
+            // The stream's credentials expire soon, and it ends then.
+            return Ok(Control::Reauth);
+        }
+        if frame.event_type == REVOKED_EVENT && frame.id.is_none() {
+            // An operator disconnected the subscriber; the stream ends now,
+            // and the client reconnects as after any end (refused while the
+            // operator's denial lasts).
+            tracing::warn!("an operator disconnected this subscriber; the stream ends");
+            return Ok(Control::Nothing);
         }
         if is_reserved_event_type(&frame.event_type) {
             // Never handed to the application: a reserved name is a control
@@ -517,7 +862,7 @@ impl Runner {
                 event_type = frame.event_type,
                 "skipping a frame with a reserved event type"
             );
-            return Ok(());
+            return Ok(Control::Nothing);
         }
         match serde_json::from_str::<EventEnvelope>(&frame.data) {
             Ok(envelope) if self.seen.insert(envelope.id) => {
@@ -526,7 +871,7 @@ impl Runner {
                     event_type: frame.event_type,
                     sse_id: frame.id.clone(),
                 };
-                self.events.send(event).await.map_err(|_| ())?;
+                self.events.send(event).await.map_err(|_| ReceiverGone)?;
             }
             Ok(envelope) => tracing::debug!(id = %envelope.id, "duplicate event dropped"),
             Err(error) => tracing::warn!(
@@ -537,11 +882,11 @@ impl Runner {
         }
         // Moved only after the event is handed over, so a reconnect never
         // skips an event the application has not received.
-        if let Some(id) = frame.id {
+        if let Some(id) = frame.id.filter(|_| on_current) {
             // As in a browser, an empty `id:` forgets the watermark.
             self.watermark = (!id.is_empty()).then_some(id);
         }
-        Ok(())
+        Ok(Control::Nothing)
     }
 
     fn on_ready(&mut self, resync: bool) {
@@ -550,7 +895,19 @@ impl Runner {
         self.failures = 0;
         self.refreshed = false;
         self.backoff.reset();
-        self.set_status(State::Connected, None);
+        // A stream that replaces a live one changes nothing the application
+        // watches: no notification then.
+        self.status.send_if_modified(|status| {
+            let changed = status.state != State::Connected
+                || status.consecutive_failures != 0
+                || status.last_error.is_some();
+            *status = Status {
+                state: State::Connected,
+                consecutive_failures: 0,
+                last_error: None,
+            };
+            changed
+        });
         if resync {
             if let Some(on_resync) = &self.on_resync {
                 on_resync();

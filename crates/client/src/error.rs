@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// Boxed errors from the application's own hooks (request builder, token
-/// refresh), which the client only reports.
+/// provider, token refresh), which the client only reports.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +36,11 @@ pub enum ClientError {
     /// can fix it, so it is terminal.
     #[error("invalid request: {0}")]
     InvalidRequest(#[source] reqwest::Error),
+    /// The token provider failed, or gave a token that is not a valid
+    /// header value; retried with backoff, as an identity provider may be
+    /// briefly unreachable.
+    #[error("fetching a token failed: {0}")]
+    Token(#[source] BoxError),
     /// The application's token refresh hook failed.
     #[error("refreshing the credentials failed: {0}")]
     Refresh(#[source] BoxError),

@@ -8,6 +8,14 @@
 //! (delivery is at least once), and calls back when the relay says the
 //! application must re-read its state.
 //!
+//! Tokens that expire are renewed without a gap, given a
+//! [`token_provider`](ClientBuilder::token_provider): when the relay warns
+//! that the stream's token expires soon (`event: reauth`), the client opens
+//! the next stream with a fresh token and the watermark while the current
+//! one still delivers, reads both until the new one is `ready` (dropping
+//! what both deliver), then closes the old one. No event is lost or
+//! delivered twice, and the state stays `Connected`.
+//!
 //! ```no_run
 //! use eventrelay_client::{ClientBuilder, State};
 //!
@@ -24,6 +32,26 @@
 //!     if handle.state() == State::Degraded {
 //!         // poll instead until the state is Connected again
 //!     }
+//! }
+//! handle.stop().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With expiring tokens:
+//!
+//! ```no_run
+//! use eventrelay_client::ClientBuilder;
+//!
+//! # async fn mint_token() -> Result<String, std::io::Error> { Ok(String::new()) }
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let (handle, mut events) =
+//!     ClientBuilder::new(|http| http.get("http://127.0.0.1:8080/v1/events"))
+//!         // Called at the start, before the token expires, after a refusal.
+//!         .token_provider(|| async { mint_token().await })
+//!         .start();
+//! while let Some(event) = events.recv().await {
+//!     println!("{}", event.envelope.event_type);
 //! }
 //! handle.stop().await?;
 //! # Ok(())

@@ -17,7 +17,7 @@ use eventrelay_client::{ClientBuilder, ClientError, ClientHandle, Event, State, 
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
 const DEADLINE: Duration = Duration::from_secs(10);
 
@@ -30,6 +30,8 @@ struct Reply {
     hold: bool,
     /// Wait this long before answering.
     delay: Duration,
+    /// After the body, wait for this signal, then send the text and close.
+    then: Option<(Arc<Notify>, String)>,
 }
 
 fn stream(body: impl Into<String>, hold: bool) -> Reply {
@@ -39,6 +41,7 @@ fn stream(body: impl Into<String>, hold: bool) -> Reply {
         body: body.into(),
         hold,
         delay: Duration::ZERO,
+        then: None,
     }
 }
 
@@ -49,6 +52,7 @@ fn refusal(status: u16, code: &str) -> Reply {
         body: json!({"error": {"code": code, "message": "no"}}).to_string(),
         hold: false,
         delay: Duration::ZERO,
+        then: None,
     }
 }
 
@@ -95,6 +99,11 @@ impl Scripted {
                         reply.status, reply.content_type, reply.body
                     );
                     if socket.write_all(response.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    if let Some((signal, text)) = &reply.then {
+                        signal.notified().await;
+                        let _ = socket.write_all(text.as_bytes()).await;
                         return;
                     }
                     if reply.hold {
@@ -479,6 +488,7 @@ async fn a_body_that_is_not_an_event_stream_is_a_failure() {
         body: "<html>login</html>".into(),
         hold: false,
         delay: Duration::ZERO,
+        then: None,
     }])
     .await;
     let (handle, _events) = server
@@ -553,4 +563,303 @@ async fn a_silent_connection_is_abandoned_after_the_idle_timeout() {
         .start();
     server.wait_for_requests(2).await;
     handle.stop().await.unwrap();
+}
+
+// Token renewal: the token provider and the relay's `reauth` warning.
+
+fn reauth() -> String {
+    "event: reauth\ndata: {\"expiresIn\":2}\n\n".to_owned()
+}
+
+/// A token provider handing out token-0, token-1, …, and how many it gave.
+fn numbered_tokens() -> (
+    Arc<AtomicUsize>,
+    impl Fn() -> std::future::Ready<Result<String, ClientError>> + Send + Sync + 'static,
+) {
+    let issued = Arc::new(AtomicUsize::new(0));
+    let counter = issued.clone();
+    let provider = move || {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(format!("token-{n}")))
+    };
+    (issued, provider)
+}
+
+fn authorization(request: &str) -> Option<&str> {
+    request
+        .lines()
+        .find_map(|line| line.strip_prefix("authorization: "))
+}
+
+/// The next `count` events' ids, as the numbers the envelopes were made from.
+async fn next_ids(events: &mut mpsc::Receiver<Event>, count: usize) -> Vec<u128> {
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        ids.push(next(events).await.envelope.id.as_u128());
+    }
+    ids
+}
+
+/// Stops the client and answers the events it had delivered but nobody read.
+async fn stop_and_drain(handle: ClientHandle, mut events: mpsc::Receiver<Event>) -> Vec<u128> {
+    handle.stop().await.unwrap();
+    let mut rest = Vec::new();
+    while let Some(event) = events.recv().await {
+        rest.push(event.envelope.id.as_u128());
+    }
+    rest
+}
+
+#[tokio::test]
+async fn on_reauth_the_next_stream_opens_with_a_fresh_token_and_the_old_one_closes_at_its_ready() {
+    let mut server = Scripted::start(vec![
+        // Held open: only the client can end it.
+        stream(
+            format!(
+                "{}{}{}{}",
+                ready(true),
+                durable(1, 1),
+                durable(2, 2),
+                reauth()
+            ),
+            true,
+        ),
+        // The replay reaches back before the watermark, as the relay's
+        // lookback does, then goes live.
+        stream(
+            format!(
+                "{}{}{}{}",
+                durable(2, 2),
+                durable(3, 3),
+                ready(false),
+                durable(4, 4)
+            ),
+            true,
+        ),
+    ])
+    .await;
+    let (issued, provider) = numbered_tokens();
+    let resyncs = Arc::new(AtomicUsize::new(0));
+    let counted = resyncs.clone();
+    let (handle, mut events) = server
+        .client()
+        .token_provider(provider)
+        .on_resync(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        })
+        .start();
+    let mut status = handle.subscribe();
+    assert_eq!(next_ids(&mut events, 4).await, [1, 2, 3, 4]);
+    let closed = tokio::time::timeout(DEADLINE, server.closed.recv()).await;
+    assert_eq!(closed.unwrap(), Some(0), "the old stream is closed");
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(authorization(&requests[0]), Some("bearer token-0"));
+    assert_eq!(authorization(&requests[1]), Some("bearer token-1"));
+    assert_eq!(last_event_id(&requests[1]), Some("2"));
+    assert_eq!(issued.load(Ordering::SeqCst), 2);
+    assert_eq!(resyncs.load(Ordering::SeqCst), 1, "the first stream only");
+    // Connected since the first `ready`: the hand-over is no reconnect.
+    assert_eq!(status.borrow_and_update().state, State::Connected);
+    assert!(
+        !status.has_changed().unwrap(),
+        "no state change after connecting"
+    );
+    assert_eq!(stop_and_drain(handle, events).await, Vec::<u128>::new());
+}
+
+#[tokio::test]
+async fn a_refused_renewal_leaves_the_old_stream_on_and_its_end_reconnects_with_another_token() {
+    let release = Arc::new(Notify::new());
+    let mut first = stream(
+        format!("{}{}{}", ready(true), durable(1, 1), reauth()),
+        false,
+    );
+    first.then = Some((release.clone(), durable(2, 2)));
+    let server = Scripted::start(vec![
+        first,
+        refusal(401, "unauthorized"),
+        stream(
+            format!("{}{}{}", durable(2, 2), ready(false), durable(3, 3)),
+            true,
+        ),
+    ])
+    .await;
+    let (issued, provider) = numbered_tokens();
+    let (handle, mut events) = server
+        .client()
+        .backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .token_provider(provider)
+        .start();
+    assert_eq!(next_ids(&mut events, 1).await, [1]);
+    server.wait_for_requests(2).await;
+    // The old stream, still on, delivers and then ends.
+    release.notify_one();
+    assert_eq!(next_ids(&mut events, 2).await, [2, 3]);
+
+    let requests = server.requests();
+    let tokens: Vec<_> = requests.iter().map(|r| authorization(r)).collect();
+    assert_eq!(
+        tokens,
+        [
+            Some("bearer token-0"),
+            Some("bearer token-1"),
+            Some("bearer token-2")
+        ],
+        "the refused token is not sent again"
+    );
+    assert_eq!(last_event_id(&requests[2]), Some("2"));
+    assert_eq!(issued.load(Ordering::SeqCst), 3);
+    wait_for_state(&handle, State::Connected).await;
+    assert_eq!(stop_and_drain(handle, events).await, Vec::<u128>::new());
+}
+
+#[tokio::test]
+async fn when_the_old_stream_ends_before_the_new_one_is_ready_the_new_one_carries_on() {
+    let mut next_stream = stream(
+        format!(
+            "{}{}{}{}",
+            durable(1, 1),
+            durable(2, 2),
+            ready(false),
+            durable(3, 3)
+        ),
+        true,
+    );
+    // Answers only after the old stream has ended.
+    next_stream.delay = Duration::from_millis(300);
+    let server = Scripted::start(vec![
+        stream(
+            format!("{}{}{}", ready(true), durable(1, 1), reauth()),
+            false,
+        ),
+        next_stream,
+    ])
+    .await;
+    let (issued, provider) = numbered_tokens();
+    let (handle, mut events) = server.client().token_provider(provider).start();
+    let reconnecting = wait_for_state(&handle, State::Reconnecting).await;
+    assert!(reconnecting.last_error.is_none(), "{reconnecting:?}");
+    assert_eq!(next_ids(&mut events, 3).await, [1, 2, 3]);
+    wait_for_state(&handle, State::Connected).await;
+    assert_eq!(server.requests().len(), 2, "no third connection");
+    assert_eq!(issued.load(Ordering::SeqCst), 2);
+    assert_eq!(stop_and_drain(handle, events).await, Vec::<u128>::new());
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_before_ready_drops_its_token() {
+    // What the relay does with a token just past its expiry but within its
+    // clock leeway: accepts it, and ends the stream at once.
+    let server = Scripted::start(vec![
+        stream(
+            format!("retry: 1\n\n{}{}", ready(true), durable(1, 1)),
+            false,
+        ),
+        stream("", false),
+        stream(format!("{}{}", ready(false), durable(2, 2)), true),
+    ])
+    .await;
+    let (issued, provider) = numbered_tokens();
+    let (handle, mut events) = server.client().token_provider(provider).start();
+    assert_eq!(next_ids(&mut events, 2).await, [1, 2]);
+    let tokens: Vec<_> = server
+        .requests()
+        .iter()
+        .map(|r| authorization(r).map(str::to_owned))
+        .collect();
+    let expected = ["bearer token-0", "bearer token-0", "bearer token-1"];
+    assert_eq!(tokens, expected.map(|t| Some(t.to_owned())));
+    assert_eq!(issued.load(Ordering::SeqCst), 2);
+    handle.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_refused_token_is_replaced_once_and_a_second_refusal_in_a_row_stops() {
+    let server = Scripted::start(vec![
+        refusal(401, "unauthorized"),
+        stream(format!("retry: 1\n\n{}", ready(false)), false),
+        refusal(401, "unauthorized"),
+    ])
+    .await;
+    let (issued, provider) = numbered_tokens();
+    let (handle, _events) = server.client().token_provider(provider).start();
+    let result = handle.join().await;
+    assert!(matches!(result, Err(e) if e.status() == Some(401)));
+    let tokens: Vec<_> = server
+        .requests()
+        .iter()
+        .map(|r| authorization(r).map(str::to_owned))
+        .collect();
+    // Refused, replaced and ready; the same token again after the clean
+    // end (refused); replaced once more (refused): stop.
+    let expected = [
+        "bearer token-0",
+        "bearer token-1",
+        "bearer token-1",
+        "bearer token-2",
+    ];
+    assert_eq!(tokens, expected.map(|t| Some(t.to_owned())));
+    assert_eq!(issued.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn the_provider_token_replaces_the_builder_one_and_its_failure_is_retried() {
+    let server = Scripted::start(vec![stream(ready(false), true)]).await;
+    let url = server.url.clone();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let (handle, _events) =
+        ClientBuilder::new(move |http| http.get(&url).bearer_auth("from-the-builder"))
+            .backoff(Duration::from_millis(1), Duration::from_millis(5))
+            .token_provider(move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n == 0 {
+                        Err("the identity provider is down")
+                    } else {
+                        Ok("fresh".to_owned())
+                    }
+                }
+            })
+            .start();
+    wait_for_state(&handle, State::Connected).await;
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1, "no request without a token");
+    assert_eq!(authorization(&requests[0]), Some("bearer fresh"));
+    assert_eq!(
+        requests[0].matches("authorization:").count(),
+        1,
+        "{}",
+        requests[0]
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    handle.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_warning_during_the_replay_renews_too() {
+    // A short token and a long replay: the warning comes before `ready`.
+    let mut server = Scripted::start(vec![
+        stream(format!("{}{}", durable(1, 1), reauth()), true),
+        stream(
+            format!("{}{}{}", durable(1, 1), durable(2, 2), ready(false)),
+            true,
+        ),
+    ])
+    .await;
+    let (issued, provider) = numbered_tokens();
+    let (handle, mut events) = server
+        .client()
+        .last_event_id("0")
+        .token_provider(provider)
+        .start();
+    assert_eq!(next_ids(&mut events, 2).await, [1, 2]);
+    let closed = tokio::time::timeout(DEADLINE, server.closed.recv()).await;
+    assert_eq!(closed.unwrap(), Some(0), "the old stream is closed");
+    wait_for_state(&handle, State::Connected).await;
+    assert_eq!(last_event_id(&server.requests()[1]), Some("1"));
+    assert_eq!(issued.load(Ordering::SeqCst), 2);
+    assert_eq!(stop_and_drain(handle, events).await, Vec::<u128>::new());
 }

@@ -1,7 +1,8 @@
 //! A stream its token will end warns its client first: `event: reauth`
 //! with the seconds left, `sse.reauth_lead_secs` before the end or halfway
 //! through a shorter token. The stream still ends at the expiry, and one
-//! that only the age cap ends sends no warning.
+//! that only the age cap ends sends no warning. A token already past its
+//! expiry is refused, even inside the verification leeway.
 
 use std::time::Duration;
 
@@ -65,4 +66,30 @@ async fn a_stream_the_age_cap_ends_sends_no_warning_and_zero_lead_turns_it_off()
     while let Some(frame) = stream.next_frame().await {
         assert_ne!(frame.event.as_deref(), Some("reauth"), "{frame:?}");
     }
+}
+
+#[tokio::test]
+async fn a_token_past_its_expiry_is_refused_even_inside_the_leeway() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        if let Some(eventrelay::auth::AuthConfig::Jwt(jwt)) = c.auth.as_mut() {
+            jwt.leeway_secs = 30;
+        }
+    });
+    server.ready().await;
+    let bearer = token_for("alice", "org-1", json!({}), Duration::from_secs(1));
+    // The verification leeway would accept it for 30 s more, but a stream
+    // on it would end at once: the client is told to get a new token.
+    let (status, body) = crate::support::eventually("the token expired", async || {
+        server.connect(Some(&bearer), None, "").await.err()
+    })
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "unauthorized");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("expired")
+    );
 }

@@ -1,0 +1,252 @@
+// Token renewal in a real browser: headless Chromium runs the client with
+// `getToken` against the relay, whose tokens here live 6 seconds and whose
+// `reauth` warning comes 2 seconds before they expire. Durable events are
+// published every 100 ms for 20 seconds, across several renewals; every
+// page must receive each of them once, in order, without a reconnect. A
+// small app server serves the page, the client and the tokens, and passes
+// /v1/events through to the relay, so it sees every stream a page opens.
+//
+// Needs Chromium (CHROMIUM, default /usr/bin/chromium; scripts/test installs
+// it), Postgres (DATABASE_URL) and the eventrelay binary (EVENTRELAY_BIN).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, execFile, execFileSync } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { existsSync, readFileSync } from 'node:fs';
+import { createServer, request as httpRequest } from 'node:http';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import path from 'node:path';
+import { randomUUID } from 'node:crypto';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
+const chromium = process.env.CHROMIUM ?? '/usr/bin/chromium';
+const clientSource = path.join(here, '../eventrelay-client.js');
+const suffix = randomUUID().replaceAll('-', '').slice(0, 16);
+// EVENTRELAY_BIN is for this test, not a relay setting: keep it from the relay.
+const { EVENTRELAY_BIN: _binary, ...inherited } = process.env;
+const env = {
+  ...inherited,
+  DATABASE_URL: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
+  EVENTRELAY_DATABASE__SCHEMA: `reauth_${suffix}`,
+  EVENTRELAY_DATABASE__CHANNEL: `reauth_${suffix}`,
+  EVENTRELAY_HTTP__BIND: '127.0.0.1:0',
+  EVENTRELAY_AUTH__MODE: 'jwt',
+  EVENTRELAY_AUTH__SECRET: 'reauth-e2e-test-secret-long-enough-for-hs256',
+  EVENTRELAY_PUBLISH__TOKEN: 'reauth-e2e-publish-token',
+  EVENTRELAY_SSE__HEARTBEAT_SECS: '1',
+  EVENTRELAY_SSE__REAUTH_LEAD_SECS: '2',
+  EVENTRELAY_WEBHOOKS__ENABLED: 'false',
+  RUST_LOG: 'warn',
+};
+const TOKEN_TTL_SECS = '6';
+const PUBLISH_FOR_MS = 20000;
+const PUBLISH_EVERY_MS = 100;
+const DEADLINE_MS = 15000;
+const skip = !existsSync(chromium) && `no Chromium at ${chromium}`;
+
+// The page fetches its tokens from the app, as an application's would, and
+// counts how often it asked.
+const PAGE = `<!doctype html>
+<meta charset="utf-8">
+<title>renewing</title>
+<script type="module">
+import { createEventStreamClient } from '/eventrelay-client.js';
+window.tab = { events: [], states: [], resyncs: 0, tokens: 0 };
+window.client = createEventStreamClient({
+  url: '/v1/events',
+  getToken: async () => {
+    tab.tokens += 1;
+    return (await fetch('/token', { method: 'POST' })).text();
+  },
+  onEvent: (event) => tab.events.push(event),
+  onStateChange: (state) => tab.states.push(state),
+  onResync: () => { tab.resyncs += 1; },
+  initialDelayMs: 100,
+  maxDelayMs: 500,
+});
+client.start();
+</script>`;
+
+function startRelay() {
+  const child = spawn(binary, ['serve'], { env, stdio: ['ignore', 'pipe', 'inherit'] });
+  return new Promise((resolve, reject) => {
+    createInterface({ input: child.stdout }).once('line', (line) => {
+      const match = /listening on (http:\/\/\S+)/.exec(line);
+      if (match) resolve({ base: match[1], child });
+      else reject(new Error(`unexpected first line: ${line}`));
+    });
+    child.once('exit', (code) => reject(new Error(`relay exited with ${code}`)));
+  });
+}
+
+async function until(condition, what) {
+  const deadline = Date.now() + DEADLINE_MS;
+  while (!(await condition())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/**
+ * The application's origin: the page, the client, a 6-second token for
+ * `scope` per call, and /v1/events passed through to the relay, counting
+ * the streams open at once.
+ */
+async function startApp(relayBase, scope) {
+  const relay = new URL(relayBase);
+  const streams = { open: 0, mostOpen: 0, requests: [], tokens: 0 };
+
+  const server = createServer(async (request, response) => {
+    const url = new URL(request.url, 'http://app');
+    if (url.pathname === '/') {
+      response.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store' });
+      response.end(PAGE);
+    } else if (url.pathname === '/eventrelay-client.js') {
+      response.writeHead(200, { 'content-type': 'text/javascript; charset=utf-8', 'cache-control': 'no-store' });
+      response.end(readFileSync(clientSource));
+    } else if (url.pathname === '/token' && request.method === 'POST') {
+      const args = ['token', '--subscriber', 'alice', '--scope', scope, '--ttl-secs', TOKEN_TTL_SECS];
+      const { stdout } = await promisify(execFile)(binary, args, { env });
+      streams.tokens += 1;
+      response.end(stdout.trim());
+    } else if (url.pathname === '/v1/events') {
+      streams.requests.push({ lastEventId: request.headers['last-event-id'] });
+      const headers = { ...request.headers, host: relay.host };
+      const upstream = httpRequest(
+        { host: relay.hostname, port: relay.port, path: request.url, method: 'GET', headers },
+        (answer) => {
+          response.writeHead(answer.statusCode, answer.headers);
+          answer.pipe(response);
+        },
+      );
+      upstream.on('error', () => response.destroy());
+      upstream.end();
+      streams.open += 1;
+      streams.mostOpen = Math.max(streams.mostOpen, streams.open);
+      response.on('close', () => {
+        streams.open -= 1;
+        upstream.destroy();
+      });
+    } else {
+      response.writeHead(404).end();
+    }
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    base: `http://127.0.0.1:${server.address().port}`,
+    streams,
+    close() {
+      server.closeAllConnections();
+      return new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
+
+async function publish(base, event) {
+  const response = await fetch(`${base}/v1/events`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${env.EVENTRELAY_PUBLISH__TOKEN}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ lane: 'durable', ...event }),
+  });
+  assert.equal(response.status, 200, await response.clone().text());
+  return (await response.json()).events[0];
+}
+
+/** Publishes a durable event every 100 ms for 20 s; answers their ids in order. */
+async function publishForAWhile(scope) {
+  const ids = [];
+  const started = Date.now();
+  for (let n = 0; Date.now() - started < PUBLISH_FOR_MS; n++) {
+    ids.push((await publish(relay.base, { type: 'tick.counted', scopeKey: scope, data: { n } })).id);
+    await new Promise((r) => setTimeout(r, PUBLISH_EVERY_MS));
+  }
+  return ids;
+}
+
+const tabState = (page) =>
+  page.evaluate(() => ({ ...window.tab, state: window.client?.state, leader: window.client?.isLeader }));
+
+let relay;
+let browser;
+
+before(async () => {
+  if (skip) return;
+  relay = await startRelay();
+  await until(async () => {
+    try {
+      return (await fetch(`${relay.base}/readyz`)).ok;
+    } catch {
+      return false;
+    }
+  }, 'the relay to be ready');
+  const { chromium: launcher } = await import('playwright-core');
+  browser = await launcher.launch({
+    executablePath: chromium,
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+});
+
+after(async () => {
+  await browser?.close();
+  if (relay) {
+    await new Promise((resolve) => {
+      relay.child.once('exit', resolve);
+      relay.child.kill('SIGTERM');
+    });
+  }
+  try {
+    execFileSync('psql', [env.DATABASE_URL, '-qc', `DROP SCHEMA IF EXISTS ${env.EVENTRELAY_DATABASE__SCHEMA} CASCADE`], { stdio: 'ignore' });
+  } catch {}
+});
+
+test('tabs sharing a stream renew its 6-second token ahead of expiry, in the tab holding it, and miss or double no event', { skip }, async () => {
+  const app = await startApp(relay.base, 'org-1');
+  const context = await browser.newContext();
+  try {
+    const pages = [];
+    for (let i = 0; i < 2; i++) {
+      const page = await context.newPage();
+      await page.goto(app.base);
+      pages.push(page);
+    }
+    for (const page of pages) {
+      await page.waitForFunction(() => window.client?.state === 'connected', undefined, { timeout: DEADLINE_MS });
+    }
+
+    const published = await publishForAWhile('org-1');
+    for (const page of pages) {
+      const all = (wanted) => window.tab.events.length >= wanted;
+      await page.waitForFunction(all, published.length, { timeout: DEADLINE_MS });
+    }
+
+    const tabs = await Promise.all(pages.map(tabState));
+    const leader = tabs.find((t) => t.leader);
+    const follower = tabs.find((t) => !t.leader);
+    assert.ok(leader && follower, 'one tab holds the stream, the other follows it');
+    // The first token, then one per renewal: at least three in 20 s.
+    assert.ok(leader.tokens >= 4, `the tab holding the stream fetched ${leader.tokens} tokens`);
+    assert.equal(follower.tokens, 1, 'the other tab fetched only the token it started with');
+    assert.equal(app.streams.tokens, leader.tokens + follower.tokens);
+    // One stream per token, each resuming from the watermark, the next one
+    // opened while the old one was still open.
+    assert.equal(app.streams.requests.length, leader.tokens);
+    for (const request of app.streams.requests.slice(1)) assert.ok(request.lastEventId, 'resumes from the watermark');
+    assert.equal(app.streams.mostOpen, 2, 'the next stream opens before the old one ends');
+    for (const tab of tabs) {
+      assert.deepEqual(
+        tab.events.map((e) => e.id),
+        published,
+        'every event once, in order',
+      );
+      assert.deepEqual(tab.states, ['connecting', 'connected'], 'never a reconnect');
+      assert.equal(tab.resyncs, 1, 'only when the page joined');
+    }
+    await until(() => app.streams.open === 1, 'the replaced streams to close');
+  } finally {
+    await context.close();
+    await app.close();
+  }
+});
