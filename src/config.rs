@@ -125,6 +125,11 @@ pub struct HttpConfig {
     /// moments after a deploy, when every client reconnects at once and the
     /// relay reads thousands of requests together.
     pub header_timeout_secs: u64,
+    /// How long a request's body may take to arrive once the relay starts
+    /// reading it (publish API, admin API, the inspector's token form);
+    /// a slower one is answered 408 `request_timeout` and its connection
+    /// closed.
+    pub body_timeout_secs: u64,
     /// Connections the kernel queues for the relay to accept (the `listen`
     /// backlog, capped by `net.core.somaxconn`). A reconnect storm arrives
     /// faster than any accept loop; a short queue drops the excess, and
@@ -282,6 +287,7 @@ impl Default for HttpConfig {
             cors_publish: false,
             tls: TlsConfig::default(),
             header_timeout_secs: 10,
+            body_timeout_secs: 10,
             listen_backlog: 4096,
         }
     }
@@ -579,6 +585,9 @@ impl Config {
         let http = &self.http;
         if http.header_timeout_secs == 0 {
             return Err(invalid("http.header_timeout_secs", "must be at least 1"));
+        }
+        if http.body_timeout_secs == 0 {
+            return Err(invalid("http.body_timeout_secs", "must be at least 1"));
         }
         if http.listen_backlog == 0 {
             return Err(invalid("http.listen_backlog", "must be at least 1"));

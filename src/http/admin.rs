@@ -82,7 +82,7 @@ async fn json_body<T: DeserializeOwned>(
     payload: web::Payload,
     state: &AppState,
 ) -> Result<T, ApiError> {
-    let body = read_body(payload, state.config().http.max_body_bytes).await?;
+    let body = read_body(payload, &state.config().http).await?;
     serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, format!("invalid body: {e}")))
 }

@@ -46,6 +46,7 @@ pub enum ErrorCode {
     SubscriberDisconnected,
     WeakSecret,
     NumberOutOfRange,
+    RequestTimeout,
 }
 
 impl ErrorCode {
@@ -145,6 +146,11 @@ impl ResponseError for ApiError {
         let mut response = HttpResponse::build(self.status);
         if self.status == StatusCode::UNAUTHORIZED {
             response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        // A request that ran out of time leaves its connection in an unknown
+        // state (part of a body unread): the connection ends with it.
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            response.force_close();
         }
         let mut error = json!({"code": self.code.as_str(), "message": self.message});
         if let Some(request_id) = &self.request_id {

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
+use super::body::read_body;
 use super::error::{ApiError, ErrorCode};
 use crate::auth::{Algorithm, MintOptions, TokenSpec, mint_token};
 
@@ -36,9 +37,11 @@ pub struct MintRequest {
     scope: String,
 }
 
+/// `POST /inspector/token`. Outside development mode it is refused before
+/// a byte of the body is read.
 pub async fn token(
     state: web::Data<AppState>,
-    request: web::Json<MintRequest>,
+    payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let Some(secret) = &state.development_secret else {
         return Err(ApiError::new(
@@ -47,12 +50,15 @@ pub async fn token(
             "tokens can be minted here only in development mode (no [auth] configured)",
         ));
     };
+    let body = read_body(payload, &state.config().http).await?;
+    let request: MintRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, format!("invalid body: {e}")))?;
     let token = mint_token(
         secret,
         Algorithm::HS256,
         &TokenSpec {
-            subscriber_id: request.subscriber.clone(),
-            scope_key: request.scope.clone(),
+            subscriber_id: request.subscriber,
+            scope_key: request.scope,
             grants: json!({}),
             ttl: std::time::Duration::from_secs(3600),
         },

@@ -159,7 +159,7 @@ pub async fn publish_events(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     PUBLISH.check(&request, state.config().publish.token.as_deref())?;
-    let body = read_body(payload, state.config().http.max_body_bytes).await?;
+    let body = read_body(payload, &state.config().http).await?;
     let events = parse_events(&body, state.config().publish.max_batch)?;
     let envelopes = state
         .publishing

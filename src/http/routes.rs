@@ -7,26 +7,13 @@ use super::error::{ApiError, ErrorCode};
 use super::{admin, cors, inspector, ops, publish, subscribers};
 
 /// Registers every route. The inspector's routes exist only when
-/// `http.inspector` is on.
+/// `http.inspector` is on. No route takes its body through an extractor:
+/// handlers read it (`body::read_body`) once they have decided not to
+/// refuse the request, under the size limit and the body deadline.
 pub fn routes(config: &mut web::ServiceConfig, inspector_enabled: bool) {
     config
         .app_data(web::QueryConfig::default().error_handler(|error, _| {
             ApiError::bad_request(ErrorCode::InvalidQuery, error.to_string()).into()
-        }))
-        // JSON bodies read by the extractor (the inspector's token form) get
-        // this API's error shape too, not the framework's plain text.
-        .app_data(web::JsonConfig::default().error_handler(|error, _| {
-            use actix_web::error::JsonPayloadError;
-            match error {
-                JsonPayloadError::Overflow { .. }
-                | JsonPayloadError::OverflowKnownLength { .. } => ApiError::new(
-                    actix_web::http::StatusCode::PAYLOAD_TOO_LARGE,
-                    ErrorCode::PayloadTooLarge,
-                    error.to_string(),
-                ),
-                _ => ApiError::bad_request(ErrorCode::InvalidBody, error.to_string()),
-            }
-            .into()
         }))
         // The stream and the publish API share a path; pages of other
         // origins reach both through the CORS middleware.

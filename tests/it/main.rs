@@ -16,6 +16,7 @@ mod support;
 
 mod browsers;
 mod client;
+mod deadlines;
 mod docs;
 mod faults;
 mod logical;

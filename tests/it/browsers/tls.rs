@@ -6,108 +6,18 @@
 //! malformed or mismatched pair stops the start with an error naming the
 //! setting.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::support::server::{TEST_SECRET, TestServer, token};
+use crate::support::tls::{Folder, TestCa, https, tls, tls_server, wait_ready};
 use crate::support::{DEADLINE, TestDb};
 use eventrelay::auth::{AuthConfig, JwtConfig, build_resolver};
 use eventrelay::config::{Config, TlsConfig};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use reqwest::{StatusCode, Version};
 use serde_json::{Value, json};
 use tokio::time::Instant;
-
-/// A certificate authority that signs leaves for 127.0.0.1.
-struct TestCa {
-    certificate: rcgen::Certificate,
-    key: KeyPair,
-}
-
-impl TestCa {
-    fn new(name: &str) -> TestCa {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().unwrap();
-        let certificate = params.self_signed(&key).unwrap();
-        TestCa { certificate, key }
-    }
-
-    /// A leaf for 127.0.0.1 and localhost: (certificate PEM, key PEM).
-    fn leaf(&self) -> (String, String) {
-        let params =
-            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
-        let key = KeyPair::generate().unwrap();
-        let leaf = params
-            .signed_by(&key, &self.certificate, &self.key)
-            .unwrap();
-        (leaf.pem(), key.serialize_pem())
-    }
-
-    /// A client that trusts this CA only; HTTP/2 when the server offers it.
-    fn client(&self) -> reqwest::Client {
-        self.client_builder().build().unwrap()
-    }
-
-    fn client_builder(&self) -> reqwest::ClientBuilder {
-        reqwest::Client::builder()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(
-                reqwest::Certificate::from_pem(self.certificate.pem().as_bytes()).unwrap(),
-            )
-    }
-}
-
-/// A folder for one test's files, removed at the end.
-struct Folder(PathBuf);
-
-impl Folder {
-    fn new() -> Folder {
-        let path =
-            std::env::temp_dir().join(format!("eventrelay-tls-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&path).unwrap();
-        Folder(path)
-    }
-
-    fn write(&self, name: &str, contents: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, contents).unwrap();
-        path
-    }
-}
-
-impl Drop for Folder {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tls(cert: &Path, key: &Path) -> TlsConfig {
-    TlsConfig {
-        cert_file: Some(cert.to_owned()),
-        key_file: Some(key.to_owned()),
-    }
-}
-
-/// The relay's https:// base (TestServer announces it as http://).
-fn https(server: &TestServer) -> String {
-    server.base.replacen("http://", "https://", 1)
-}
-
-async fn wait_ready(client: &reqwest::Client, base: &str) {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Ok(response) = client.get(format!("{base}/readyz")).send().await
-            && response.status() == 200
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "relay never became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// One SSE frame, as the fields a client reads.
 #[derive(Debug, Default)]
@@ -215,23 +125,6 @@ async fn publish(client: &reqwest::Client, base: &str, event_type: &str) -> i64 
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     body["events"][0]["seq"].as_i64().unwrap()
-}
-
-/// A relay serving TLS with a leaf of a fresh test CA; the CA (for clients)
-/// and the folder holding the certificate live as long as the server.
-fn tls_server(db: &TestDb, configure: impl FnOnce(&mut Config)) -> (TestServer, TestCa, Folder) {
-    let ca = TestCa::new("eventrelay test CA");
-    let folder = Folder::new();
-    let (cert, key) = ca.leaf();
-    let (cert, key) = (
-        folder.write("cert.pem", &cert),
-        folder.write("key.pem", &key),
-    );
-    let server = TestServer::start(db, |config| {
-        config.http.tls = tls(&cert, &key);
-        configure(config);
-    });
-    (server, ca, folder)
 }
 
 #[tokio::test]

@@ -867,8 +867,14 @@ fn other_cases() -> Vec<Case> {
         mint("not JSON content")
             .header("content-type", "text/plain")
             .refused(400, "invalid_body"),
+        // Refused before the body is read: any body, or none.
         mint("outside development mode")
             .json(&json!({"subscriber": "mallory", "scope": "probe"}))
+            .on(Relay::Unconfigured)
+            .refused(403, "minting_disabled"),
+        mint("outside development mode, not JSON")
+            .raw(b"{".to_vec())
+            .on(Relay::Unconfigured)
             .refused(403, "minting_disabled"),
     ];
     for (method, path) in [
@@ -1068,7 +1074,10 @@ fn schemas_dir(db: &TestDb) -> String {
 async fn every_endpoint_refuses_bad_input_with_a_stable_code_and_keeps_serving() {
     let db = TestDb::new().await;
     let schemas = schemas_dir(&db);
+    // The configured relay mints inspector tokens (development mode's
+    // secret, the one its JWT auth checks); the unconfigured one does not.
     let configured = TestServer::start(&db, |c: &mut Config| {
+        c.development_secret = Some(TEST_SECRET.into());
         c.http.max_body_bytes = MAX_BODY_BYTES;
         c.publish.max_batch = MAX_BATCH;
         c.publish.schemas_dir = Some(schemas.clone());

@@ -10,8 +10,10 @@ pub mod flaky_receiver;
 pub mod freezer;
 pub mod pgbouncer;
 pub mod process;
+pub mod raw_http;
 pub mod receiver;
 pub mod server;
+pub mod tls;
 
 use std::time::Duration;
 
