@@ -119,11 +119,12 @@ pub struct HttpConfig {
     pub cors_publish: bool,
     /// Serve HTTPS (and HTTP/2) directly instead of plain HTTP/1.1.
     pub tls: TlsConfig,
-    /// How long a new connection has to send its request's headers before
-    /// it is answered 408 and closed: a client that never finishes them
-    /// holds a socket for no longer than this. Generous enough for the
-    /// moments after a deploy, when every client reconnects at once and the
-    /// relay reads thousands of requests together.
+    /// How long a connection has to send a request's headers: a new
+    /// connection from its start (answered 408 and closed), a kept-alive
+    /// one from the end of its previous response (closed). A client that
+    /// never finishes them holds a socket for no longer than this. Generous
+    /// enough for the moments after a deploy, when every client reconnects
+    /// at once and the relay reads thousands of requests together.
     pub header_timeout_secs: u64,
     /// How long a request's body may take to arrive once the relay starts
     /// reading it (publish API, admin API, the inspector's token form);

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use actix::{Actor, Arbiter};
-use actix_web::{App, HttpServer, web};
+use actix_web::{App, web};
 use eventrelay_publisher::{Publisher, SchemaRegistry};
 
 use crate::actors::listener::{LogicalSource, NotificationSource, StopListener, Targets};
@@ -398,26 +398,27 @@ pub async fn run_with(
         relay_name: relay_name(),
     });
     let inspector = config.http.inspector;
-    let mut server = HttpServer::new(move || {
-        App::new()
-            .app_data(state.clone())
-            .configure(|c| crate::http::routes(c, inspector))
-    })
-    .on_connect(crate::sse::peer::on_connect)
-    .disable_signals()
-    .client_request_timeout(Duration::from_secs(config.http.header_timeout_secs))
-    .shutdown_timeout(HTTP_SHUTDOWN_GRACE.as_secs());
-    if config.http.workers > 0 {
-        server = server.workers(config.http.workers);
-    }
     // A second handle on the listening socket, to stop listening at once
     // when shutting down (see `stop_listening`).
     let listening = listener.try_clone()?;
-    let server = match tls {
-        Some(tls) => server.listen_rustls_0_23(listener, tls)?,
-        None => server.listen(listener)?,
-    }
-    .run();
+    let server = crate::http::serve::server(
+        move || {
+            App::new()
+                .app_data(state.clone())
+                .configure(|c| crate::http::routes(c, inspector))
+                // Outermost: a request counts as in flight from the moment
+                // it reaches the application (see `http::deadline`).
+                .wrap(actix_web::middleware::from_fn(crate::http::deadline::track))
+        },
+        listener,
+        tls,
+        crate::http::serve::Settings {
+            workers: config.http.workers,
+            header_timeout: Duration::from_secs(config.http.header_timeout_secs),
+            shutdown_timeout: HTTP_SHUTDOWN_GRACE,
+            on_connect: crate::sse::peer::on_connect,
+        },
+    )?;
     let handle = server.handle();
     let stopped = actix::spawn(server);
     shutdown.await;

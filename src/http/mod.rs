@@ -4,12 +4,14 @@
 pub mod admin;
 pub mod body;
 pub mod cors;
+pub mod deadline;
 pub mod error;
 pub mod inspector;
 pub mod json_numbers;
 pub mod ops;
 pub mod publish;
 pub mod routes;
+pub mod serve;
 pub mod subscribers;
 pub mod tls;
 pub mod token;

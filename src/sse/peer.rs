@@ -71,8 +71,8 @@ impl PeerSocket {
     }
 }
 
-/// `HttpServer::on_connect`: remembers the TCP socket of each connection,
-/// plain or under TLS.
+/// The server's on-connect hook (see [`crate::http::serve`]): remembers
+/// the TCP socket of each connection, plain or under TLS.
 pub fn on_connect(connection: &dyn Any, data: &mut Extensions) {
     type TlsOverTcp = actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>;
     if let Some(stream) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {

@@ -1,5 +1,7 @@
 //! Every request has a deadline, over raw sockets against a real relay:
-//! the body of each request that has one, and refusals that never wait
-//! for a body.
+//! the headers of each request on a kept-alive connection (HTTP/1.1 and
+//! HTTP/2, plain and TLS), the body of each request that has one, and
+//! refusals that never wait for a body.
 
 mod bodies;
+mod headers;

@@ -1,0 +1,163 @@
+//! The HTTP server: the application on the listening socket, over plain
+//! HTTP/1.1 or over TLS with HTTP/2 and HTTP/1.1 (ALPN), every connection
+//! read through [`Deadlined`] so that each request's headers arrive on
+//! time (see [`super::deadline`]).
+//!
+//! actix-web's `HttpServer` assembles the same parts (actix-server's accept
+//! loop and workers, actix-http's `HttpService`, actix-tls's rustls
+//! acceptor) but has no place to wrap a connection's stream, so they are
+//! assembled here, with `HttpServer`'s defaults for everything not set.
+
+use std::any::Any;
+use std::fmt;
+use std::future::ready;
+use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
+
+use actix_http::body::MessageBody;
+use actix_http::error::DispatchError;
+use actix_http::{Extensions, HttpService, KeepAlive, Protocol, Request, Response};
+use actix_server::Server;
+use actix_service::boxed::{self, BoxServiceFactory};
+use actix_service::{IntoServiceFactory, Service, ServiceFactory, ServiceFactoryExt, map_config};
+use actix_tls::accept::TlsError;
+use actix_tls::accept::rustls_0_23::{Acceptor, TlsStream};
+use actix_web::dev::AppConfig;
+use actix_web::rt::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::deadline::Deadlined;
+
+/// How long a closing connection gets to take its last bytes
+/// (`HttpServer`'s default).
+const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What the server is built with, besides the application and the socket.
+pub struct Settings {
+    /// Worker threads; 0: one per core.
+    pub workers: usize,
+    /// `http.header_timeout_secs`: the first request's, by actix-http, and
+    /// every later one's, by [`Deadlined`].
+    pub header_timeout: Duration,
+    /// How long open connections get to finish when the server stops.
+    pub shutdown_timeout: Duration,
+    /// Called with each new connection's stream (a `TcpStream` or a
+    /// `TlsStream<TcpStream>`) and the connection's data.
+    pub on_connect: fn(&dyn Any, &mut Extensions),
+}
+
+/// A server running `factory`'s application on `listener`; with `tls`,
+/// HTTPS (HTTP/2 offered first), else plain HTTP/1.1. Run it by awaiting
+/// it; stop it through its handle.
+pub fn server<F, I, S, B>(
+    factory: F,
+    listener: TcpListener,
+    tls: Option<rustls::ServerConfig>,
+    settings: Settings,
+) -> std::io::Result<Server>
+where
+    F: Fn() -> I + Send + Clone + 'static,
+    I: IntoServiceFactory<S, Request>,
+    S: ServiceFactory<Request, Config = AppConfig> + 'static,
+    S::Error: Into<actix_web::Error> + 'static,
+    S::InitError: fmt::Debug + 'static,
+    S::Response: Into<Response<B>> + 'static,
+    <S::Service as Service<Request>>::Future: 'static,
+    S::Service: 'static,
+    B: MessageBody + 'static,
+{
+    let address = listener.local_addr()?;
+    let mut builder = Server::build()
+        .disable_signals()
+        .shutdown_timeout(settings.shutdown_timeout.as_secs());
+    if settings.workers > 0 {
+        builder = builder.workers(settings.workers);
+    }
+    let Settings {
+        header_timeout,
+        on_connect,
+        ..
+    } = settings;
+    let builder = match tls {
+        None => builder.listen("eventrelay-http", listener, move || {
+            let http = http_service(&factory, false, address, header_timeout, on_connect);
+            (move |tcp: TcpStream| {
+                let peer = tcp.peer_addr().ok();
+                let stream = Deadlined::new(tcp, header_timeout, true);
+                ready(Ok::<_, DispatchError>((stream, Protocol::Http1, peer)))
+            })
+            .into_factory()
+            .and_then(http)
+        })?,
+        Some(mut config) => {
+            // As actix-web does: HTTP/2 first, then HTTP/1.1.
+            let mut protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            protocols.append(&mut config.alpn_protocols);
+            config.alpn_protocols = protocols;
+            builder.listen("eventrelay-https", listener, move || {
+                let http = http_service(&factory, true, address, header_timeout, on_connect);
+                Acceptor::new(config.clone())
+                    .map_err(TlsError::into_service_error)
+                    .and_then(move |tls: TlsStream<TcpStream>| {
+                        let protocol = match tls.get_ref().1.alpn_protocol() {
+                            Some(b"h2") => Protocol::Http2,
+                            _ => Protocol::Http1,
+                        };
+                        let peer = tls.get_ref().0.peer_addr().ok();
+                        let first_timed = protocol == Protocol::Http1;
+                        let stream = Deadlined::new(tls, header_timeout, first_timed);
+                        ready(Ok::<_, TlsError<std::io::Error, DispatchError>>((
+                            stream, protocol, peer,
+                        )))
+                    })
+                    .and_then(http.map_err(TlsError::Service))
+            })?
+        }
+    };
+    Ok(builder.run())
+}
+
+/// The application as actix-http serves it: its errors already answers.
+type Application<Response, InitError> =
+    BoxServiceFactory<(), Request, Response, actix_web::HttpResponse, InitError>;
+
+/// actix-http's service for one worker, over streams of type `T`.
+fn http_service<F, I, S, B, T>(
+    factory: &F,
+    secure: bool,
+    address: SocketAddr,
+    header_timeout: Duration,
+    on_connect: fn(&dyn Any, &mut Extensions),
+) -> HttpService<Deadlined<T>, Application<S::Response, S::InitError>, B>
+where
+    F: Fn() -> I,
+    I: IntoServiceFactory<S, Request>,
+    S: ServiceFactory<Request, Config = AppConfig> + 'static,
+    S::Error: Into<actix_web::Error> + 'static,
+    S::InitError: fmt::Debug + 'static,
+    S::Response: Into<Response<B>> + 'static,
+    <S::Service as Service<Request>>::Future: 'static,
+    S::Service: 'static,
+    B: MessageBody + 'static,
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let application = factory()
+        .into_factory()
+        .map_err(|error| error.into().error_response());
+    let host = address.to_string();
+    HttpService::build()
+        .keep_alive(KeepAlive::default())
+        .client_request_timeout(header_timeout)
+        .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
+        .local_addr(address)
+        .on_connect_ext(move |stream: &Deadlined<T>, data: &mut Extensions| {
+            data.insert(stream.clock());
+            on_connect(stream.get_ref(), data);
+        })
+        .finish(boxed::factory(map_config(application, move |()| {
+            // The values `HttpServer` gives the application (what
+            // `ConnectionInfo` falls back on); actix-web builds them with
+            // this constructor outside its own crate too (actix-test).
+            AppConfig::__priv_test_new(secure, host.clone(), address)
+        })))
+}
