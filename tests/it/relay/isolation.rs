@@ -390,9 +390,15 @@ fn no_subscriber_receives_what_the_audience_rule_forbids_or_misses_what_it_allow
         .unwrap();
     let relays = runtime.block_on(async {
         let db = TestDb::new().await;
-        let live = TestServer::start(&db, |c| c.sse.replay_lookback = 0);
+        // Every case reuses a few subscriber names across scopes, and the
+        // connection cap counts a subscriber's streams in all of them.
+        let live = TestServer::start(&db, |c| {
+            c.sse.replay_lookback = 0;
+            c.sse.max_connections_per_subscriber = 10_000;
+        });
         let cold = TestServer::start(&db, |c| {
             c.sse.replay_lookback = 0;
+            c.sse.max_connections_per_subscriber = 10_000;
             c.hub.tail_events = 1;
         });
         live.ready().await;
