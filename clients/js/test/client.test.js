@@ -3,12 +3,12 @@
 // binary (EVENTRELAY_BIN, default ../../target/debug/eventrelay).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
-import { createInterface } from 'node:readline';
+import { execFileSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { createEventStreamClient } from '../eventrelay-client.js';
+import { startRelay as startRelayWith, until as untilWithin } from './support.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
@@ -29,20 +29,9 @@ const env = {
   RUST_LOG: 'warn',
 };
 const DEADLINE_MS = 10000;
+const startRelay = () => startRelayWith(binary, env);
+const until = (condition, what) => untilWithin(condition, what, DEADLINE_MS);
 
-/** Starts the relay; resolves with its base URL and the process. */
-function startRelay() {
-  const child = spawn(binary, ['serve'], { env, stdio: ['ignore', 'pipe', 'inherit'] });
-  return new Promise((resolve, reject) => {
-    const lines = createInterface({ input: child.stdout });
-    lines.once('line', (line) => {
-      const match = /listening on (http:\/\/\S+)/.exec(line);
-      if (match) resolve({ base: match[1], child });
-      else reject(new Error(`unexpected first line: ${line}`));
-    });
-    child.once('exit', (code) => reject(new Error(`relay exited with ${code}`)));
-  });
-}
 
 async function ready(base) {
   const deadline = Date.now() + DEADLINE_MS;
@@ -78,13 +67,6 @@ async function publish(base, event) {
   return (await response.json()).events[0];
 }
 
-async function until(condition, what) {
-  const deadline = Date.now() + DEADLINE_MS;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
 
 after(() => {
   try {

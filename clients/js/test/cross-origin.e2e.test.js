@@ -22,6 +22,7 @@ import { createHash, createHmac, randomUUID, X509Certificate } from 'node:crypto
 import { tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
+import { until as untilWithin } from './support.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
@@ -34,6 +35,7 @@ const SECRET = 'cross-origin-e2e-secret-long-enough-for-hs256';
 const PUBLISH_TOKEN = 'cross-origin-e2e-publish-token';
 const SESSION = 'alice-session-cookie-value';
 const DEADLINE_MS = 15000;
+const until = (condition, what) => untilWithin(condition, what, DEADLINE_MS);
 const workdir = mkdtempSync(path.join(tmpdir(), 'eventrelay-cors-'));
 
 function which(command) {
@@ -213,13 +215,6 @@ function get(url, ca) {
   });
 }
 
-async function until(condition, what) {
-  const deadline = Date.now() + DEADLINE_MS;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 async function publish(type) {
   const response = await fetch(`${plain}/v1/events`, {

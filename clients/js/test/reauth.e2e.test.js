@@ -10,14 +10,14 @@
 // it), Postgres (DATABASE_URL) and the eventrelay binary (EVENTRELAY_BIN).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFile, execFileSync } from 'node:child_process';
-import { createInterface } from 'node:readline';
+import { execFile, execFileSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { createServer, request as httpRequest } from 'node:http';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import path from 'node:path';
 import { randomUUID } from 'node:crypto';
+import { startRelay as startRelayWith, until as untilWithin } from './support.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
@@ -44,6 +44,8 @@ const TOKEN_TTL_SECS = '6';
 const PUBLISH_FOR_MS = 20000;
 const PUBLISH_EVERY_MS = 100;
 const DEADLINE_MS = 15000;
+const startRelay = () => startRelayWith(binary, env);
+const until = (condition, what) => untilWithin(condition, what, DEADLINE_MS);
 const skip = !existsSync(chromium) && `no Chromium at ${chromium}`;
 
 // The page fetches its tokens from the app, as an application's would, and
@@ -69,25 +71,7 @@ window.client = createEventStreamClient({
 client.start();
 </script>`;
 
-function startRelay() {
-  const child = spawn(binary, ['serve'], { env, stdio: ['ignore', 'pipe', 'inherit'] });
-  return new Promise((resolve, reject) => {
-    createInterface({ input: child.stdout }).once('line', (line) => {
-      const match = /listening on (http:\/\/\S+)/.exec(line);
-      if (match) resolve({ base: match[1], child });
-      else reject(new Error(`unexpected first line: ${line}`));
-    });
-    child.once('exit', (code) => reject(new Error(`relay exited with ${code}`)));
-  });
-}
 
-async function until(condition, what) {
-  const deadline = Date.now() + DEADLINE_MS;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 /**
  * The application's origin: the page, the client, a 6-second token for
