@@ -7,14 +7,14 @@
 // it) and the eventrelay binary (EVENTRELAY_BIN).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
-import { createInterface } from 'node:readline';
+import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import { randomUUID } from 'node:crypto';
+import { startRelay as startRelayWith } from './support.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
@@ -35,19 +35,7 @@ const env = {
 };
 
 function startRelay(bind) {
-  const child = spawn(binary, ['serve'], {
-    env: { ...env, EVENTRELAY_HTTP__BIND: bind },
-    cwd: workdir,
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  return new Promise((resolve, reject) => {
-    createInterface({ input: child.stdout }).once('line', (line) => {
-      const match = /listening on (http:\/\/\S+)/.exec(line);
-      if (match) resolve({ base: match[1], child });
-      else reject(new Error(`unexpected first line: ${line}`));
-    });
-    child.once('exit', (code) => reject(new Error(`relay exited with ${code}`)));
-  });
+  return startRelayWith(binary, { ...env, EVENTRELAY_HTTP__BIND: bind }, { cwd: workdir });
 }
 
 async function ready(base) {

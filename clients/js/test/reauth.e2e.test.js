@@ -10,14 +10,14 @@
 // it), Postgres (DATABASE_URL) and the eventrelay binary (EVENTRELAY_BIN).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile, execFileSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { createServer, request as httpRequest } from 'node:http';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import path from 'node:path';
 import { randomUUID } from 'node:crypto';
-import { startRelay as startRelayWith, until as untilWithin } from './support.js';
+import { startRelayAndBrowser, stopRelayAndBrowser, until as untilWithin } from './support.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
@@ -44,7 +44,6 @@ const TOKEN_TTL_SECS = '6';
 const PUBLISH_FOR_MS = 20000;
 const PUBLISH_EVERY_MS = 100;
 const DEADLINE_MS = 15000;
-const startRelay = () => startRelayWith(binary, env);
 const until = (condition, what) => untilWithin(condition, what, DEADLINE_MS);
 const skip = !existsSync(chromium) && `no Chromium at ${chromium}`;
 
@@ -157,34 +156,10 @@ let browser;
 
 before(async () => {
   if (skip) return;
-  relay = await startRelay();
-  await until(async () => {
-    try {
-      return (await fetch(`${relay.base}/readyz`)).ok;
-    } catch {
-      return false;
-    }
-  }, 'the relay to be ready');
-  const { chromium: launcher } = await import('playwright-core');
-  browser = await launcher.launch({
-    executablePath: chromium,
-    headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-  });
+  ({ relay, browser } = await startRelayAndBrowser(binary, env, chromium, DEADLINE_MS));
 });
 
-after(async () => {
-  await browser?.close();
-  if (relay) {
-    await new Promise((resolve) => {
-      relay.child.once('exit', resolve);
-      relay.child.kill('SIGTERM');
-    });
-  }
-  try {
-    execFileSync('psql', [env.DATABASE_URL, '-qc', `DROP SCHEMA IF EXISTS ${env.EVENTRELAY_DATABASE__SCHEMA} CASCADE`], { stdio: 'ignore' });
-  } catch {}
-});
+after(() => stopRelayAndBrowser({ relay, browser }, env));
 
 test('tabs sharing a stream renew its 6-second token ahead of expiry, in the tab holding it, and miss or double no event', { skip }, async () => {
   const app = await startApp(relay.base, 'org-1');
