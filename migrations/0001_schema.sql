@@ -498,6 +498,9 @@ CREATE TABLE webhook_subscriptions (
     -- `config` subscriptions are kept in step with the service configuration.
     source      text NOT NULL DEFAULT 'api'
         CONSTRAINT webhook_subscriptions_source_valid CHECK (source IN ('config', 'api')),
+    -- Set while an operator holds the subscription's deliveries back: they
+    -- keep being queued and none is attempted until it is cleared.
+    paused_at   timestamptz,
     created_at  timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
@@ -544,9 +547,14 @@ CREATE TABLE webhook_attempts (
     duration_ms    integer     NOT NULL,
     status_code    integer,
     error          text,
+    -- The start of the receiver's answer (at most 1 KiB), for an operator
+    -- asking why it failed.
+    response       text,
     outcome        text        NOT NULL
 );
 CREATE INDEX webhook_attempts_delivery_idx ON webhook_attempts (delivery_id, attempt);
+-- A subscription's recent failures, for its health.
+CREATE INDEX webhook_attempts_started_idx ON webhook_attempts (started_at);
 
 -- Whether a subscription's patterns take an event type.
 CREATE FUNCTION webhook_type_matches(patterns text[], event_type text) RETURNS boolean

@@ -106,6 +106,10 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// Serve the inspector page at `/inspector` (a development aid).
     pub inspector: bool,
+    /// Serve the operator console at `/console` while an admin token is
+    /// configured. The page itself holds nothing secret: it signs in with
+    /// the admin token and acts through the admin API.
+    pub console: bool,
     /// Origins whose pages may read `/v1/events` from a browser (CORS):
     /// exact origins such as `https://app.example.com`, subdomain patterns
     /// such as `https://*.example.com`, or `*` alone. Empty: same-origin only.
@@ -283,6 +287,7 @@ impl Default for HttpConfig {
             workers: 0,
             max_body_bytes: 1024 * 1024,
             inspector: true,
+            console: true,
             allowed_origins: Vec::new(),
             allow_credentials: true,
             cors_publish: false,

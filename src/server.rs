@@ -397,7 +397,10 @@ pub async fn run_with(
         disconnections,
         relay_name: relay_name(),
     });
-    let inspector = config.http.inspector;
+    let pages = crate::http::Pages {
+        inspector: config.http.inspector,
+        console: config.http.console,
+    };
     // A second handle on the listening socket, to stop listening at once
     // when shutting down (see `stop_listening`).
     let listening = listener.try_clone()?;
@@ -405,7 +408,7 @@ pub async fn run_with(
         move || {
             App::new()
                 .app_data(state.clone())
-                .configure(|c| crate::http::routes(c, inspector))
+                .configure(|c| crate::http::routes(c, pages))
                 // Outermost: a request counts as in flight from the moment
                 // it reaches the application (see `http::deadline`).
                 .wrap(actix_web::middleware::from_fn(crate::http::deadline::track))

@@ -73,6 +73,9 @@ pub async fn run(command: DeliveriesCommand) -> Result<(), CliError> {
                 status: args.status,
                 event_id: args.event_id,
                 subscription_id: args.subscription,
+                event_type: None,
+                since: None,
+                until: None,
                 before: args.before,
                 limit: Some(args.limit),
             };

@@ -153,14 +153,105 @@ pub async fn create_subscription(
         .json(json!({"subscription": created, "secret": new.secret})))
 }
 
-pub async fn list_subscriptions(state: Admin) -> Result<HttpResponse, ApiError> {
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListSubscriptions {
+    /// Adds each subscription's `health`: a few more index reads per
+    /// subscription, so only on request.
+    #[serde(default)]
+    health: bool,
+}
+
+pub async fn list_subscriptions(
+    state: Admin,
+    query: web::Query<ListSubscriptions>,
+) -> Result<HttpResponse, ApiError> {
     let conn = connection(&state).await?;
-    let subscriptions = state
+    let store = &state.webhooks;
+    let subscriptions = match query.health {
+        true => json!(
+            store
+                .list_subscriptions_with_health(&*conn)
+                .await
+                .map_err(database_error)?
+        ),
+        false => json!(
+            store
+                .list_subscriptions(&*conn)
+                .await
+                .map_err(database_error)?
+        ),
+    };
+    Ok(HttpResponse::Ok().json(json!({ "subscriptions": subscriptions })))
+}
+
+/// `POST /v1/admin/subscriptions/{id}/pause` and `/resume`. Pausing is an
+/// operator's state, not configuration, so subscriptions from the
+/// configuration can be paused too, and a reload leaves the pause alone.
+async fn set_paused(state: Admin, id: &str, paused: bool) -> Result<HttpResponse, ApiError> {
+    let conn = connection(&state).await?;
+    existing_subscription(&state, &conn, id).await?;
+    let subscription = state
         .webhooks
-        .list_subscriptions(&*conn)
+        .set_paused(&*conn, id, paused)
+        .await
+        .map_err(database_error)?
+        .ok_or_else(|| not_found("subscription", id))?;
+    if !paused {
+        wake_dispatcher(&state);
+    }
+    tracing::info!(subscription = %id, paused, "webhook subscription paused or resumed by an operator");
+    Ok(HttpResponse::Ok().json(json!({ "subscription": subscription })))
+}
+
+pub async fn pause_subscription(
+    state: Admin,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    set_paused(state, &id, true).await
+}
+
+pub async fn resume_subscription(
+    state: Admin,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    set_paused(state, &id, false).await
+}
+
+/// The dispatcher may be asleep until its next known due time; whatever
+/// was just put back in the queue is due now.
+fn wake_dispatcher(state: &AppState) {
+    if let Some(dispatcher) = &state.dispatcher {
+        dispatcher.do_send(DeliveriesDue);
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RedeliverFailed {
+    since: DateTime<Utc>,
+}
+
+/// `POST /v1/admin/subscriptions/{id}/redeliver-failed`: every dead
+/// delivery of the subscription created since `since` is queued again.
+pub async fn redeliver_failed(
+    state: Admin,
+    id: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let request: RedeliverFailed = json_body(payload, &state).await?;
+    let conn = connection(&state).await?;
+    existing_subscription(&state, &conn, &id).await?;
+    let redelivered = state
+        .webhooks
+        .redeliver_failed(&*conn, &id, request.since)
         .await
         .map_err(database_error)?;
-    Ok(HttpResponse::Ok().json(json!({ "subscriptions": subscriptions })))
+    if redelivered > 0 {
+        wake_dispatcher(&state);
+    }
+    tracing::info!(subscription = %id, since = %request.since, redelivered, "failed webhook deliveries queued again by an operator");
+    Ok(HttpResponse::Ok().json(json!({ "redelivered": redelivered })))
 }
 
 async fn existing_subscription(
@@ -262,6 +353,9 @@ struct DeliveryQuery {
     status: Option<String>,
     event_id: Option<String>,
     subscription_id: Option<String>,
+    event_type: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
     before: Option<String>,
     limit: Option<String>,
 }
@@ -278,6 +372,7 @@ fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
     for (name, value) in [
         ("scopeKey", &query.scope_key),
         ("subscriptionId", &query.subscription_id),
+        ("eventType", &query.event_type),
     ] {
         if value
             .as_deref()
@@ -296,6 +391,14 @@ fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
         .map(|v| v.parse::<Uuid>())
         .transpose()
         .map_err(|e| invalid(format!("eventId: not a UUID: {e}")))?;
+    let time = |name: &str, value: Option<String>| {
+        given(value)
+            .map(|v| DateTime::parse_from_rfc3339(&v).map(|t| t.with_timezone(&Utc)))
+            .transpose()
+            .map_err(|e| invalid(format!("{name}: not an RFC 3339 time: {e}")))
+    };
+    let since = time("since", query.since)?;
+    let until = time("until", query.until)?;
     let before = given(query.before)
         .map(|v| v.parse::<i64>())
         .transpose()
@@ -313,6 +416,9 @@ fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
         status,
         event_id,
         subscription_id: given(query.subscription_id),
+        event_type: given(query.event_type),
+        since,
+        until,
         before,
         limit: Some(limit),
     })
@@ -369,11 +475,7 @@ pub async fn redeliver(state: Admin, id: web::Path<String>) -> Result<HttpRespon
     if !found {
         return Err(not_found("delivery", &id));
     }
-    // The dispatcher may be asleep until its next known due time; the
-    // redelivered row is due now.
-    if let Some(dispatcher) = &state.dispatcher {
-        dispatcher.do_send(DeliveriesDue);
-    }
+    wake_dispatcher(&state);
     delivery_with_attempts(&state, &conn, &id).await
 }
 

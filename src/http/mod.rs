@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod console;
 pub mod cors;
 pub mod deadline;
 pub mod error;
@@ -28,7 +29,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::store::{Database, Outbox};
 use error::{ApiError, ErrorCode};
-pub use routes::routes;
+pub use routes::{Pages, routes};
 
 /// What every handler can reach.
 pub struct AppState {
@@ -102,9 +103,14 @@ impl AppState {
 
 /// Any path (or method of `/v1/events`) the API does not have.
 pub async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError::new(
+    Err(no_such_endpoint())
+}
+
+/// The answer for a path the relay does not serve (or not as configured).
+pub fn no_such_endpoint() -> ApiError {
+    ApiError::new(
         actix_web::http::StatusCode::NOT_FOUND,
         ErrorCode::NotFound,
         "no such endpoint",
-    ))
+    )
 }

@@ -4,13 +4,23 @@
 use actix_web::web;
 
 use super::error::{ApiError, ErrorCode};
-use super::{admin, cors, inspector, ops, publish, subscribers};
+use super::{admin, console, cors, inspector, ops, publish, subscribers};
 
-/// Registers every route. The inspector's routes exist only when
-/// `http.inspector` is on. No route takes its body through an extractor:
+/// The pages the relay serves besides its API, each behind a setting.
+#[derive(Debug, Clone, Copy)]
+pub struct Pages {
+    /// `http.inspector`: the development page at `/inspector`.
+    pub inspector: bool,
+    /// `http.console`: the operator console at `/console` (which also
+    /// needs an admin token, checked per request).
+    pub console: bool,
+}
+
+/// Registers every route. The pages' routes exist only when their setting
+/// is on. No route takes its body through an extractor:
 /// handlers read it (`body::read_body`) once they have decided not to
 /// refuse the request, under the size limit and the body deadline.
-pub fn routes(config: &mut web::ServiceConfig, inspector_enabled: bool) {
+pub fn routes(config: &mut web::ServiceConfig, pages: Pages) {
     config
         .app_data(web::QueryConfig::default().error_handler(|error, _| {
             ApiError::bad_request(ErrorCode::InvalidQuery, error.to_string()).into()
@@ -28,6 +38,7 @@ pub fn routes(config: &mut web::ServiceConfig, inspector_enabled: bool) {
             web::scope("/v1/admin")
                 .route("/subscriptions", web::post().to(admin::create_subscription))
                 .route("/subscriptions", web::get().to(admin::list_subscriptions))
+                .route("/scopes", web::get().to(subscribers::busiest_scopes))
                 .route(
                     "/subscriptions/{id}",
                     web::get().to(admin::get_subscription),
@@ -43,6 +54,18 @@ pub fn routes(config: &mut web::ServiceConfig, inspector_enabled: bool) {
                 .route(
                     "/subscriptions/{id}/rotate-secret",
                     web::post().to(admin::rotate_secret),
+                )
+                .route(
+                    "/subscriptions/{id}/pause",
+                    web::post().to(admin::pause_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}/resume",
+                    web::post().to(admin::resume_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}/redeliver-failed",
+                    web::post().to(admin::redeliver_failed),
                 )
                 .route("/reload", web::post().to(admin::reload))
                 .route("/subscribers", web::get().to(subscribers::list))
@@ -63,7 +86,14 @@ pub fn routes(config: &mut web::ServiceConfig, inspector_enabled: bool) {
         .route("/readyz", web::get().to(ops::readyz))
         .route("/metrics", web::get().to(ops::metrics))
         .route("/openapi.json", web::get().to(ops::openapi));
-    if inspector_enabled {
+    if pages.console {
+        config
+            .route("/console", web::get().to(console::page))
+            .route("/console/", web::get().to(console::page))
+            .route("/console/console.js", web::get().to(console::script))
+            .route("/console/console.css", web::get().to(console::style));
+    }
+    if pages.inspector {
         config
             .route("/inspector", web::get().to(inspector::page))
             .route("/inspector/", web::get().to(inspector::page))

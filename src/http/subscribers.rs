@@ -1,5 +1,5 @@
-//! `/v1/admin/subscribers`: who is connected to this relay, and ending a
-//! subscriber's streams now.
+//! `/v1/admin/subscribers` and `/v1/admin/scopes`: who is connected to this
+//! relay, in which scopes, and ending a subscriber's streams now.
 //!
 //! A disconnection is recorded in the database before it is applied here,
 //! so every other relay on the schema reads it within a second and ends
@@ -118,4 +118,36 @@ pub async fn list(state: Admin, query: web::Query<ListQuery>) -> Result<HttpResp
         })
         .collect();
     Ok(HttpResponse::Ok().json(json!({ "streams": streams, "next": next })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopesQuery {
+    limit: Option<usize>,
+}
+
+/// `GET /v1/admin/scopes`: the scopes with the most open streams on this
+/// relay. Metrics carry no scope label (their number would grow with the
+/// scopes), so this is where an operator finds the busiest.
+pub async fn busiest_scopes(
+    state: Admin,
+    query: web::Query<ScopesQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = query.limit.unwrap_or(10);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(
+            ErrorCode::InvalidQuery,
+            format!("limit must be between 1 and {MAX_PAGE}"),
+        ));
+    }
+    let (scopes, streams) = state.streams.busiest_scopes(limit);
+    let scopes: Vec<_> = scopes
+        .into_iter()
+        .map(|(scope_key, streams)| json!({ "scopeKey": scope_key, "streams": streams }))
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "scopes": scopes,
+        "streams": streams,
+        "relay": state.relay_name,
+    })))
 }

@@ -55,6 +55,9 @@ struct Inner {
     /// By id, so listings page in a stable order.
     streams: BTreeMap<u64, Entry>,
     per_subscriber: HashMap<String, usize>,
+    /// Open streams per scope, for the busiest scopes without a pass over
+    /// every stream.
+    per_scope: HashMap<String, usize>,
     denials: HashMap<String, Vec<Denial>>,
 }
 
@@ -76,13 +79,19 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         let mut inner = self.registry.lock();
         if let Some(entry) = inner.streams.remove(&self.id) {
-            let subscriber = entry.stream.subscriber;
-            if let Some(count) = inner.per_subscriber.get_mut(&subscriber) {
-                *count -= 1;
-                if *count == 0 {
-                    inner.per_subscriber.remove(&subscriber);
-                }
-            }
+            count_down(&mut inner.per_subscriber, &entry.stream.subscriber);
+            count_down(&mut inner.per_scope, &entry.stream.scope_key);
+        }
+    }
+}
+
+/// One stream fewer under `key`; a key with none left is removed, so the
+/// maps hold only what is open.
+fn count_down(counts: &mut HashMap<String, usize>, key: &str) {
+    if let Some(count) = counts.get_mut(key) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(key);
         }
     }
 }
@@ -139,6 +148,7 @@ impl StreamRegistry {
             .per_subscriber
             .entry(subscriber.to_owned())
             .or_default() += 1;
+        *inner.per_scope.entry(scope_key.to_owned()).or_default() += 1;
         Ok(Ticket {
             registry: self.clone(),
             id,
@@ -217,11 +227,57 @@ impl StreamRegistry {
             .cloned()
             .collect()
     }
+
+    /// The `limit` scopes with the most open streams, busiest first (ties
+    /// by scope key), and the number of open streams in all.
+    pub fn busiest_scopes(&self, limit: usize) -> (Vec<(String, usize)>, usize) {
+        let inner = self.lock();
+        let mut scopes: Vec<(&String, usize)> = inner
+            .per_scope
+            .iter()
+            .map(|(scope, count)| (scope, *count))
+            .collect();
+        let by_count =
+            |a: &(&String, usize), b: &(&String, usize)| b.1.cmp(&a.1).then(a.0.cmp(b.0));
+        if scopes.len() > limit {
+            scopes.select_nth_unstable_by(limit, by_count);
+            scopes.truncate(limit);
+        }
+        scopes.sort_unstable_by(by_count);
+        let top = scopes
+            .into_iter()
+            .map(|(scope, count)| (scope.clone(), count))
+            .collect();
+        (top, inner.streams.len())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_busiest_scopes_come_first_and_closed_streams_leave() {
+        let registry = StreamRegistry::default();
+        let mut open = Vec::new();
+        for (subscriber, scope) in [
+            ("a", "org-1"),
+            ("b", "org-2"),
+            ("c", "org-2"),
+            ("d", "org-3"),
+        ] {
+            open.push(registry.open(subscriber, scope, 5).unwrap());
+        }
+        let (top, total) = registry.busiest_scopes(2);
+        assert_eq!(top, [("org-2".into(), 2), ("org-1".into(), 1)]);
+        assert_eq!(total, 4);
+        open.remove(1);
+        open.remove(1);
+        let (top, total) = registry.busiest_scopes(10);
+        assert_eq!(top, [("org-1".into(), 1), ("org-3".into(), 1)]);
+        assert_eq!(total, 2);
+        assert_eq!(registry.busiest_scopes(0), (vec![], 2));
+    }
 
     #[test]
     fn the_cap_counts_a_subscribers_streams_across_scopes() {

@@ -20,7 +20,7 @@ use eventrelay_wire::webhook::{WebhookSecret, sign};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use tokio::sync::mpsc;
 
-use super::model::{AttemptOutcome, AttemptRecord, Claimed};
+use super::model::{AttemptOutcome, AttemptRecord, Claimed, MAX_RESPONSE_BYTES};
 use super::settings::{MIN_RETRY_AFTER, WebhooksConfig};
 use super::store::WebhookStore;
 use crate::metrics::{ActorKind, Metrics, OutcomeLabel};
@@ -399,10 +399,15 @@ impl Worker {
             .send()
             .await;
         match response {
-            Ok(response) => Sent::Answered {
-                status: response.status().as_u16(),
-                retry_after: retry_after(response.headers()),
-            },
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let retry_after = retry_after(response.headers());
+                Sent::Answered {
+                    status,
+                    retry_after,
+                    response: answer_start(response).await,
+                }
+            }
             Err(error) => Sent::Failed(describe(&error)),
         }
     }
@@ -431,6 +436,10 @@ impl Worker {
                 }
             }
         };
+        let response = match &sent {
+            Sent::Answered { response, .. } => response.clone(),
+            _ => None,
+        };
         let (status_code, error, (outcome, next_attempt_at)) = match sent {
             Sent::Answered { status, .. } if (200..300).contains(&status) => {
                 (Some(status), None, (AttemptOutcome::Delivered, None))
@@ -443,6 +452,7 @@ impl Worker {
             Sent::Answered {
                 status,
                 retry_after,
+                ..
             } => {
                 let honoured = match status {
                     // At least a second, so `Retry-After: 0` is no hot loop;
@@ -473,6 +483,7 @@ impl Worker {
             duration_ms: took.as_millis().min(i32::MAX as u128) as i32,
             status_code: status_code.map(i32::from),
             error: error.map(|e| e.chars().take(MAX_ERROR_CHARS).collect()),
+            response,
             outcome,
             next_attempt_at,
         }
@@ -483,9 +494,35 @@ enum Sent {
     Answered {
         status: u16,
         retry_after: Option<Duration>,
+        /// The start of the body (see [`MAX_RESPONSE_BYTES`]).
+        response: Option<String>,
     },
     SubscriptionGone,
     Failed(String),
+}
+
+/// The start of a receiver's answer, read up to [`MAX_RESPONSE_BYTES`] (the
+/// rest is never read) and cut back to whole characters. `None` for an
+/// empty body, or one that fails before a byte arrives.
+async fn answer_start(mut response: reqwest::Response) -> Option<String> {
+    let mut kept = Vec::new();
+    while kept.len() < MAX_RESPONSE_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => kept.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    kept.truncate(MAX_RESPONSE_BYTES);
+    if kept.is_empty() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&kept);
+    // A character the cut split shows as U+FFFD at the end; drop it.
+    let text = match std::str::from_utf8(&kept) {
+        Err(e) if e.error_len().is_none() => String::from_utf8_lossy(&kept[..e.valid_up_to()]),
+        _ => text,
+    };
+    Some(text.into_owned())
 }
 
 /// The body receivers get: the envelope without its audience, serialised the

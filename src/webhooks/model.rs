@@ -57,8 +57,33 @@ pub struct Subscription {
     pub types: Vec<String>,
     pub scope_key: Option<String>,
     pub source: String,
+    /// When an operator paused it; its deliveries wait until it resumes.
+    pub paused_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// How a subscription's deliveries are going, for an operator deciding
+/// whether its receiver is down.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscriptionHealth {
+    /// The last attempt the receiver answered with a 2xx.
+    pub last_success_at: Option<DateTime<Utc>>,
+    /// Attempts that did not deliver, started in the last hour.
+    pub failures_last_hour: i64,
+    /// When the oldest pending delivery fell (or falls) due.
+    pub oldest_due_at: Option<DateTime<Utc>>,
+    /// Deliveries waiting for an attempt.
+    pub pending: i64,
+}
+
+/// A subscription with its health, as the listing shows it on request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SubscriptionWithHealth {
+    #[serde(flatten)]
+    pub subscription: Subscription,
+    pub health: SubscriptionHealth,
 }
 
 impl Subscription {
@@ -281,6 +306,8 @@ pub struct Attempt {
     pub status_code: Option<i32>,
     pub error: Option<String>,
     pub outcome: AttemptOutcome,
+    /// The start of the receiver's answer, when it answered.
+    pub response: Option<String>,
 }
 
 /// Where a delivery stands: `webhook_deliveries.status`, a delivery's
@@ -445,9 +472,20 @@ pub struct DeliveryFilter {
     pub status: Option<DeliveryStatus>,
     pub event_id: Option<Uuid>,
     pub subscription_id: Option<String>,
+    /// An exact event type.
+    pub event_type: Option<String>,
+    /// Deliveries created at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Deliveries created before this time.
+    pub until: Option<DateTime<Utc>>,
     pub before: Option<i64>,
     pub limit: Option<i64>,
 }
+
+/// How much of a receiver's answer an attempt keeps: enough to read an
+/// error page's message, little enough that a chatty receiver does not fill
+/// the log.
+pub const MAX_RESPONSE_BYTES: usize = 1024;
 
 /// Most deliveries one listing returns.
 pub const MAX_PAGE: i64 = 500;
@@ -470,6 +508,8 @@ pub struct AttemptRecord {
     pub duration_ms: i32,
     pub status_code: Option<i32>,
     pub error: Option<String>,
+    /// The start of the receiver's answer (see [`MAX_RESPONSE_BYTES`]).
+    pub response: Option<String>,
     pub outcome: AttemptOutcome,
     /// For [`AttemptOutcome::Retry`]: when to try again.
     pub next_attempt_at: Option<DateTime<Utc>>,
@@ -629,6 +669,7 @@ mod tests {
             types: vec!["*".into()],
             scope_key: None,
             source: "api".into(),
+            paused_at: None,
             created_at: now,
             updated_at: now,
         };
@@ -665,6 +706,7 @@ mod tests {
             types: new.types.clone(),
             scope_key: None,
             source: "api".into(),
+            paused_at: None,
             created_at: Utc::now(),
             updated_at: Utc::now(),
         };

@@ -21,7 +21,8 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::model::{
     Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryStatus,
-    MAX_PAGE, NewSubscription, Subscription, SubscriptionPatch,
+    MAX_PAGE, NewSubscription, Subscription, SubscriptionHealth, SubscriptionPatch,
+    SubscriptionWithHealth,
 };
 use crate::store::StoreError;
 
@@ -33,7 +34,13 @@ pub struct WebhookStore {
 const DELIVERY_COLUMNS: &str = "id, subscription_id, event_seq, event_id, event_type, scope_key, status, \
      attempts, next_attempt_at, last_status, last_error, created_at, updated_at";
 const SUBSCRIPTION_COLUMNS: &str = "id, url, secret, previous_secret, previous_secret_expires_at, types, \
-     scope_key, source, created_at, updated_at";
+     scope_key, source, paused_at, created_at, updated_at";
+
+/// The condition that keeps a paused subscription's deliveries (alias `d`)
+/// out of the queue: out of claiming, of the next due time the dispatcher
+/// sleeps until, and of the backlog it reports.
+const NOT_PAUSED: &str = "NOT EXISTS (SELECT 1 FROM {schema}.webhook_subscriptions s
+                        WHERE s.id = d.subscription_id AND s.paused_at IS NOT NULL)";
 
 /// [`DeliveryStatus::Pending`] as an SQL literal, for the statements that
 /// select due or finished deliveries. The schema's partial indexes on those
@@ -157,6 +164,76 @@ impl WebhookStore {
         Ok(rows.iter().map(subscription_from_row).collect())
     }
 
+    /// Every subscription with its health, in one statement. Each figure
+    /// reads an index: the last success is that of the subscription's newest
+    /// delivered delivery, the failures are found by attempts' start time,
+    /// and the pending deliveries by subscription.
+    pub async fn list_subscriptions_with_health(
+        &self,
+        db: &impl PgExecutor,
+    ) -> Result<Vec<SubscriptionWithHealth>, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                &format!(
+                    "SELECT {SUBSCRIPTION_COLUMNS},
+                        (SELECT max(a.started_at) FROM {{schema}}.webhook_attempts a
+                          WHERE a.outcome = $1
+                            AND a.delivery_id = (SELECT max(id) FROM {{schema}}.webhook_deliveries
+                                                  WHERE subscription_id = s.id AND status = $1)
+                        ) AS last_success_at,
+                        (SELECT count(*) FROM {{schema}}.webhook_attempts a
+                           JOIN {{schema}}.webhook_deliveries d ON d.id = a.delivery_id
+                          WHERE a.started_at > now() - interval '1 hour'
+                            AND d.subscription_id = s.id AND a.outcome <> $1) AS failures_last_hour,
+                        pending.oldest_due_at, pending.count AS pending
+                     FROM {{schema}}.webhook_subscriptions s,
+                     LATERAL (SELECT min(next_attempt_at) AS oldest_due_at, count(*) AS count
+                                FROM {{schema}}.webhook_deliveries
+                               WHERE subscription_id = s.id AND status = {pending}) pending
+                     ORDER BY id",
+                    pending = pending_literal()
+                ),
+                &[(&AttemptOutcome::Delivered, Type::TEXT)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| SubscriptionWithHealth {
+                subscription: subscription_from_row(row),
+                health: SubscriptionHealth {
+                    last_success_at: row.get("last_success_at"),
+                    failures_last_hour: row.get("failures_last_hour"),
+                    oldest_due_at: row.get("oldest_due_at"),
+                    pending: row.get("pending"),
+                },
+            })
+            .collect())
+    }
+
+    /// Pauses (`true`) or resumes a subscription; `None` when there is no
+    /// such subscription. Pausing again keeps the first pause's time.
+    pub async fn set_paused(
+        &self,
+        db: &impl PgExecutor,
+        id: &str,
+        paused: bool,
+    ) -> Result<Option<Subscription>, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                &format!(
+                    "UPDATE {{schema}}.webhook_subscriptions
+                     SET paused_at = CASE WHEN $2 THEN coalesce(paused_at, now()) END,
+                         updated_at = now()
+                     WHERE id = $1 RETURNING {SUBSCRIPTION_COLUMNS}"
+                ),
+                &[(&id, Type::TEXT), (&paused, Type::BOOL)],
+            )
+            .await?;
+        Ok(rows.first().map(subscription_from_row))
+    }
+
     pub async fn get_subscription(
         &self,
         db: &impl PgExecutor,
@@ -260,9 +337,10 @@ impl WebhookStore {
                 db,
                 &format!(
                     "WITH due AS (
-                         SELECT id FROM {{schema}}.webhook_deliveries
+                         SELECT id FROM {{schema}}.webhook_deliveries d
                          WHERE status = {pending} AND next_attempt_at <= now()
                            AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+                           AND {NOT_PAUSED}
                          ORDER BY next_attempt_at
                          LIMIT 1
                          FOR UPDATE SKIP LOCKED
@@ -308,8 +386,8 @@ impl WebhookStore {
                      RETURNING id
                  )
                  INSERT INTO {schema}.webhook_attempts
-                     (delivery_id, attempt, started_at, duration_ms, status_code, error, outcome)
-                 SELECT id, $2, $7, $8, $5, $6, $9 FROM settled
+                     (delivery_id, attempt, started_at, duration_ms, status_code, error, response, outcome)
+                 SELECT id, $2, $7, $8, $5, $6, $11, $9 FROM settled
                  RETURNING delivery_id",
                 &[
                     (&claimed.id, Type::INT8),
@@ -322,6 +400,7 @@ impl WebhookStore {
                     (&record.duration_ms, Type::INT4),
                     (&record.outcome, Type::TEXT),
                     (&DeliveryStatus::Pending, Type::TEXT),
+                    (&record.response, Type::TEXT),
                 ],
             )
             .await?;
@@ -338,7 +417,7 @@ impl WebhookStore {
                 db,
                 &format!(
                     "SELECT min(greatest(next_attempt_at, coalesce(lease_expires_at, next_attempt_at)))
-                     FROM {{schema}}.webhook_deliveries WHERE status = {pending}",
+                     FROM {{schema}}.webhook_deliveries d WHERE status = {pending} AND {NOT_PAUSED}",
                     pending = pending_literal()
                 ),
                 &[],
@@ -356,9 +435,10 @@ impl WebhookStore {
                 &format!(
                     "SELECT count(*),
                             coalesce(extract(epoch FROM now() - min(next_attempt_at))::float8, 0)
-                     FROM {{schema}}.webhook_deliveries
+                     FROM {{schema}}.webhook_deliveries d
                      WHERE status = {pending} AND next_attempt_at <= now()
-                       AND (lease_expires_at IS NULL OR lease_expires_at <= now())",
+                       AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+                       AND {NOT_PAUSED}",
                     pending = pending_literal()
                 ),
                 &[],
@@ -386,6 +466,9 @@ impl WebhookStore {
                        AND ($3::uuid IS NULL OR event_id = $3)
                        AND ($4::text IS NULL OR subscription_id = $4)
                        AND ($5::bigint IS NULL OR id < $5)
+                       AND ($7::text IS NULL OR event_type = $7)
+                       AND ($8::timestamptz IS NULL OR created_at >= $8)
+                       AND ($9::timestamptz IS NULL OR created_at < $9)
                      ORDER BY id DESC
                      LIMIT $6"
                 ),
@@ -396,6 +479,9 @@ impl WebhookStore {
                     (&filter.subscription_id, Type::TEXT),
                     (&filter.before, Type::INT8),
                     (&limit, Type::INT8),
+                    (&filter.event_type, Type::TEXT),
+                    (&filter.since, Type::TIMESTAMPTZ),
+                    (&filter.until, Type::TIMESTAMPTZ),
                 ],
             )
             .await?;
@@ -426,7 +512,7 @@ impl WebhookStore {
         let attempts = self
             .rows(
                 db,
-                "SELECT attempt, started_at, duration_ms, status_code, error, outcome
+                "SELECT attempt, started_at, duration_ms, status_code, error, outcome, response
                  FROM {schema}.webhook_attempts WHERE delivery_id = $1 ORDER BY id",
                 &[(&id, Type::INT8)],
             )
@@ -440,6 +526,7 @@ impl WebhookStore {
                     status_code: row.get(3),
                     error: row.get(4),
                     outcome: row.try_get::<_, AttemptOutcome>(5)?,
+                    response: row.get(6),
                 })
             })
             .collect::<Result<_, tokio_postgres::Error>>()?;
@@ -459,6 +546,38 @@ impl WebhookStore {
             )
             .await?;
         Ok(!rows.is_empty())
+    }
+
+    /// Puts a subscription's dead deliveries created since `since` back in
+    /// the queue, each with a fresh schedule, and says how many.
+    pub async fn redeliver_failed(
+        &self,
+        db: &impl PgExecutor,
+        subscription_id: &str,
+        since: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                "WITH again AS (
+                     UPDATE {schema}.webhook_deliveries
+                     SET status = $3, attempts = 0, next_attempt_at = now(),
+                         lease_expires_at = NULL, updated_at = now()
+                     WHERE subscription_id = $1 AND created_at >= $2 AND status = $4
+                     RETURNING 1
+                 ) SELECT count(*) FROM again",
+                &[
+                    (&subscription_id, Type::TEXT),
+                    (&since, Type::TIMESTAMPTZ),
+                    (&DeliveryStatus::Pending, Type::TEXT),
+                    (&DeliveryStatus::Dead, Type::TEXT),
+                ],
+            )
+            .await?;
+        Ok(rows
+            .first()
+            .map(|row| row.get::<_, i64>(0) as u64)
+            .unwrap_or(0))
     }
 
     /// Deletes finished deliveries (and their attempts) last changed before
@@ -498,6 +617,7 @@ fn subscription_from_row(row: &Row) -> Subscription {
         types: row.get("types"),
         scope_key: row.get("scope_key"),
         source: row.get("source"),
+        paused_at: row.get("paused_at"),
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
     }

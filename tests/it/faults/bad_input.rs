@@ -598,6 +598,24 @@ fn admin_routes() -> Vec<(Method, &'static str, Option<Value>)> {
             "/v1/admin/subscriptions/existing/rotate-secret",
             None,
         ),
+        (Method::POST, "/v1/admin/subscriptions/existing/pause", None),
+        (
+            Method::POST,
+            "/v1/admin/subscriptions/existing/resume",
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/admin/subscriptions/existing/redeliver-failed",
+            Some(json!({"since": "2000-01-01T00:00:00Z"})),
+        ),
+        (Method::GET, "/v1/admin/scopes", None),
+        (Method::GET, "/v1/admin/subscribers", None),
+        (
+            Method::POST,
+            "/v1/admin/subscribers/someone/disconnect",
+            None,
+        ),
         (Method::GET, "/v1/admin/deliveries", None),
         (
             Method::POST,

@@ -1,5 +1,6 @@
 //! What operators touch: live reload, metrics for pools and dashboards, secrets kept out of output.
 
+mod console;
 mod dashboards;
 mod live_reload;
 mod pool_metrics;

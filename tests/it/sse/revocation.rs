@@ -185,6 +185,34 @@ async fn the_listing_shows_who_is_connected_a_page_at_a_time() {
         .await
         .unwrap();
     assert_eq!(response.status(), 401);
+
+    // The busiest scopes, and they follow streams as they close.
+    let scopes = |limit: &str| {
+        let path = format!("/v1/admin/scopes{limit}");
+        let server = &server;
+        async move { admin(server, reqwest::Method::GET, &path).await }
+    };
+    let (status, busiest) = scopes("").await;
+    assert_eq!(status, 200, "{busiest}");
+    assert_eq!(
+        busiest["scopes"],
+        json!([{"scopeKey": "org-1", "streams": 2}, {"scopeKey": "org-2", "streams": 1}])
+    );
+    assert_eq!(busiest["streams"], 3);
+    let (_, top) = scopes("?limit=1").await;
+    assert_eq!(top["scopes"], json!([{"scopeKey": "org-1", "streams": 2}]));
+    drop(streams.remove(0));
+    drop(streams.remove(0));
+    eventually("closed streams leave the count", async || {
+        let (_, busiest) = scopes("").await;
+        (busiest["scopes"] == json!([{"scopeKey": "org-1", "streams": 1}])).then_some(())
+    })
+    .await;
+    for bad in ["?limit=0", "?limit=501", "?limit=x", "?color=red"] {
+        let (status, answer) = scopes(bad).await;
+        assert_eq!(status, 400, "{bad}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_query", "{bad}");
+    }
 }
 
 #[tokio::test]

@@ -18,6 +18,8 @@ pub enum Reply {
     WithHeader(u16, &'static str, String),
     /// Wait, then answer with the status.
     Slow(Duration, u16),
+    /// A status with a body.
+    WithBody(u16, String),
 }
 
 /// A request as the receiver saw it.
@@ -154,6 +156,7 @@ async fn answer(request: HttpRequest, body: web::Bytes, script: web::Data<Script
         Some(Reply::WithHeader(code, name, value)) => HttpResponse::build(status(code))
             .insert_header((name, value))
             .finish(),
+        Some(Reply::WithBody(code, body)) => HttpResponse::build(status(code)).body(body),
         Some(Reply::Slow(wait, code)) => {
             tokio::time::sleep(wait).await;
             HttpResponse::build(status(code)).finish()

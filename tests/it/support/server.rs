@@ -140,6 +140,32 @@ impl TestServer {
         super::wait_ready(&self.base).await
     }
 
+    /// Calls the admin API with `token`; the status and the JSON answer
+    /// (`null` for an empty one).
+    pub async fn admin(
+        &self,
+        token: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = reqwest::Client::new()
+            .request(method, self.url(path))
+            .bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        let body = match text.is_empty() {
+            true => Value::Null,
+            false => serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}")),
+        };
+        (status, body)
+    }
+
     /// A metric's value from `/metrics` (0 when absent).
     pub async fn metric(&self, name: &str) -> f64 {
         super::metric(&self.base, name).await

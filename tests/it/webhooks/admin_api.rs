@@ -107,6 +107,11 @@ fn assert_error(status: u16, body: &Value, expected_status: u16, code: &str) {
     assert_eq!(body["error"]["code"], code, "{body}");
 }
 
+/// A query-string value with the characters a time carries escaped.
+fn urlencoding(value: &str) -> String {
+    value.replace('+', "%2B").replace(':', "%3A")
+}
+
 /// No secret (current or previous) in a subscription as shown.
 fn assert_no_secret(subscription: &Value) {
     let keys: Vec<&String> = subscription.as_object().unwrap().keys().collect();
@@ -590,8 +595,14 @@ async fn deliveries_are_listed_newest_first_with_filters_and_pages() {
     .await;
     let client = db.connect().await;
     let mut events = Vec::new();
-    for scope in ["org-1", "org-1", "org-1", "org-2", "org-2"] {
-        events.push(emit(&db, &client, "order.created", scope).await);
+    for (scope, event_type) in [
+        ("org-1", "order.created"),
+        ("org-1", "order.created"),
+        ("org-1", "order.paid"),
+        ("org-2", "order.created"),
+        ("org-2", "order.created"),
+    ] {
+        events.push(emit(&db, &client, event_type, scope).await);
     }
 
     let (status, all) = call(&server, Method::GET, "/v1/admin/deliveries", None).await;
@@ -645,11 +656,43 @@ async fn deliveries_are_listed_newest_first_with_filters_and_pages() {
         0
     );
     assert_eq!(count(format!("before={}", ids[5])).await.len(), 2);
-    // Empty parameters are no filter at all.
+    let paid = count("eventType=order.paid".into()).await;
+    assert_eq!(paid.len(), 2);
+    assert!(paid.iter().all(|d| d["eventId"] == events[2].to_string()));
+    assert_eq!(count("eventType=order.*".into()).await.len(), 0, "exact");
+    // Times bound `createdAt`: since is inclusive, until exclusive.
+    let created = all["deliveries"][0]["createdAt"].as_str().unwrap();
+    let created: chrono::DateTime<Utc> = created.parse().unwrap();
+    let at = |t: chrono::DateTime<Utc>| urlencoding(&t.to_rfc3339());
+    let second = chrono::Duration::seconds(1);
     assert_eq!(
-        count("scopeKey=&status=&eventId=&subscriptionId=&before=&limit=".into())
+        count(format!("since={}", at(created + second))).await.len(),
+        0
+    );
+    assert_eq!(
+        count(format!("until={}", at(created - second * 60)))
             .await
             .len(),
+        0
+    );
+    assert_eq!(
+        count(format!(
+            "since={}&until={}",
+            at(created - second * 60),
+            at(created + second)
+        ))
+        .await
+        .len(),
+        8
+    );
+    // Empty parameters are no filter at all.
+    assert_eq!(
+        count(
+            "scopeKey=&status=&eventId=&subscriptionId=&eventType=&since=&until=&before=&limit="
+                .into()
+        )
+        .await
+        .len(),
         8
     );
 
@@ -689,6 +732,8 @@ async fn deliveries_are_listed_newest_first_with_filters_and_pages() {
         "before=x",
         "eventId=x",
         "color=red",
+        "since=yesterday",
+        "until=2026-13-01T00:00:00Z",
     ] {
         let (status, body) = call(
             &server,
@@ -911,6 +956,10 @@ async fn the_openapi_document_lists_every_admin_endpoint() {
         ("/v1/admin/subscriptions/{id}", "patch"),
         ("/v1/admin/subscriptions/{id}", "delete"),
         ("/v1/admin/subscriptions/{id}/rotate-secret", "post"),
+        ("/v1/admin/subscriptions/{id}/pause", "post"),
+        ("/v1/admin/subscriptions/{id}/resume", "post"),
+        ("/v1/admin/subscriptions/{id}/redeliver-failed", "post"),
+        ("/v1/admin/scopes", "get"),
         ("/v1/admin/deliveries", "get"),
         ("/v1/admin/deliveries/{id}", "get"),
         ("/v1/admin/deliveries/{id}/redeliver", "post"),

@@ -2,3 +2,4 @@
 
 mod admin_api;
 mod delivery;
+mod operations;

@@ -1,0 +1,264 @@
+//! What an operator does when a receiver has trouble, through the admin
+//! API against a running dispatcher and a real local receiver: read a
+//! subscription's health, hold its deliveries back and let them go, read
+//! what the receiver answered, and send again what failed since a time.
+
+use chrono::{DateTime, Utc};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::receiver::{Receiver, Reply};
+use crate::support::server::TestServer;
+use crate::support::{TestDb, eventually};
+use eventrelay::config::Config;
+use eventrelay::publisher::NewEvent;
+use eventrelay::webhooks::NewSubscription;
+
+const ADMIN_TOKEN: &str = "admin-token-for-webhook-operations";
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// A relay whose configuration subscribes each `(id, path)` to the
+/// receiver's `path`, retrying failures once after 50 ms.
+fn relay(db: &TestDb, receiver: &Receiver, subscriptions: &[(&str, &str)]) -> TestServer {
+    let subscriptions: Vec<NewSubscription> = subscriptions
+        .iter()
+        .map(|(id, path)| NewSubscription {
+            id: (*id).into(),
+            url: format!("{}/{path}", receiver.url),
+            secret: SECRET.into(),
+            types: vec!["order.*".into()],
+            scope_key: None,
+        })
+        .collect();
+    TestServer::start(db, move |config: &mut Config| {
+        config.admin.token = Some(ADMIN_TOKEN.into());
+        config.webhooks.allow_private_networks = true;
+        config.webhooks.retry_schedule_ms = vec![50];
+        config.webhooks.subscriptions = subscriptions;
+    })
+}
+
+async fn admin(server: &TestServer, method: Method, path: &str, body: Option<Value>) -> Value {
+    let (status, answer) = server.admin(ADMIN_TOKEN, method, path, body).await;
+    assert!((200..300).contains(&status), "{path}: {status} {answer}");
+    answer
+}
+
+/// The subscription `id` as the listing with health shows it.
+async fn subscription(server: &TestServer, id: &str) -> Value {
+    let listing = admin(
+        server,
+        Method::GET,
+        "/v1/admin/subscriptions?health=true",
+        None,
+    )
+    .await;
+    listing["subscriptions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no subscription {id}: {listing}"))
+}
+
+/// The deliveries of `subscription`, newest first.
+async fn deliveries(server: &TestServer, subscription: &str) -> Vec<Value> {
+    let path = format!("/v1/admin/deliveries?subscriptionId={subscription}");
+    let answer = admin(server, Method::GET, &path, None).await;
+    answer["deliveries"].as_array().unwrap().clone()
+}
+
+/// Waits until `subscription`'s newest delivery has `status`.
+async fn newest_becomes(server: &TestServer, subscription: &str, status: &str) -> Value {
+    eventually(
+        &format!("{subscription}'s delivery is {status}"),
+        async || {
+            let newest = deliveries(server, subscription).await.first().cloned()?;
+            (newest["status"] == status).then_some(newest)
+        },
+    )
+    .await
+}
+
+fn paths(receiver: &Receiver) -> Vec<String> {
+    receiver.received().into_iter().map(|r| r.path).collect()
+}
+
+#[tokio::test]
+async fn a_paused_subscription_queues_its_deliveries_and_sends_them_when_resumed() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start([]);
+    let server = relay(&db, &receiver, &[("held", "held"), ("flowing", "flowing")]);
+    server.ready().await;
+
+    // Subscriptions from the configuration can be paused: a pause is an
+    // operator's state, not configuration.
+    let paused = admin(
+        &server,
+        Method::POST,
+        "/v1/admin/subscriptions/held/pause",
+        None,
+    )
+    .await;
+    let paused_at = paused["subscription"]["pausedAt"].as_str().unwrap();
+    assert_eq!(paused["subscription"]["source"], "config");
+    let again = admin(
+        &server,
+        Method::POST,
+        "/v1/admin/subscriptions/held/pause",
+        None,
+    )
+    .await;
+    assert_eq!(
+        again["subscription"]["pausedAt"], paused_at,
+        "pausing again keeps the first pause's time"
+    );
+
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
+    // The dispatcher takes the most overdue delivery first, and both were
+    // queued together: once the other subscription's is delivered, the
+    // paused one's would have been sent too.
+    newest_becomes(&server, "flowing", "delivered").await;
+    let held = newest_becomes(&server, "held", "pending").await;
+    assert_eq!(held["attempts"], 0, "{held}");
+    assert_eq!(paths(&receiver), ["/hook/flowing"]);
+    let health = &subscription(&server, "held").await["health"];
+    assert_eq!(health["pending"], 1, "{health}");
+    assert!(health["oldestDueAt"].is_string(), "{health}");
+
+    let resumed = admin(
+        &server,
+        Method::POST,
+        "/v1/admin/subscriptions/held/resume",
+        None,
+    )
+    .await;
+    assert_eq!(resumed["subscription"]["pausedAt"], Value::Null);
+    newest_becomes(&server, "held", "delivered").await;
+    assert_eq!(paths(&receiver), ["/hook/flowing", "/hook/held"]);
+    let health = &subscription(&server, "held").await["health"];
+    assert_eq!(health["pending"], 0, "{health}");
+    assert_eq!(health["oldestDueAt"], Value::Null, "{health}");
+
+    let (status, answer) = server
+        .admin(
+            ADMIN_TOKEN,
+            Method::POST,
+            "/v1/admin/subscriptions/nobody/pause",
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (404, &json!("not_found"))
+    );
+}
+
+#[tokio::test]
+async fn health_counts_the_last_hours_failures_and_the_last_success() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start([Reply::Status(500), Reply::Status(503)]);
+    let server = relay(&db, &receiver, &[("hook", "hook")]);
+    server.ready().await;
+    let before = Utc::now();
+
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
+    newest_becomes(&server, "hook", "dead").await;
+    let health = &subscription(&server, "hook").await["health"];
+    assert_eq!(health["failuresLastHour"], 2, "{health}");
+    assert_eq!(health["lastSuccessAt"], Value::Null, "{health}");
+
+    db.emit(NewEvent::durable("order.paid", "org-1", json!({})))
+        .await;
+    newest_becomes(&server, "hook", "delivered").await;
+    let health = &subscription(&server, "hook").await["health"];
+    assert_eq!(health["failuresLastHour"], 2, "{health}");
+    let last_success: DateTime<Utc> = health["lastSuccessAt"].as_str().unwrap().parse().unwrap();
+    assert!(last_success > before, "{health}");
+    assert_eq!(health["pending"], 0, "{health}");
+
+    let plain = admin(&server, Method::GET, "/v1/admin/subscriptions", None).await;
+    assert!(
+        plain["subscriptions"][0].get("health").is_none(),
+        "health only on request: {plain}"
+    );
+}
+
+#[tokio::test]
+async fn failed_deliveries_since_a_time_are_sent_again_and_the_receivers_answer_is_kept() {
+    let db = TestDb::new().await;
+    // A body longer than what is kept, cut in the middle of a character,
+    // then a short one.
+    let long = format!("a{}", "é".repeat(1_000));
+    let receiver = Receiver::start([
+        Reply::WithBody(500, long.clone()),
+        Reply::WithBody(502, "receiver down: disk full".into()),
+    ]);
+    let server = relay(&db, &receiver, &[("hook", "hook")]);
+    server.ready().await;
+
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
+    let dead = newest_becomes(&server, "hook", "dead").await;
+    let id = dead["id"].as_i64().unwrap();
+    let detail = admin(
+        &server,
+        Method::GET,
+        &format!("/v1/admin/deliveries/{id}"),
+        None,
+    )
+    .await;
+    let answers: Vec<&str> = detail["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["response"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        answers,
+        [&long[..1023], "receiver down: disk full"],
+        "1 KiB at most, cut back to whole characters"
+    );
+
+    let created: DateTime<Utc> = dead["createdAt"].as_str().unwrap().parse().unwrap();
+    let since = |at: DateTime<Utc>| json!({ "since": at.to_rfc3339() });
+    let path = "/v1/admin/subscriptions/hook/redeliver-failed";
+    let later = admin(
+        &server,
+        Method::POST,
+        path,
+        Some(since(created + chrono::Duration::seconds(1))),
+    )
+    .await;
+    assert_eq!(later["redelivered"], 0, "created before that time");
+    let sent = admin(&server, Method::POST, path, Some(since(created))).await;
+    assert_eq!(sent["redelivered"], 1);
+    let delivered = newest_becomes(&server, "hook", "delivered").await;
+    assert_eq!(delivered["id"], id);
+    assert_eq!(receiver.received().len(), 3);
+    let again = admin(&server, Method::POST, path, Some(since(created))).await;
+    assert_eq!(again["redelivered"], 0, "only what failed");
+
+    for (path, body, status, code) in [
+        (path, json!({"since": "yesterday"}), 400, "invalid_body"),
+        (path, json!({}), 400, "invalid_body"),
+        (
+            "/v1/admin/subscriptions/nobody/redeliver-failed",
+            json!({"since": "2026-01-01T00:00:00Z"}),
+            404,
+            "not_found",
+        ),
+    ] {
+        let (got, answer) = server
+            .admin(ADMIN_TOKEN, Method::POST, path, Some(body.clone()))
+            .await;
+        assert_eq!(
+            (got, &answer["error"]["code"]),
+            (status, &json!(code)),
+            "{body}: {answer}"
+        );
+    }
+}
