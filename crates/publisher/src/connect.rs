@@ -241,6 +241,25 @@ impl PgConnectOptions {
         &mut self.config
     }
 
+    /// One set of settings per host the URL names (`host=a,b`,
+    /// `postgres://a:5432,b:5433/db`), in order, each naming that host
+    /// alone: for a client that cannot try several hosts itself (the
+    /// replication stream's) to try them one by one, as libpq does.
+    pub fn each_host(&self) -> Vec<PgConnectOptions> {
+        let hosts = self.config.get_hosts();
+        let ports = self.config.get_ports();
+        if hosts.len() <= 1 {
+            return vec![self.clone()];
+        }
+        (0..hosts.len())
+            .map(|i| {
+                let mut one = self.clone();
+                one.config = single_host(&self.config, &hosts[i], port_of(ports, i));
+                one
+            })
+            .collect()
+    }
+
     /// Turns on TCP keepalives and sets the user timeout.
     pub fn with_tcp(mut self, tcp: TcpSettings) -> PgConnectOptions {
         self.config
@@ -316,6 +335,60 @@ impl PgConnectOptions {
     pub fn explain(&self, error: tokio_postgres::Error) -> ConnectError {
         explain(error)
     }
+}
+
+/// libpq's rule: one port for every host, or one port per host.
+fn port_of(ports: &[u16], i: usize) -> u16 {
+    match ports {
+        [] => 5432,
+        [port] => *port,
+        ports => ports.get(i).copied().unwrap_or(5432),
+    }
+}
+
+/// `config` with `host` and `port` as its only server. tokio-postgres
+/// cannot remove a host from a configuration, so the rest is copied over.
+fn single_host(config: &Config, host: &tokio_postgres::config::Host, port: u16) -> Config {
+    let mut one = Config::new();
+    match host {
+        tokio_postgres::config::Host::Tcp(name) => one.host(name),
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(dir) => one.host_path(dir),
+    };
+    one.port(port)
+        .ssl_mode(config.get_ssl_mode())
+        .target_session_attrs(config.get_target_session_attrs())
+        .channel_binding(config.get_channel_binding())
+        .keepalives(config.get_keepalives())
+        .keepalives_idle(config.get_keepalives_idle());
+    if let Some(user) = config.get_user() {
+        one.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        one.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        one.dbname(dbname);
+    }
+    if let Some(options) = config.get_options() {
+        one.options(options);
+    }
+    if let Some(name) = config.get_application_name() {
+        one.application_name(name);
+    }
+    if let Some(timeout) = config.get_connect_timeout() {
+        one.connect_timeout(*timeout);
+    }
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        one.tcp_user_timeout(*timeout);
+    }
+    if let Some(interval) = config.get_keepalives_interval() {
+        one.keepalives_interval(interval);
+    }
+    if let Some(retries) = config.get_keepalives_retries() {
+        one.keepalives_retries(retries);
+    }
+    one
 }
 
 /// The whole of a tokio-postgres error: its own text only says "db error"
@@ -587,6 +660,42 @@ impl ServerCertVerifier for EncryptOnly {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio_postgres::config::{Host, TargetSessionAttrs};
+
+    #[test]
+    fn each_host_keeps_every_other_setting() {
+        let options = PgConnectOptions::parse(
+            "postgres://app:pw@a:5432,b:5433/db?target_session_attrs=read-write\
+             &application_name=x&connect_timeout=3&sslmode=require",
+        )
+        .unwrap();
+        let hosts = options.each_host();
+        assert_eq!(hosts.len(), 2);
+        for (one, (host, port)) in hosts.iter().zip([("a", 5432), ("b", 5433)]) {
+            let config = one.config();
+            assert_eq!(config.get_hosts(), [Host::Tcp(host.into())]);
+            assert_eq!(config.get_ports(), [port]);
+            assert_eq!(config.get_user(), Some("app"));
+            assert_eq!(config.get_password(), Some(&b"pw"[..]));
+            assert_eq!(config.get_dbname(), Some("db"));
+            assert_eq!(config.get_application_name(), Some("x"));
+            assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(3)));
+            assert_eq!(
+                config.get_target_session_attrs(),
+                TargetSessionAttrs::ReadWrite
+            );
+            assert_eq!(one.ssl_mode(), SslMode::Require);
+        }
+        let shared_port = PgConnectOptions::parse("host=a,b port=7 user=app").unwrap();
+        let ports: Vec<u16> = shared_port
+            .each_host()
+            .iter()
+            .map(|one| one.config().get_ports()[0])
+            .collect();
+        assert_eq!(ports, [7, 7]);
+        let single = PgConnectOptions::parse("postgres://app@a/db").unwrap();
+        assert_eq!(single.each_host().len(), 1);
+    }
 
     #[test]
     fn tls_parameters_are_taken_out_of_both_url_forms() {

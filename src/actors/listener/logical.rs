@@ -80,6 +80,8 @@ enum StreamError {
     Failed,
     #[error("the server ended the replication stream")]
     Ended,
+    #[error("no server of the URL takes the replication stream: {0}")]
+    NoServer(String),
 }
 
 /// Streams until the actor that runs this stops.
@@ -342,7 +344,8 @@ async fn open_stream(
     plain: bool,
     patience: Duration,
 ) -> Result<ReplicationClient, StreamError> {
-    let config = replication_config(source, slot, plain);
+    let server = choose_server(&source.options, patience).await?;
+    let config = replication_config(source, &server, slot, plain);
     let mut client = within(patience * 2, ReplicationClient::connect_gated(config)).await?;
     // Creating a slot waits for the transactions already running to end.
     // Giving up early would only start another WAL sender waiting behind the
@@ -367,6 +370,44 @@ async fn open_stream(
     client.start().await?;
     within(patience * 2, client.wait_started()).await?;
     Ok(client)
+}
+
+/// The server to stream from. The replication client connects to one
+/// host, so with several in the URL (a primary and its standbys) each is
+/// tried in order, as libpq would, and the first to accept a connection
+/// with the URL's `target_session_attrs` is taken: with `read-write`, the
+/// primary, and after a failover the promoted standby, like every pooled
+/// connection.
+async fn choose_server(
+    options: &PgConnectOptions,
+    patience: Duration,
+) -> Result<PgConnectOptions, StreamError> {
+    let mut hosts = options.each_host();
+    if hosts.len() == 1 {
+        return Ok(hosts.remove(0));
+    }
+    let mut refusals = Vec::new();
+    for one in hosts {
+        let host = server_name(&one);
+        match tokio::time::timeout(patience * 2, one.connect()).await {
+            Ok(Ok(_client)) => return Ok(one),
+            Ok(Err(error)) => refusals.push(format!("{host}: {error}")),
+            Err(_) => refusals.push(format!("{host}: no answer within {:?}", patience * 2)),
+        }
+    }
+    Err(StreamError::NoServer(refusals.join("; ")))
+}
+
+/// `host:port` (or the socket directory) of a one-host configuration.
+fn server_name(server: &PgConnectOptions) -> String {
+    let pg = server.config();
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    match pg.get_hosts().first() {
+        Some(Host::Tcp(host)) => format!("{host}:{port}"),
+        #[cfg(unix)]
+        Some(Host::Unix(dir)) => format!("{}:{port}", dir.display()),
+        None => format!("localhost:{port}"),
+    }
 }
 
 /// Sends a probe through the pool; returns its token.
@@ -399,9 +440,15 @@ async fn within<T>(
 }
 
 /// The replication client's settings, from the same URL as every other
-/// connection: host, port, credentials, database and TLS.
-fn replication_config(source: &LogicalSource, slot: &str, plain: bool) -> ReplicationConfig {
-    let options = &source.options;
+/// connection (`server`: the one host [`choose_server`] took): host, port,
+/// credentials, database and TLS.
+fn replication_config(
+    source: &LogicalSource,
+    server: &PgConnectOptions,
+    slot: &str,
+    plain: bool,
+) -> ReplicationConfig {
+    let options = server;
     let pg = options.config();
     let host = match pg.get_hosts().first() {
         Some(Host::Tcp(host)) => host.clone(),

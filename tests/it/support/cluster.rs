@@ -69,7 +69,51 @@ impl Cluster {
         Some(cluster)
     }
 
-    fn init() -> Option<Cluster> {
+    /// A streaming standby of `primary`, copied from it with
+    /// `pg_basebackup` and started with the same settings: it follows the
+    /// primary's WAL until [`Cluster::promote`].
+    pub fn start_standby_of(primary: &Cluster) -> Cluster {
+        let mut standby = Self::prepare().expect("the primary found the server binaries");
+        run(standby
+            .command("pg_basebackup")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "-R",
+                "--no-sync",
+            ])
+            .args(["-p", &primary.port.to_string(), "-D"])
+            .arg(&standby.data));
+        standby.settings = primary.settings.clone();
+        standby.pg_ctl_start();
+        standby
+    }
+
+    /// Makes a standby the primary, and waits until it takes writes.
+    pub fn promote(&self) {
+        run(self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-w", "promote"]));
+    }
+
+    /// Stops the server (a fast shutdown: sessions end, and a standby
+    /// receives every committed change before the primary is down).
+    pub fn stop(&self) {
+        run(self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-w", "-m", "fast", "stop"]));
+    }
+
+    /// A data directory's place and a free port; nothing in it yet.
+    fn prepare() -> Option<Cluster> {
         let bin = server_binaries()?;
         let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("pg-{}", uuid::Uuid::new_v4().simple()));
@@ -83,6 +127,11 @@ impl Cluster {
         if is_root() {
             run(Command::new("chown").arg("postgres:").arg(&root));
         }
+        Some(cluster)
+    }
+
+    fn init() -> Option<Cluster> {
+        let cluster = Self::prepare()?;
         run(cluster
             .command("initdb")
             .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
@@ -98,11 +147,7 @@ impl Cluster {
     /// start rather than `pg_ctl restart`, which forgets the log file and
     /// leaves the server holding this process's output pipes.)
     pub fn restart(&self) {
-        run(self
-            .command("pg_ctl")
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-w", "-m", "fast", "stop"]));
+        self.stop();
         self.pg_ctl_start();
     }
 
