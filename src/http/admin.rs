@@ -229,7 +229,8 @@ fn wake_dispatcher(state: &AppState) {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RedeliverFailed {
-    since: DateTime<Utc>,
+    /// Text, so that a malformed time gets a message naming the field.
+    since: String,
 }
 
 /// `POST /v1/admin/subscriptions/{id}/redeliver-failed`: every dead
@@ -240,17 +241,25 @@ pub async fn redeliver_failed(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let request: RedeliverFailed = json_body(payload, &state).await?;
+    let since = DateTime::parse_from_rfc3339(&request.since)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            ApiError::bad_request(
+                ErrorCode::InvalidBody,
+                format!("since: not an RFC 3339 time: {e}"),
+            )
+        })?;
     let conn = connection(&state).await?;
     existing_subscription(&state, &conn, &id).await?;
     let redelivered = state
         .webhooks
-        .redeliver_failed(&*conn, &id, request.since)
+        .redeliver_failed(&*conn, &id, since)
         .await
         .map_err(database_error)?;
     if redelivered > 0 {
         wake_dispatcher(&state);
     }
-    tracing::info!(subscription = %id, since = %request.since, redelivered, "failed webhook deliveries queued again by an operator");
+    tracing::info!(subscription = %id, %since, redelivered, "failed webhook deliveries queued again by an operator");
     Ok(HttpResponse::Ok().json(json!({ "redelivered": redelivered })))
 }
 

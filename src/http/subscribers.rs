@@ -85,7 +85,7 @@ pub async fn disconnect(
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ListQuery {
     scope: Option<String>,
-    after: Option<u64>,
+    after: Option<String>,
     limit: Option<usize>,
 }
 
@@ -99,9 +99,18 @@ pub async fn list(state: Admin, query: web::Query<ListQuery>) -> Result<HttpResp
             format!("limit must be between 1 and {MAX_PAGE}"),
         ));
     }
-    let page = state
-        .streams
-        .list(query.scope.as_deref(), query.after.unwrap_or(0), limit);
+    // Empty parameters are no filter, as in the delivery log.
+    let after = match query.after.as_deref() {
+        None | Some("") => 0,
+        Some(after) => after.parse().map_err(|_| {
+            ApiError::bad_request(
+                ErrorCode::InvalidQuery,
+                "after must be a stream id (the previous page's next)",
+            )
+        })?,
+    };
+    let scope = query.scope.as_deref().filter(|scope| !scope.is_empty());
+    let page = state.streams.list(scope, after, limit);
     let next = (page.len() == limit)
         .then(|| page.last().map(|s| s.id))
         .flatten();

@@ -177,6 +177,16 @@ async fn the_listing_shows_who_is_connected_a_page_at_a_time() {
     assert_eq!(rest["streams"][0]["subscriber"], "carol");
     let (_, all) = admin(&server, reqwest::Method::GET, "/v1/admin/subscribers").await;
     assert_eq!(all["streams"].as_array().unwrap().len(), 3);
+    let (_, empty) = admin(
+        &server,
+        reqwest::Method::GET,
+        "/v1/admin/subscribers?scope=&after=",
+    )
+    .await;
+    assert_eq!(
+        empty["streams"], all["streams"],
+        "empty parameters filter nothing"
+    );
     assert!(all["next"].is_null());
     assert!(!all.to_string().contains("data"), "no event data: {all}");
 

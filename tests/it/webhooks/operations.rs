@@ -261,4 +261,17 @@ async fn failed_deliveries_since_a_time_are_sent_again_and_the_receivers_answer_
             "{body}: {answer}"
         );
     }
+    let (_, answer) = server
+        .admin(
+            ADMIN_TOKEN,
+            Method::POST,
+            path,
+            Some(json!({"since": "yesterday"})),
+        )
+        .await;
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("since: "),
+        "the field is named: {message}"
+    );
 }
