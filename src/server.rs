@@ -72,6 +72,8 @@ pub enum ServeError {
     Tls(#[from] crate::http::tls::TlsError),
     #[error("http.allowed_origins: {0}")]
     Origins(#[from] crate::http::cors::OriginPatternError),
+    #[error(transparent)]
+    StreamServer(#[from] crate::actors::listener::logical::UnsuitableServer),
 }
 
 /// The database the service runs on, and where its notifications come from.
@@ -128,6 +130,14 @@ async fn open_backend(config: &Config) -> Result<Backend, ServeError> {
             check_schema(&client, &schema).await?;
         }
         crate::store::wakeup::check_ready(&client, &schema, wakeup).await?;
+        if wakeup == WakeupMode::Logical && config.listen_url().is_some() {
+            // The stream may read a standby: it must be able to decode,
+            // and keep its slot. (At every reconnect too, see `logical`.)
+            let stream_server = listen_options.connect().await?;
+            crate::store::wakeup::check_logical_server(&stream_server).await?;
+            crate::actors::listener::logical::server_role(&stream_server, "database.listen_url")
+                .await?;
+        }
         Arc::new(crate::store::sealing::notification_key(&client, &schema).await?)
     };
     let db = Database::pool(

@@ -82,6 +82,36 @@ enum StreamError {
     Ended,
     #[error("no server of the URL takes the replication stream: {0}")]
     NoServer(String),
+    #[error(transparent)]
+    Unsuitable(#[from] UnsuitableServer),
+}
+
+/// A server the replication stream must not read from, and why. Checked
+/// at start (the relay refuses to start) and at every reconnect.
+#[derive(Debug, thiserror::Error)]
+pub enum UnsuitableServer {
+    #[error(
+        "{server} is a standby running Postgres {version}; decoding on a standby needs \
+         Postgres 16 or later: point database.listen_url at the primary, or at a newer standby"
+    )]
+    StandbyTooOld { server: String, version: String },
+    #[error(
+        "{server} is a standby with hot_standby_feedback off: the primary could then remove \
+         catalog rows the relay's slot still needs, and the standby would invalidate the slot \
+         mid-stream. Set hot_standby_feedback = on on the standby"
+    )]
+    NoFeedback { server: String },
+    #[error("cannot ask {server} what it is: {reason}")]
+    Unreachable { server: String, reason: String },
+}
+
+/// What the stream's server is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerRole {
+    Primary,
+    /// A physical standby (Postgres 16+, with `hot_standby_feedback`): the
+    /// slot waits for the primary to log the transactions running.
+    Standby,
 }
 
 /// Streams until the actor that runs this stops.
@@ -344,7 +374,7 @@ async fn open_stream(
     plain: bool,
     patience: Duration,
 ) -> Result<ReplicationClient, StreamError> {
-    let server = choose_server(&source.options, patience).await?;
+    let (server, role) = choose_server(&source.options, patience).await?;
     let config = replication_config(source, &server, slot, plain);
     let mut client = within(patience * 2, ReplicationClient::connect_gated(config)).await?;
     // Creating a slot waits for the transactions already running to end.
@@ -354,6 +384,23 @@ async fn open_stream(
         format!("CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT");
     {
         let create = client.simple_query(&sql);
+        tokio::pin!(create);
+        // On a standby the slot also waits for the primary to log which
+        // transactions are running, which it does on its own only every
+        // 15 s; asking for it through the pool (on the primary) saves that.
+        // Without the right to ask, the slot simply waits.
+        let create = async {
+            if role == ServerRole::Standby {
+                let mut nudges = tokio::time::interval(Duration::from_millis(250));
+                loop {
+                    tokio::select! {
+                        created = &mut create => return created,
+                        _ = nudges.tick() => log_standby_snapshot(&source.probe_via).await,
+                    }
+                }
+            }
+            create.await
+        };
         tokio::pin!(create);
         match tokio::time::timeout(SLOT_NOTICE, &mut create).await {
             Ok(created) => created?,
@@ -378,24 +425,68 @@ async fn open_stream(
 /// with the URL's `target_session_attrs` is taken: with `read-write`, the
 /// primary, and after a failover the promoted standby, like every pooled
 /// connection.
+///
+/// The server taken is then checked (see [`server_role`]): a standby must
+/// be able to decode, and keep its slot.
 async fn choose_server(
     options: &PgConnectOptions,
     patience: Duration,
-) -> Result<PgConnectOptions, StreamError> {
-    let mut hosts = options.each_host();
-    if hosts.len() == 1 {
-        return Ok(hosts.remove(0));
-    }
+) -> Result<(PgConnectOptions, ServerRole), StreamError> {
     let mut refusals = Vec::new();
-    for one in hosts {
+    for one in options.each_host() {
         let host = server_name(&one);
         match tokio::time::timeout(patience * 2, one.connect()).await {
-            Ok(Ok(_client)) => return Ok(one),
+            Ok(Ok(client)) => {
+                let role = server_role(&client, &host).await?;
+                return Ok((one, role));
+            }
             Ok(Err(error)) => refusals.push(format!("{host}: {error}")),
             Err(_) => refusals.push(format!("{host}: no answer within {:?}", patience * 2)),
         }
     }
     Err(StreamError::NoServer(refusals.join("; ")))
+}
+
+/// Whether `client`'s server is a primary or a standby the stream can read
+/// from (Postgres 16 or later, `hot_standby_feedback` on).
+pub async fn server_role(
+    client: &tokio_postgres::Client,
+    server: &str,
+) -> Result<ServerRole, UnsuitableServer> {
+    let row = client
+        .query_one(
+            "SELECT pg_is_in_recovery(), current_setting('server_version_num')::int,
+                    current_setting('server_version'), current_setting('hot_standby_feedback')::bool",
+            &[],
+        )
+        .await
+        .map_err(|e| UnsuitableServer::Unreachable {
+            server: server.to_owned(),
+            reason: eventrelay_publisher::connect::describe(&e),
+        })?;
+    let (standby, version_num, version, feedback): (bool, i32, String, bool) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    match (standby, version_num >= 160_000, feedback) {
+        (false, _, _) => Ok(ServerRole::Primary),
+        (true, false, _) => Err(UnsuitableServer::StandbyTooOld {
+            server: server.to_owned(),
+            version,
+        }),
+        (true, true, false) => Err(UnsuitableServer::NoFeedback {
+            server: server.to_owned(),
+        }),
+        (true, true, true) => Ok(ServerRole::Standby),
+    }
+}
+
+/// Asks the primary to log the transactions running now, which a slot
+/// being created on a standby waits for.
+async fn log_standby_snapshot(pool: &Database) {
+    if let Ok(client) = pool.get().await {
+        let _ = client
+            .execute("SELECT pg_log_standby_snapshot()", &[])
+            .await;
+    }
 }
 
 /// `host:port` (or the socket directory) of a one-host configuration.

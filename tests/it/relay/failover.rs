@@ -6,6 +6,8 @@
 //! committed event exactly once, in order, in both wake-up modes: in the
 //! logical mode the replication stream follows the primary like every
 //! pooled connection, and re-reads from its watermark after the switch.
+//! The old primary's connections either close, or go silent (a frozen
+//! network path), which the relay must find out for itself.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,6 +18,7 @@ use tokio::time::Instant;
 use tokio_postgres::NoTls;
 
 use crate::support::cluster::Cluster;
+use crate::support::freezer::Freezer;
 use crate::support::server::{TestServer, token};
 use crate::support::{TestDb, eventually, test_in_both_wakeup_modes};
 use eventrelay::publisher::NewEvent;
@@ -99,20 +102,60 @@ fn start_reader(mut stream: crate::support::server::SseStream) -> Arc<Received> 
     received
 }
 
+/// How the old primary goes away as the relay sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum OldPath {
+    /// Its connections are closed (the server stops).
+    Closed,
+    /// Its connections go silent, as behind a NAT that dropped the flows:
+    /// the relay finds out from its health checks and TCP timeouts.
+    Frozen,
+}
+
+/// The relay's health and TCP settings for a frozen path: found dead in
+/// seconds rather than the production defaults' tens of seconds.
+const FROZEN_HEALTH_SECS: u64 = 2;
+
 test_in_both_wakeup_modes!(a_failover_loses_nothing_and_keeps_every_stream_open);
 
 async fn a_failover_loses_nothing_and_keeps_every_stream_open(mode: WakeupMode) {
-    let primary = Cluster::start_logical().expect("Postgres server binaries");
+    drill(mode, OldPath::Closed).await;
+}
+
+test_in_both_wakeup_modes!(a_failover_behind_a_frozen_path_loses_nothing);
+
+async fn a_failover_behind_a_frozen_path_loses_nothing(mode: WakeupMode) {
+    drill(mode, OldPath::Frozen).await;
+}
+
+fn multi_host_url(first: &str, second: &str) -> String {
+    format!("postgres://postgres@{first},{second}/postgres?target_session_attrs=read-write")
+}
+
+async fn drill(mode: WakeupMode, old_path: OldPath) {
+    // A WAL sender whose relay's path froze holds up the primary's
+    // shutdown until `wal_sender_timeout`: a short one keeps the drill short.
+    let primary = Cluster::start_logical_and(20, 20, "-c wal_sender_timeout=2s")
+        .expect("Postgres server binaries");
     let standby = Cluster::start_standby_of(&primary);
-    let url = format!(
-        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
-        primary.port, standby.port
-    );
+    let standby_addr = format!("127.0.0.1:{}", standby.port);
+    let url = multi_host_url(&format!("127.0.0.1:{}", primary.port), &standby_addr);
     let db = match mode {
         WakeupMode::Notify => TestDb::new_on(&url).await,
         WakeupMode::Logical => TestDb::logical_on(&url).await,
     };
-    let server = TestServer::start(&db, |_| {});
+    // The relay reaches the primary through a path that can go silent;
+    // the emitter and the checks below connect directly.
+    let path = Freezer::start(format!("127.0.0.1:{}", primary.port).parse().unwrap()).await;
+    let relay_url = multi_host_url(&path.addr.to_string(), &standby_addr);
+    let server = TestServer::start(&db, |c| {
+        c.database.url = Some(relay_url.into());
+        if old_path == OldPath::Frozen {
+            c.database.listen_health_secs = FROZEN_HEALTH_SECS;
+            c.database.tcp_keepalive_secs = 1;
+            c.database.tcp_user_timeout_secs = FROZEN_HEALTH_SECS;
+        }
+    });
     server.ready().await;
     let (stream, _) = server
         .subscribe(&token("alice", "org-1", json!({})), None, "")
@@ -130,6 +173,9 @@ async fn a_failover_loses_nothing_and_keeps_every_stream_open(mode: WakeupMode) 
     .await;
     // A fast shutdown sends the standby every committed change first, as
     // a planned switchover does; then the standby takes over.
+    if old_path == OldPath::Frozen {
+        path.freeze();
+    }
     let (standby_port, promote) = (
         standby.port,
         tokio::task::spawn_blocking(move || {
@@ -189,6 +235,21 @@ async fn a_failover_loses_nothing_and_keeps_every_stream_open(mode: WakeupMode) 
         "the stream was dropped"
     );
 
+    // The relay's temporary slot went with the old primary; the one on the
+    // new primary goes with the relay.
+    drop(server);
+    eventually("no replication slot is left behind", async || {
+        let (client, connection) = tokio_postgres::connect(&url, NoTls).await.ok()?;
+        tokio::spawn(connection);
+        let slots: i64 = client
+            .query_one("SELECT count(*) FROM pg_replication_slots", &[])
+            .await
+            .ok()?
+            .get(0);
+        (slots == 0).then_some(())
+    })
+    .await;
+
     let first_after = &emitted.lock().unwrap().after_promotion[0];
     let arrived = delivered
         .iter()
@@ -196,8 +257,8 @@ async fn a_failover_loses_nothing_and_keeps_every_stream_open(mode: WakeupMode) 
         .map(|(_, at)| *at)
         .unwrap();
     eprintln!(
-        "failover ({mode:?}, new primary on port {standby_port}): {} events, the first from the \
-         new primary delivered {:?} after the promotion began",
+        "failover ({mode:?}, old path {old_path:?}, new primary on port {standby_port}): {} \
+         events, the first from the new primary delivered {:?} after the promotion began",
         truth.len(),
         arrived - promoted_at
     );

@@ -19,7 +19,7 @@ impl Cluster {
     /// Creates and starts a cluster on a free loopback port; `None` when no
     /// server binaries are installed.
     pub fn start() -> Option<Cluster> {
-        let cluster = Self::init()?;
+        let cluster = Self::init(server_binaries()?)?;
         cluster.pg_ctl_start();
         Some(cluster)
     }
@@ -31,9 +31,33 @@ impl Cluster {
 
     /// A logical cluster with this many WAL senders and replication slots.
     pub fn start_logical_with(wal_senders: usize, slots: usize) -> Option<Cluster> {
-        let mut cluster = Self::init()?;
+        Self::start_logical_and(wal_senders, slots, "")
+    }
+
+    /// A logical cluster with more server settings (`-c name=value ...`).
+    pub fn start_logical_and(wal_senders: usize, slots: usize, more: &str) -> Option<Cluster> {
+        Self::start_logical_on(server_binaries()?, wal_senders, slots, more)
+    }
+
+    /// A logical cluster of Postgres 16 or later, which can decode on its
+    /// standbys: `PG16_BINDIR` (scripts/test sets it, fetching the
+    /// binaries when the machine has none) or Debian's packages.
+    pub fn start_logical_16(more: &str) -> Cluster {
+        let bin = binaries_16().unwrap_or_else(|| {
+            panic!("no Postgres 16 or later: set PG16_BINDIR (scripts/test fetches one)")
+        });
+        Self::start_logical_on(bin, 20, 20, more).unwrap()
+    }
+
+    fn start_logical_on(
+        bin: PathBuf,
+        wal_senders: usize,
+        slots: usize,
+        more: &str,
+    ) -> Option<Cluster> {
+        let mut cluster = Self::init(bin)?;
         cluster.settings = format!(
-            "-c wal_level=logical -c max_wal_senders={wal_senders} -c max_replication_slots={slots}"
+            "-c wal_level=logical -c max_wal_senders={wal_senders} -c max_replication_slots={slots} {more}"
         );
         cluster.pg_ctl_start();
         Some(cluster)
@@ -42,7 +66,7 @@ impl Cluster {
     /// A cluster that speaks only TLS, with this certificate and key: a
     /// connection without TLS is refused by `pg_hba.conf`.
     pub fn start_tls_only(cert: &Path, key: &Path) -> Option<Cluster> {
-        let mut cluster = Self::init()?;
+        let mut cluster = Self::init(server_binaries()?)?;
         let root = cluster.data.parent().unwrap().to_owned();
         let (server_cert, server_key) = (root.join("server.crt"), root.join("server.key"));
         std::fs::copy(cert, &server_cert).unwrap();
@@ -73,7 +97,7 @@ impl Cluster {
     /// `pg_basebackup` and started with the same settings: it follows the
     /// primary's WAL until [`Cluster::promote`].
     pub fn start_standby_of(primary: &Cluster) -> Cluster {
-        let mut standby = Self::prepare().expect("the primary found the server binaries");
+        let mut standby = Self::prepare(primary.bin.clone());
         run(standby
             .command("pg_basebackup")
             .args([
@@ -89,6 +113,39 @@ impl Cluster {
             .args(["-p", &primary.port.to_string(), "-D"])
             .arg(&standby.data));
         standby.settings = primary.settings.clone();
+        standby.pg_ctl_start();
+        standby
+    }
+
+    /// A standby of `primary` made from a copy of its data directory taken
+    /// while it is briefly stopped (for server binaries that come without
+    /// `pg_basebackup`), started with the primary's settings and `more`.
+    pub fn start_cold_standby_of(primary: &Cluster, more: &str) -> Cluster {
+        let mut standby = Self::prepare(primary.bin.clone());
+        primary.stop();
+        run(Command::new("cp")
+            .arg("-a")
+            .arg(&primary.data)
+            .arg(&standby.data));
+        primary.pg_ctl_start();
+        for leftover in ["postmaster.pid", "postmaster.opts"] {
+            let _ = std::fs::remove_file(standby.data.join(leftover));
+        }
+        std::fs::write(standby.data.join("standby.signal"), "").unwrap();
+        let conninfo = format!(
+            "\nprimary_conninfo = 'host=127.0.0.1 port={} user=postgres'\n",
+            primary.port
+        );
+        let mut auto = std::fs::read_to_string(standby.data.join("postgresql.auto.conf")).unwrap();
+        auto.push_str(&conninfo);
+        std::fs::write(standby.data.join("postgresql.auto.conf"), auto).unwrap();
+        if is_root() {
+            run(Command::new("chown")
+                .arg("-R")
+                .arg("postgres:")
+                .arg(&standby.data));
+        }
+        standby.settings = format!("{} {more}", primary.settings);
         standby.pg_ctl_start();
         standby
     }
@@ -113,8 +170,7 @@ impl Cluster {
     }
 
     /// A data directory's place and a free port; nothing in it yet.
-    fn prepare() -> Option<Cluster> {
-        let bin = server_binaries()?;
+    fn prepare(bin: PathBuf) -> Cluster {
         let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("pg-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&root).unwrap();
@@ -127,11 +183,11 @@ impl Cluster {
         if is_root() {
             run(Command::new("chown").arg("postgres:").arg(&root));
         }
-        Some(cluster)
+        cluster
     }
 
-    fn init() -> Option<Cluster> {
-        let cluster = Self::prepare()?;
+    fn init(bin: PathBuf) -> Option<Cluster> {
+        let cluster = Self::prepare(bin);
         run(cluster
             .command("initdb")
             .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
@@ -211,27 +267,42 @@ fn is_root() -> bool {
         .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
 }
 
+/// Server binaries of Postgres 16 or later: `PG16_BINDIR`, else Debian's.
+fn binaries_16() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("PG16_BINDIR") {
+        return Some(PathBuf::from(dir)).filter(|dir| dir.join("initdb").is_file());
+    }
+    debian_binaries()
+        .into_iter()
+        .rev()
+        .find(|(version, dir)| *version >= 16 && dir.join("initdb").is_file())
+        .map(|(_, dir)| dir)
+}
+
+/// Debian's server binary folders with their major versions, oldest first.
+fn debian_binaries() -> Vec<(u32, PathBuf)> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((version, entry.path().join("bin")))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
 fn server_binaries() -> Option<PathBuf> {
     let has_initdb = |dir: &Path| dir.join("initdb").is_file().then(|| dir.to_owned());
     if let Some(dir) = std::env::var_os("PG_BINDIR") {
         return has_initdb(Path::new(&dir));
     }
-    let mut debian: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|entry| entry.path().join("bin"))
-        .collect();
-    // Newest version first (numeric, so 16 sorts after 9).
-    debian.sort_by_key(|dir| {
-        dir.parent()
-            .and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    debian
+    debian_binaries()
         .iter()
         .rev()
-        .find_map(|dir| has_initdb(dir))
+        .find_map(|(_, dir)| has_initdb(dir))
         .or_else(|| {
             std::env::split_paths(&std::env::var_os("PATH")?).find_map(|dir| has_initdb(&dir))
         })
