@@ -148,3 +148,40 @@ PY
   fi
   export PG16_BINDIR=$root/native/bin
 }
+
+# A Postgres 16+ primary (wal_level = logical) in <dir>/primary on <port>
+# and a streaming standby of it (hot_standby_feedback = on) in
+# <dir>/standby on <standby port>, for relays that decode on a standby.
+# The standby starts from a copy of the primary's data directory taken
+# while the primary is stopped (npm's server binaries come without
+# pg_basebackup). Exports STANDBY_PRIMARY_URL and STANDBY_URL;
+# pg_stop_standby_pair <dir> stops both.
+pg_start_standby_pair() { # dir port standby_port
+  local dir=$1 port=$2 standby_port=$3
+  ensure_postgres_16
+  [ -n "${PG16_BINDIR:-}" ] || return 1
+  local bin=$PG16_BINDIR
+  local settings="-c listen_addresses=127.0.0.1 -c max_connections=300 -c wal_level=logical -c max_wal_senders=40 -c max_replication_slots=40"
+  mkdir -p "$dir"
+  [ "$(id -u)" = 0 ] && chown postgres "$dir"
+  pg_as_owner "$bin/initdb" -D "$dir/primary" -U postgres --auth=trust >/dev/null || return 1
+  pg_as_owner cp -a "$dir/primary" "$dir/standby" || return 1
+  pg_as_owner touch "$dir/standby/standby.signal"
+  echo "primary_conninfo = 'host=127.0.0.1 port=$port user=postgres'" \
+    | pg_as_owner tee -a "$dir/standby/postgresql.auto.conf" >/dev/null
+  pg_as_owner "$bin/pg_ctl" -D "$dir/primary" -l "$dir/primary.log" -w \
+    -o "-p $port -k $dir $settings" start >&2 || return 1
+  pg_as_owner "$bin/pg_ctl" -D "$dir/standby" -l "$dir/standby.log" -w \
+    -o "-p $standby_port -k $dir $settings -c hot_standby_feedback=on" start >&2 || return 1
+  export STANDBY_PRIMARY_URL="postgres://postgres@127.0.0.1:$port/postgres"
+  export STANDBY_URL="postgres://postgres@127.0.0.1:$standby_port/postgres"
+}
+
+pg_stop_standby_pair() { # dir
+  [ -n "${PG16_BINDIR:-}" ] || return 0
+  local data
+  for data in "$1/standby" "$1/primary"; do
+    [ -f "$data/postmaster.pid" ] && pg_as_owner "$PG16_BINDIR/pg_ctl" -D "$data" -m fast stop >/dev/null 2>&1
+  done
+  return 0
+}

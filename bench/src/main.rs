@@ -23,8 +23,8 @@ use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Serve
 use eventrelay_bench::scenarios::paired_fanout::{self, PairedPlan};
 use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
-    connection_heap, emit_cost, pools, publish_throughput, replay, seal_cost, storm, tail_memory,
-    tails_budget, webhooks,
+    connection_heap, emit_cost, pools, publish_throughput, replay, seal_cost, standby, storm,
+    tail_memory, tails_budget, webhooks,
 };
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::{BenchResult, proc_stats};
@@ -61,10 +61,20 @@ struct Args {
     /// side (bench/run starts a throwaway one); without it they are skipped.
     #[arg(long)]
     logical_database_url: Option<String>,
+    /// A Postgres 16+ primary with `wal_level = logical` and a streaming
+    /// standby of it (`hot_standby_feedback = on`), for relays decoding on
+    /// the standby (bench/run starts both); without them that is skipped.
+    #[arg(long)]
+    standby_primary_url: Option<String>,
+    #[arg(long)]
+    standby_url: Option<String>,
+    /// The primary's data directory (its postmaster.pid).
+    #[arg(long)]
+    standby_primary_data: Option<PathBuf>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
     /// wakeup, fanout, pools, http2, scopes, replay, webhooks,
-    /// storm, memory, seal; wakeup-latency is the wake-up modes' commit-to-receive
-    /// rows without their emit-cost rounds).
+    /// storm, memory, seal, standby; wakeup-latency is the wake-up modes'
+    /// commit-to-receive rows without their emit-cost rounds).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -212,6 +222,9 @@ async fn run_scenarios(
     }
     if wanted("storm") {
         storm_rows(args, schema, &scale, table).await?;
+    }
+    if wanted("standby") {
+        standby_rows(args, &scale, table).await?;
     }
     if wanted("scopes") {
         let subscribers = scale.scopes * scale.per_scope;
@@ -1286,6 +1299,70 @@ async fn baseline_rows(
         );
     }
     Ok(at_64)
+}
+
+/// Relays decoding on the primary against relays decoding on its standby,
+/// 1, 5 and 10 of them, alternating placements at each count.
+async fn standby_rows(args: &Args, scale: &Scale, table: &mut Table) -> BenchResult<()> {
+    let (Some(primary_url), Some(standby_url), Some(primary_data)) = (
+        args.standby_primary_url.clone(),
+        args.standby_url.clone(),
+        args.standby_primary_data.clone(),
+    ) else {
+        eprintln!(
+            "standby: no --standby-primary-url/--standby-url/--standby-primary-data, skipped"
+        );
+        return Ok(());
+    };
+    let pair = standby::Pair {
+        primary_url,
+        standby_url,
+        primary_data,
+    };
+    const PER_SECOND: f64 = 200.0;
+    for relays in [1, 5, 10] {
+        let mut cpu = Vec::new();
+        for placement in [standby::Placement::Primary, standby::Placement::Standby] {
+            eprintln!(
+                "standby: {relays} relay(s) decoding on the {}",
+                placement.as_str()
+            );
+            let f = standby::run(&standby::Run {
+                relay_bin: &args.relay_bin,
+                work_dir: &args.work_dir,
+                pair: &pair,
+                relays,
+                placement,
+                per_second: PER_SECOND,
+                duration: scale.fixed_run,
+            })
+            .await?;
+            cpu.push(f.cpu_seconds_per_1000);
+            table.add(
+                format!(
+                    "{relays} logical relay(s) decoding on the {}, {PER_SECOND} commits/s, emit (commit-to-receive, 1 subscriber)",
+                    placement.as_str()
+                ),
+                format!(
+                    "primary CPU {:.1} ms per 1,000 commits · p50 {} · p99 {} · max {} · {} of {} received",
+                    f.cpu_seconds_per_1000 * 1000.0,
+                    ms(f.latency.p50),
+                    ms(f.latency.p99),
+                    ms(f.latency.max),
+                    f.delivered,
+                    f.expected
+                ),
+                match placement {
+                    standby::Placement::Primary => "–".to_owned(),
+                    standby::Placement::Standby => format!(
+                        "standby takes the decoding off the primary: {}",
+                        verdict(cpu[1] < cpu[0])
+                    ),
+                },
+            );
+        }
+    }
+    Ok(())
 }
 
 async fn start_relay(args: &Args, settings: RelaySettings) -> BenchResult<RelayProcess> {

@@ -30,6 +30,9 @@ pub struct RelaySettings {
     pub webhook_workers: usize,
     /// `database.wakeup`: `notify` or `logical`.
     pub wakeup: &'static str,
+    /// `database.listen_url`: where the LISTEN connection or the
+    /// replication stream goes (a standby, say); unset, `database_url`.
+    pub listen_url: Option<String>,
     /// Write only the settings every release has had, for an earlier
     /// binary run side by side (its configuration refuses unknown keys).
     pub baseline: bool,
@@ -51,6 +54,7 @@ impl RelaySettings {
             pool_size: 16,
             webhook_workers: 4,
             wakeup: "notify",
+            listen_url: None,
             baseline: false,
         }
     }
@@ -124,6 +128,14 @@ workers = {webhook_workers}
             webhook_workers = self.webhook_workers,
             wakeup = self.wakeup,
         );
+        if let Some(url) = &self.listen_url {
+            // Appended: `[database]` is the first table of the file.
+            text = text.replacen(
+                "[database]\n",
+                &format!("[database]\nlisten_url = \"{url}\"\n"),
+                1,
+            );
+        }
         if let Some((cert, key)) = &self.tls {
             text.push_str(&format!(
                 "\n[http.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",

@@ -9,6 +9,7 @@ pub mod pools;
 pub mod publish_throughput;
 pub mod replay;
 pub mod seal_cost;
+pub mod standby;
 pub mod storm;
 pub mod tail_memory;
 pub mod tails_budget;
