@@ -23,8 +23,8 @@ use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Serve
 use eventrelay_bench::scenarios::paired_fanout::{self, PairedPlan};
 use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
-    connection_heap, emit_cost, pools, publish_throughput, replay, seal_cost, standby, storm,
-    tail_memory, tails_budget, webhooks,
+    connection_heap, emit_cost, outage, pools, publish_throughput, replay, seal_cost, standby,
+    storm, tail_memory, tails_budget, webhooks,
 };
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::{BenchResult, proc_stats};
@@ -73,8 +73,8 @@ struct Args {
     standby_primary_data: Option<PathBuf>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
     /// wakeup, fanout, pools, http2, scopes, replay, webhooks,
-    /// storm, memory, seal, standby; wakeup-latency is the wake-up modes'
-    /// commit-to-receive rows without their emit-cost rounds).
+    /// storm, memory, seal, standby, outage; wakeup-latency is the wake-up
+    /// modes' commit-to-receive rows without their emit-cost rounds).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -225,6 +225,9 @@ async fn run_scenarios(
     }
     if wanted("standby") {
         standby_rows(args, &scale, table).await?;
+    }
+    if wanted("outage") {
+        outage_row(args, table).await?;
     }
     if wanted("scopes") {
         let subscribers = scale.scopes * scale.per_scope;
@@ -1299,6 +1302,46 @@ async fn baseline_rows(
         );
     }
     Ok(at_64)
+}
+
+/// A logical relay down for 60 s (10 s with `--quick`) while events
+/// commit: what its absence holds on the primary.
+async fn outage_row(args: &Args, table: &mut Table) -> BenchResult<()> {
+    let Some(db) = args.logical_database_url.as_deref() else {
+        eprintln!("outage: no --logical-database-url, skipped");
+        return Ok(());
+    };
+    let length = Duration::from_secs(if args.quick { 10 } else { 60 });
+    const PER_SECOND: f64 = 200.0;
+    eprintln!("outage: a logical relay killed, {length:?} of commits");
+    let f = outage::run(&args.relay_bin, &args.work_dir, db, length, PER_SECOND).await?;
+    let most_slots = f.samples.iter().map(|s| s.slots).max().unwrap_or(0);
+    let most_held = f.samples.iter().map(|s| s.held_bytes).max().unwrap_or(0);
+    let wal_dir: Vec<String> = f
+        .samples
+        .iter()
+        .map(|s| size(s.wal_dir_bytes as f64))
+        .collect();
+    table.add(
+        format!(
+            "logical relay killed (SIGKILL), {}s outage, {PER_SECOND} commits/s, sampled every {}s",
+            length.as_secs(),
+            length.as_secs() / 6
+        ),
+        format!(
+            "slots while streaming {} · slots during the outage at most {most_slots} · WAL held by slots at most {} · {} committed, {} of WAL written · pg_wal {}",
+            f.slots_before,
+            size(most_held as f64),
+            f.committed,
+            size(f.wal_written_bytes as f64),
+            wal_dir.join(" → ")
+        ),
+        format!(
+            "no slot and no WAL held while the relay is down: {}",
+            verdict(most_slots == 0 && most_held == 0)
+        ),
+    );
+    Ok(())
 }
 
 /// Relays decoding on the primary against relays decoding on its standby,

@@ -4,6 +4,7 @@
 pub mod connection_heap;
 pub mod emit_cost;
 pub mod fanout;
+pub mod outage;
 pub mod paired_fanout;
 pub mod pools;
 pub mod publish_throughput;
