@@ -267,16 +267,19 @@ fn is_root() -> bool {
         .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
 }
 
-/// Server binaries of Postgres 16 or later: `PG16_BINDIR`, else Debian's.
+/// Server binaries of Postgres 16 or later: `PG16_BINDIR`, else Debian's,
+/// else those scripts/test fetched into `target/postgres-17`.
 fn binaries_16() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("PG16_BINDIR") {
         return Some(PathBuf::from(dir)).filter(|dir| dir.join("initdb").is_file());
     }
+    let fetched = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/postgres-17/native/bin");
     debian_binaries()
         .into_iter()
         .rev()
         .find(|(version, dir)| *version >= 16 && dir.join("initdb").is_file())
         .map(|(_, dir)| dir)
+        .or_else(|| fetched.join("initdb").is_file().then_some(fetched))
 }
 
 /// Debian's server binary folders with their major versions, oldest first.
