@@ -5,6 +5,7 @@
 //! drives a small fan-out against an in-process relay.
 
 pub mod alloc_counter;
+pub mod box_client;
 pub mod clock;
 pub mod database;
 pub mod in_process;

@@ -74,7 +74,8 @@ struct Args {
     /// Run only these scenarios (comma separated: tail, emit, publish,
     /// wakeup, fanout, pools, http2, scopes, replay, webhooks,
     /// storm, memory, seal, standby, outage; wakeup-latency is the wake-up
-    /// modes' commit-to-receive rows without their emit-cost rounds).
+    /// modes' commit-to-receive rows without their emit-cost rounds; box,
+    /// 100,000 streams over 6 relays, runs only when named).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -123,6 +124,11 @@ impl Scale {
 }
 
 fn main() -> BenchResult<()> {
+    // A client process of the `box` scenario, started by the load tool.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(eventrelay_bench::box_client::SUBCOMMAND) {
+        return eventrelay_bench::box_client::main(&argv[2..]);
+    }
     let args = Args::parse();
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
     let mut table = Table::default();
@@ -228,6 +234,19 @@ async fn run_scenarios(
     }
     if wanted("outage") {
         outage_row(args, table).await?;
+    }
+    // 100,000 streams over 6 relays: only when asked for by name.
+    if args.only.iter().any(|only| only == "box") {
+        let plan = eventrelay_bench::scenarios::box_scale::BoxPlan::of(args.quick);
+        eventrelay_bench::scenarios::box_scale::rows(
+            &plan,
+            &args.relay_bin,
+            &args.work_dir,
+            db,
+            schema,
+            table,
+        )
+        .await?;
     }
     if wanted("scopes") {
         let subscribers = scale.scopes * scale.per_scope;

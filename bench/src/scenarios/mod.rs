@@ -1,6 +1,7 @@
 //! The scenarios, one module each. Each is bounded in time and returns its
 //! measured figures; the binary turns them into table rows.
 
+pub mod box_scale;
 pub mod connection_heap;
 pub mod emit_cost;
 pub mod fanout;

@@ -1,0 +1,743 @@
+//! The load tool's client processes for the many-relays scenario
+//! (`scenarios::box_scale`): the hidden `box-client` subcommand, which
+//! opens a share of the subscribers from one loopback source address,
+//! keeps them streaming (reconnecting with their `Last-Event-ID` whenever a
+//! stream ends) and reports its figures as JSON lines on stdout, and
+//! [`ClientProcess`], the parent's handle on one such process.
+//!
+//! One process holds at most 20,000 files here, and one source address has
+//! about 28,000 ephemeral ports, so 100,000 streams need several processes
+//! and several source addresses: each process binds its sockets to its own
+//! address in 127.0.0.0/8 before connecting.
+//!
+//! Protocol, one line each way:
+//! - the parent starts `eventrelay-bench box-client '<spec JSON>'`;
+//! - the child prints `{"event":"all_streaming","phase":0,...}` once every
+//!   stream is ready, and the same for each later phase;
+//! - `phase` on stdin starts a new phase (fresh refusal, reset and
+//!   connect-time counters); `status` answers `{"event":"status",...}`
+//!   with the distinct events received so far;
+//! - `finish <emitted> <timed_below> <patience_ms>` waits until every
+//!   stream holds every event below `emitted` of its scope (or the
+//!   patience ends), closes every stream, writes the arrival times of
+//!   events below `timed_below` to a file and prints
+//!   `{"event":"finished",...}`; the process then exits.
+//!
+//! Arrival times are `CLOCK_REALTIME` nanoseconds, the one clock the
+//! parent (which records commit times) and every child share.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use crate::clock::Receipt;
+use crate::sse_load::{FrameParser, ReadyWhen, request_head};
+use crate::{BenchResult, subscriber_token};
+
+/// The hidden subcommand that runs a client process.
+pub const SUBCOMMAND: &str = "box-client";
+/// `errno` for a process out of file descriptors (Linux).
+const EMFILE: i32 = 24;
+/// `errno` for a source address out of ephemeral ports (Linux).
+const EADDRNOTAVAIL: i32 = 99;
+/// How long a subscriber waits before retrying while nothing listens: a
+/// browser's `EventSource` without its retry delay, the worst case.
+const RETRY_WHILE_DOWN: Duration = Duration::from_millis(50);
+/// How long a subscriber waits after a refusal (a status other than 200).
+const RETRY_AFTER_REFUSAL: Duration = Duration::from_millis(250);
+/// One read buffer for the whole process (each process runs one thread):
+/// 100,000 streams with a buffer each would cost the load gigabytes.
+const READ_BUFFER: usize = 64 * 1024;
+
+/// What one client process opens.
+#[derive(Clone, Debug)]
+pub struct ClientSpec {
+    /// Which client this is (0-based); names its receipts file.
+    pub index: usize,
+    /// The source address every socket binds to before connecting.
+    pub source: IpAddr,
+    /// The relays' ports on 127.0.0.1.
+    pub relay_ports: Vec<u16>,
+    /// Global index of this client's first stream, and how many it opens.
+    /// Stream `g` goes to relay `g % relays` and scope `(g / relays) % scopes`.
+    pub first: usize,
+    pub count: usize,
+    pub scopes: usize,
+    pub scope_prefix: String,
+    /// Every stream first connects resuming after this id.
+    pub last_event_id: i64,
+    /// First-connect handshakes in flight at once.
+    pub connect_concurrency: usize,
+    pub work_dir: PathBuf,
+}
+
+impl ClientSpec {
+    fn to_json(&self) -> Value {
+        json!({
+            "index": self.index,
+            "source": self.source.to_string(),
+            "relay_ports": self.relay_ports,
+            "first": self.first,
+            "count": self.count,
+            "scopes": self.scopes,
+            "scope_prefix": self.scope_prefix,
+            "last_event_id": self.last_event_id,
+            "connect_concurrency": self.connect_concurrency,
+            "work_dir": self.work_dir.display().to_string(),
+        })
+    }
+
+    fn from_json(value: &Value) -> BenchResult<ClientSpec> {
+        let number = |key: &str| {
+            value[key]
+                .as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| format!("box-client spec: no {key}"))
+        };
+        let text = |key: &str| {
+            value[key]
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("box-client spec: no {key}"))
+        };
+        Ok(ClientSpec {
+            index: number("index")?,
+            source: text("source")?.parse()?,
+            relay_ports: value["relay_ports"]
+                .as_array()
+                .ok_or("box-client spec: no relay_ports")?
+                .iter()
+                .filter_map(|port| port.as_u64().map(|p| p as u16))
+                .collect(),
+            first: number("first")?,
+            count: number("count")?,
+            scopes: number("scopes")?,
+            scope_prefix: text("scope_prefix")?,
+            last_event_id: value["last_event_id"]
+                .as_i64()
+                .ok_or("box-client spec: no last_event_id")?,
+            connect_concurrency: number("connect_concurrency")?,
+            work_dir: PathBuf::from(text("work_dir")?),
+        })
+    }
+
+    fn receipts_path(&self) -> PathBuf {
+        self.work_dir
+            .join(format!("box-client-{}.receipts", self.index))
+    }
+}
+
+/// Stream `g`'s relay (an index into the relay list) and scope index.
+pub fn placement(global: usize, relays: usize, scopes: usize) -> (usize, usize) {
+    (global % relays, (global / relays) % scopes)
+}
+
+/// The name of scope `index`.
+pub fn scope_name(prefix: &str, index: usize) -> String {
+    format!("{prefix}-{index}")
+}
+
+/// Nanoseconds since the epoch on `CLOCK_REALTIME`: the clock every process
+/// on the machine reads alike.
+pub fn realtime_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos() as u64)
+}
+
+// ---------------------------------------------------------------------------
+// The child process.
+
+/// Refusals, resets and connect times of one phase, in one process.
+#[derive(Default)]
+struct Tally {
+    timeouts: AtomicU64,
+    server_errors: AtomicU64,
+    other_refusals: AtomicU64,
+    resets: AtomicU64,
+    refused_while_down: AtomicU64,
+    out_of_descriptors: AtomicU64,
+    out_of_ports: AtomicU64,
+    streams_opened: AtomicU64,
+    /// Connect time (TCP connect to `ready`) of every stream opened, µs.
+    connect_micros: Mutex<Vec<u32>>,
+    reset_reasons: Mutex<BTreeMap<String, u64>>,
+    /// Per relay: the latest `ready` of the phase (realtime ns), and the
+    /// streams opened.
+    last_ready: Vec<AtomicU64>,
+    opened_per_relay: Vec<AtomicU64>,
+    /// The first connect attempt of the phase (realtime ns; 0 until then).
+    first_attempt: AtomicU64,
+}
+
+impl Tally {
+    fn new(relays: usize) -> Tally {
+        Tally {
+            last_ready: (0..relays).map(|_| AtomicU64::new(0)).collect(),
+            opened_per_relay: (0..relays).map(|_| AtomicU64::new(0)).collect(),
+            ..Tally::default()
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        json!({
+            "timeouts": load(&self.timeouts),
+            "server_errors": load(&self.server_errors),
+            "other_refusals": load(&self.other_refusals),
+            "resets": load(&self.resets),
+            "refused_while_down": load(&self.refused_while_down),
+            "out_of_descriptors": load(&self.out_of_descriptors),
+            "out_of_ports": load(&self.out_of_ports),
+            "streams_opened": load(&self.streams_opened),
+            "connect_micros": self.connect_micros.lock().map(|s| s.clone()).unwrap_or_default(),
+            "reset_reasons": self.reset_reasons.lock().map(|r| r.clone()).unwrap_or_default(),
+            "last_ready": self.last_ready.iter().map(load).collect::<Vec<_>>(),
+            "opened_per_relay": self.opened_per_relay.iter().map(load).collect::<Vec<_>>(),
+            "first_attempt": load(&self.first_attempt),
+        })
+    }
+}
+
+/// What every stream of the process shares.
+struct Shared {
+    relays: usize,
+    phases: Mutex<Vec<Arc<Tally>>>,
+    streaming: AtomicUsize,
+    /// Distinct numbered events received, by all streams together.
+    received: AtomicU64,
+    stop: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn tally(&self) -> Arc<Tally> {
+        self.phases
+            .lock()
+            .ok()
+            .and_then(|phases| phases.last().cloned())
+            .unwrap_or_else(|| Arc::new(Tally::new(self.relays)))
+    }
+
+    fn next_phase(&self) -> (usize, Arc<Tally>) {
+        let fresh = Arc::new(Tally::new(self.relays));
+        let mut phases = match self.phases.lock() {
+            Ok(phases) => phases,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        phases.push(Arc::clone(&fresh));
+        (phases.len() - 1, fresh)
+    }
+}
+
+/// How one connection attempt ended.
+enum Ended {
+    ByServer,
+    Stopped,
+    Down,
+    NoDescriptor,
+    NoPort,
+    Refused(u16),
+    Broken(String),
+}
+
+/// One reconnecting subscriber.
+struct Stream {
+    relay: usize,
+    scope: usize,
+    address: SocketAddr,
+    source: IpAddr,
+    authorization: String,
+    last_event_id: Option<i64>,
+    /// Which event numbers arrived (a bit each).
+    received: Vec<u64>,
+    /// First arrival of each event number.
+    receipts: Vec<Receipt>,
+}
+
+thread_local! {
+    static BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_BUFFER]);
+}
+
+impl Stream {
+    async fn run(
+        mut self,
+        shared: Arc<Shared>,
+        mut first_permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Stream {
+        let mut stop = shared.stop.subscribe();
+        while !*stop.borrow() {
+            let tally = shared.tally();
+            let ended = self
+                .attempt(&shared, &tally, &mut stop, &mut first_permit)
+                .await;
+            match ended {
+                Ended::ByServer => {}
+                Ended::Stopped => break,
+                Ended::Down => {
+                    tally.refused_while_down.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
+                }
+                Ended::NoDescriptor => {
+                    tally.out_of_descriptors.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
+                }
+                Ended::NoPort => {
+                    tally.out_of_ports.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
+                }
+                Ended::Refused(status) => {
+                    let counter = match status {
+                        408 => &tally.timeouts,
+                        500..=599 => &tally.server_errors,
+                        _ => &tally.other_refusals,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(RETRY_AFTER_REFUSAL).await;
+                }
+                Ended::Broken(how) => {
+                    tally.resets.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut reasons) = tally.reset_reasons.lock() {
+                        *reasons.entry(how).or_default() += 1;
+                    }
+                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
+                }
+            }
+        }
+        self
+    }
+
+    async fn connect(&self) -> Result<TcpStream, Ended> {
+        let socket = TcpSocket::new_v4().map_err(|error| {
+            if error.raw_os_error() == Some(EMFILE) {
+                Ended::NoDescriptor
+            } else {
+                Ended::Broken(format!("socket: {}", error.kind()))
+            }
+        })?;
+        socket
+            .bind(SocketAddr::new(self.source, 0))
+            .map_err(|error| match error.raw_os_error() {
+                Some(EADDRNOTAVAIL) => Ended::NoPort,
+                _ => Ended::Broken(format!("bind: {}", error.kind())),
+            })?;
+        socket
+            .connect(self.address)
+            .await
+            .map_err(|error| match error.raw_os_error() {
+                _ if error.kind() == std::io::ErrorKind::ConnectionRefused => Ended::Down,
+                Some(EADDRNOTAVAIL) => Ended::NoPort,
+                _ => Ended::Broken(format!("connect: {}", error.kind())),
+            })
+    }
+
+    async fn attempt(
+        &mut self,
+        shared: &Shared,
+        tally: &Tally,
+        stop: &mut watch::Receiver<bool>,
+        first_permit: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Ended {
+        let started = Instant::now();
+        let _ = tally.first_attempt.compare_exchange(
+            0,
+            realtime_ns(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        let mut stream = match self.connect().await {
+            Ok(stream) => stream,
+            Err(ended) => return ended,
+        };
+        let request = request_head(
+            self.address,
+            "/v1/events",
+            Some(&self.authorization),
+            self.last_event_id,
+        );
+        if stream.write_all(request.as_bytes()).await.is_err() {
+            return Ended::Broken("sending the request".to_owned());
+        }
+        let mut parser = FrameParser::new(ReadyWhen::ReadyEvent);
+        let mut streaming = false;
+        let mut receipts = Vec::new();
+        let ended = loop {
+            tokio::select! {
+                _ = stop.changed() => break Ended::Stopped,
+                readable = stream.readable() => {
+                    if let Err(error) = readable {
+                        break Ended::Broken(format!("readable: {}", error.kind()));
+                    }
+                }
+            }
+            // Drain what the socket holds through the process's one buffer.
+            let mut outcome = None;
+            let mut became_ready = false;
+            BUFFER.with(|buffer| {
+                let mut buffer = buffer.borrow_mut();
+                loop {
+                    match stream.try_read(&mut buffer) {
+                        Ok(0) => {
+                            outcome = Some(if streaming || became_ready {
+                                Ended::ByServer
+                            } else {
+                                Ended::Broken("closed before ready".to_owned())
+                            });
+                            return;
+                        }
+                        Ok(read) => {
+                            let now = realtime_ns();
+                            match parser.feed(&buffer[..read], now, &mut receipts) {
+                                Ok(true) => became_ready = true,
+                                Ok(false) => {}
+                                Err(_) => {
+                                    outcome = Some(Ended::Refused(parser.status.unwrap_or(0)));
+                                    return;
+                                }
+                            }
+                            if parser.ended {
+                                return;
+                            }
+                        }
+                        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return,
+                        Err(error) => {
+                            let phase = if streaming || became_ready {
+                                "streaming"
+                            } else {
+                                "before ready"
+                            };
+                            outcome =
+                                Some(Ended::Broken(format!("read {phase}: {}", error.kind())));
+                            return;
+                        }
+                    }
+                }
+            });
+            if let Some(id) = parser.last_id {
+                self.last_event_id = Some(id);
+            }
+            for receipt in receipts.drain(..) {
+                let number = receipt.number as usize;
+                let (word, bit) = (number / 64, 1u64 << (number % 64));
+                if self.received.len() <= word {
+                    self.received.resize(word + 1, 0);
+                }
+                if self.received[word] & bit == 0 {
+                    self.received[word] |= bit;
+                    self.receipts.push(receipt);
+                    shared.received.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if became_ready {
+                streaming = true;
+                first_permit.take();
+                shared.streaming.fetch_add(1, Ordering::Relaxed);
+                tally.streams_opened.fetch_add(1, Ordering::Relaxed);
+                tally.opened_per_relay[self.relay].fetch_add(1, Ordering::Relaxed);
+                tally.last_ready[self.relay].fetch_max(realtime_ns(), Ordering::Relaxed);
+                if let Ok(mut samples) = tally.connect_micros.lock() {
+                    samples.push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                }
+            }
+            if let Some(outcome) = outcome {
+                break outcome;
+            }
+            if parser.ended {
+                break if streaming {
+                    Ended::ByServer
+                } else {
+                    Ended::Broken("ended before ready".to_owned())
+                };
+            }
+        };
+        if streaming {
+            shared.streaming.fetch_sub(1, Ordering::Relaxed);
+        }
+        ended
+    }
+
+    /// Events below `emitted` of this stream's scope that never arrived.
+    fn missing(&self, emitted: usize, scopes: usize) -> u64 {
+        (self.scope..emitted)
+            .step_by(scopes)
+            .filter(|number| {
+                self.received
+                    .get(number / 64)
+                    .is_none_or(|word| word & (1 << (number % 64)) == 0)
+            })
+            .count() as u64
+    }
+}
+
+/// Writes one JSON line to stdout.
+fn say(value: &Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{value}");
+    let _ = out.flush();
+}
+
+/// The `box-client` subcommand: `args` is what follows it.
+pub fn main(args: &[String]) -> BenchResult<()> {
+    let spec = ClientSpec::from_json(&serde_json::from_str(
+        args.first().ok_or("box-client: no spec")?,
+    )?)?;
+    // One thread: several of these processes share two cores with the
+    // relays and Postgres.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run_client(spec))
+}
+
+async fn run_client(spec: ClientSpec) -> BenchResult<()> {
+    let relays = spec.relay_ports.len();
+    let (stop, _) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        relays,
+        phases: Mutex::new(Vec::new()),
+        streaming: AtomicUsize::new(0),
+        received: AtomicU64::new(0),
+        stop,
+    });
+    let (mut phase, mut tally) = shared.next_phase();
+    let handshakes = Arc::new(Semaphore::new(spec.connect_concurrency.max(1)));
+    let mut tasks = Vec::with_capacity(spec.count);
+    let mut expected_per_scope = vec![0u64; spec.scopes];
+    for global in spec.first..spec.first + spec.count {
+        let (relay, scope) = placement(global, relays, spec.scopes);
+        expected_per_scope[scope] += 1;
+        let stream = Stream {
+            relay,
+            scope,
+            address: SocketAddr::from(([127, 0, 0, 1], spec.relay_ports[relay])),
+            source: spec.source,
+            authorization: format!(
+                "Bearer {}",
+                subscriber_token(
+                    &format!("box-{global}"),
+                    &scope_name(&spec.scope_prefix, scope)
+                )
+            ),
+            last_event_id: Some(spec.last_event_id),
+            received: Vec::new(),
+            receipts: Vec::new(),
+        };
+        let shared = Arc::clone(&shared);
+        let handshakes = Arc::clone(&handshakes);
+        tasks.push(tokio::spawn(async move {
+            let permit = handshakes.acquire_owned().await.ok();
+            stream.run(shared, permit).await
+        }));
+    }
+
+    // Commands arrive on stdin, read by a thread of their own.
+    let (commands_tx, mut commands) = mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if commands_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+
+    let mut reported = false;
+    let finish = loop {
+        if !reported
+            && shared.streaming.load(Ordering::Relaxed) >= spec.count
+            && tally.streams_opened.load(Ordering::Relaxed) >= spec.count as u64
+        {
+            reported = true;
+            say(&json!({"event": "all_streaming", "phase": phase, "at": realtime_ns()}));
+        }
+        let command = tokio::select! {
+            command = commands.recv() => command,
+            () = tokio::time::sleep(Duration::from_millis(5)) => continue,
+        };
+        let Some(command) = command else {
+            // The parent went away.
+            break None;
+        };
+        let words: Vec<&str> = command.split_whitespace().collect();
+        match words.as_slice() {
+            ["phase"] => {
+                (phase, tally) = shared.next_phase();
+                reported = false;
+            }
+            ["status"] => say(&json!({
+                "event": "status",
+                "received": shared.received.load(Ordering::Relaxed),
+                "streaming": shared.streaming.load(Ordering::Relaxed),
+            })),
+            ["finish", emitted, timed_below, patience_ms] => {
+                break Some((
+                    emitted.parse::<usize>()?,
+                    timed_below.parse::<usize>()?,
+                    Duration::from_millis(patience_ms.parse()?),
+                ));
+            }
+            _ => say(&json!({"event": "error", "unknown": command})),
+        }
+    };
+    let (emitted, timed_below, patience) = finish.unwrap_or((0, 0, Duration::ZERO));
+    let expected: u64 = expected_per_scope
+        .iter()
+        .enumerate()
+        .map(|(scope, streams)| streams * (scope..emitted).step_by(spec.scopes).count() as u64)
+        .sum();
+    let deadline = Instant::now() + patience;
+    while shared.received.load(Ordering::Relaxed) < expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shared.stop.send_replace(true);
+    let mut missing = 0u64;
+    let mut missing_streams = 0u64;
+    let mut file = std::io::BufWriter::new(std::fs::File::create(spec.receipts_path())?);
+    for task in tasks {
+        let Ok(stream) = task.await else { continue };
+        let gap = stream.missing(emitted, spec.scopes);
+        missing += gap;
+        missing_streams += u64::from(gap > 0);
+        for receipt in &stream.receipts {
+            if (receipt.number as usize) < timed_below {
+                file.write_all(&receipt.number.to_le_bytes())?;
+                file.write_all(&(stream.relay as u32).to_le_bytes())?;
+                file.write_all(&receipt.at.to_le_bytes())?;
+            }
+        }
+    }
+    file.flush()?;
+    let phases: Vec<Value> = shared
+        .phases
+        .lock()
+        .map(|phases| phases.iter().map(|tally| tally.to_json()).collect())
+        .unwrap_or_default();
+    say(&json!({
+        "event": "finished",
+        "expected": expected,
+        "received": shared.received.load(Ordering::Relaxed),
+        "missing": missing,
+        "missing_streams": missing_streams,
+        "phases": phases,
+        "receipts": spec.receipts_path().display().to_string(),
+    }));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The parent's side.
+
+/// One arrival read back from a client's receipts file.
+#[derive(Clone, Copy, Debug)]
+pub struct Arrival {
+    pub number: u32,
+    pub relay: u32,
+    /// Realtime nanoseconds.
+    pub at: u64,
+}
+
+/// A running client process.
+pub struct ClientProcess {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::UnboundedReceiver<Value>,
+}
+
+impl ClientProcess {
+    /// Starts `binary box-client` with `spec`.
+    pub fn spawn(binary: &std::path::Path, spec: &ClientSpec) -> BenchResult<ClientProcess> {
+        let mut child = Command::new(binary)
+            .arg(SUBCOMMAND)
+            .arg(spec.to_json().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start {} {SUBCOMMAND}: {e}", binary.display()))?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (lines_tx, lines) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let Ok(value) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                if lines_tx.send(value).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(ClientProcess {
+            child,
+            stdin,
+            lines,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends one command line.
+    pub fn send(&mut self, command: &str) -> BenchResult<()> {
+        writeln!(self.stdin, "{command}")?;
+        self.stdin.flush()?;
+        Ok(())
+    }
+
+    /// The next line whose `event` is `event`, within `patience`; lines of
+    /// other kinds are skipped.
+    pub async fn expect(&mut self, event: &str, patience: Duration) -> BenchResult<Value> {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let line = tokio::time::timeout_at(deadline, self.lines.recv())
+                .await
+                .map_err(|_| format!("client {}: no {event} within {patience:?}", self.pid()))?
+                .ok_or_else(|| format!("client {} exited before {event}", self.pid()))?;
+            if line["event"] == event {
+                return Ok(line);
+            }
+        }
+    }
+
+    /// Reads the arrivals a finished client wrote.
+    pub fn arrivals(finished: &Value) -> BenchResult<Vec<Arrival>> {
+        let path = finished["receipts"].as_str().ok_or("no receipts file")?;
+        let bytes = std::fs::read(path)?;
+        let _ = std::fs::remove_file(path);
+        Ok(bytes
+            .chunks_exact(16)
+            .map(|record| {
+                let word = |range: std::ops::Range<usize>| {
+                    let mut four = [0u8; 4];
+                    four.copy_from_slice(&record[range]);
+                    u32::from_le_bytes(four)
+                };
+                let mut eight = [0u8; 8];
+                eight.copy_from_slice(&record[8..16]);
+                Arrival {
+                    number: word(0..4),
+                    relay: word(4..8),
+                    at: u64::from_le_bytes(eight),
+                }
+            })
+            .collect())
+    }
+}
+
+impl Drop for ClientProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

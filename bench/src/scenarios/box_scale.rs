@@ -1,0 +1,725 @@
+//! One machine's worth of streams (`--only box`): several relay processes
+//! on one database, the subscribers spread over several client processes
+//! (`box_client`) and loopback source addresses, one event per second to
+//! every stream, then a restart of every relay under all of them.
+//!
+//! Owns the plan, the pool sizing against Postgres's `max_connections`,
+//! the emitter (one durable emit per scope per second, numbered, its commit
+//! times on the machine's realtime clock), the relays' restarts, and the
+//! figures and rows: per relay and in total, connect rate, idle RSS per
+//! connection, relay RSS and CPU, deliveries and commit-to-receive latency,
+//! and the storm's errors, connect times and time until all stream again.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use eventrelay_publisher::{NewEvent, Publisher};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::BenchResult;
+use crate::box_client::{self, Arrival, ClientProcess, ClientSpec, realtime_ns};
+use crate::clock::Percentiles;
+use crate::proc_stats::{self, Usage};
+use crate::publish::{TICK_TYPE, event_data};
+use crate::relay_process::{RelayProcess, RelaySettings};
+use crate::report::{Table, ms, size, verdict};
+
+/// The relays' `application_name`, by which their Postgres connections are
+/// counted.
+const APPLICATION_NAME: &str = "eventrelay-box";
+/// Connections left free for everything that is not one of these relays:
+/// the emitter, the scenario's own queries, and other users of the same
+/// server (another relay under test holds `pool_size + 1` = 17 by default).
+const HEADROOM: usize = 20;
+/// The largest pool worth giving a relay here: 8 connections served 500
+/// simultaneous outbox replays as fast as 32 did (`--only pools`).
+const POOL_CEILING: usize = 8;
+/// Longest wait for every stream to be ready, in either phase.
+const PATIENCE: Duration = Duration::from_secs(300);
+/// Longest wait for the last deliveries once emitting stops.
+const DRAIN: Duration = Duration::from_secs(20);
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BoxPlan {
+    pub relays: usize,
+    pub streams: usize,
+    /// Client processes, each on its own source address (127.0.0.2 on).
+    pub clients: usize,
+    /// Scopes in all: every relay holds streams of every scope, as a load
+    /// balancer in front of a fleet spreads each scope's subscribers.
+    pub scopes: usize,
+    /// How long one event per second goes to every stream.
+    pub run: Duration,
+    /// Events per second spread over the scopes while the relays restart.
+    pub storm_rate: f64,
+    /// First-connect handshakes in flight per client process.
+    pub connect_concurrency: usize,
+}
+
+impl BoxPlan {
+    pub fn of(quick: bool) -> BoxPlan {
+        BoxPlan {
+            relays: 6,
+            streams: if quick { 12_000 } else { 100_000 },
+            clients: 8,
+            scopes: 10,
+            run: Duration::from_secs(if quick { 10 } else { 30 }),
+            storm_rate: 5.0,
+            connect_concurrency: 64,
+        }
+    }
+
+    fn streams_on(&self, relay: usize) -> usize {
+        (0..self.streams)
+            .filter(|g| box_client::placement(*g, self.relays, self.scopes).0 == relay)
+            .count()
+    }
+
+    fn streams_in(&self, scope: usize) -> u64 {
+        (0..self.streams)
+            .filter(|g| box_client::placement(*g, self.relays, self.scopes).1 == scope)
+            .count() as u64
+    }
+
+    /// (subscriber, event) pairs the first `emitted` events make.
+    fn expected(&self, emitted: usize) -> u64 {
+        (0..self.scopes)
+            .map(|scope| {
+                self.streams_in(scope) * (scope..emitted).step_by(self.scopes).count() as u64
+            })
+            .sum()
+    }
+}
+
+/// How the relays' pools were sized.
+#[derive(Debug, Clone)]
+pub struct PoolBudget {
+    pub max_connections: usize,
+    pub reserved: usize,
+    pub in_use: usize,
+    pub pool_size: usize,
+}
+
+/// Picks `database.pool_size` so that `relays × (pool_size + 1)` (each relay
+/// also holds its LISTEN connection) fits in what Postgres allows, less the
+/// superuser reserve, the connections open now and [`HEADROOM`].
+pub async fn pool_budget(database_url: &str, relays: usize) -> BenchResult<PoolBudget> {
+    let client = eventrelay::connect(database_url).await?;
+    let setting = |name: &'static str| {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one(&format!("SELECT current_setting('{name}')::int"), &[])
+                .await?;
+            BenchResult::Ok(row.get::<_, i32>(0) as usize)
+        }
+    };
+    let max_connections = setting("max_connections").await?;
+    let reserved = setting("superuser_reserved_connections").await?;
+    let in_use: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let in_use = in_use as usize;
+    let budget = max_connections.saturating_sub(reserved + in_use + HEADROOM);
+    let pool_size = (budget / relays.max(1))
+        .saturating_sub(1)
+        .clamp(1, POOL_CEILING);
+    Ok(PoolBudget {
+        max_connections,
+        reserved,
+        in_use,
+        pool_size,
+    })
+}
+
+/// Where the scenario's events go.
+#[derive(Clone)]
+struct Emitter {
+    database_url: String,
+    schema: String,
+    scope_prefix: String,
+    scopes: usize,
+}
+
+impl Emitter {
+    /// Numbered durable emits, one transaction each, at `rate` per second
+    /// spread round robin over the scopes, from `first` on, until
+    /// `deadline` or until `stop` turns true. Answers each event's commit
+    /// time (realtime ns), indexed from `first`.
+    async fn run(
+        &self,
+        first: usize,
+        rate: f64,
+        deadline: Option<tokio::time::Instant>,
+        mut stop: watch::Receiver<bool>,
+    ) -> BenchResult<Vec<u64>> {
+        let mut client = eventrelay::connect(&self.database_url).await?;
+        let publisher = Publisher::new(&self.schema)?;
+        let start = tokio::time::Instant::now();
+        let mut committed = Vec::new();
+        for offset in 0usize.. {
+            let due = start + Duration::from_secs_f64(offset as f64 / rate);
+            if deadline.is_some_and(|deadline| due >= deadline) || *stop.borrow() {
+                break;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => {}
+                _ = stop.changed() => break,
+            }
+            let number = first + offset;
+            let scope = box_client::scope_name(&self.scope_prefix, number % self.scopes);
+            let transaction = client.transaction().await?;
+            publisher
+                .emit(
+                    &transaction,
+                    NewEvent::durable(TICK_TYPE, &scope, event_data(number)),
+                )
+                .await?;
+            transaction.commit().await?;
+            committed.push(realtime_ns());
+        }
+        Ok(committed)
+    }
+}
+
+/// The relays' connections to Postgres, sampled until `stop`; answers the
+/// most seen at once.
+async fn count_connections(database_url: String, mut stop: watch::Receiver<bool>) -> i64 {
+    let Ok(client) = eventrelay::connect(&database_url).await else {
+        return -1;
+    };
+    let most = AtomicI64::new(0);
+    loop {
+        if let Ok(row) = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&APPLICATION_NAME],
+            )
+            .await
+        {
+            most.fetch_max(row.get::<_, i64>(0), Ordering::Relaxed);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = stop.changed() => break,
+        }
+    }
+    most.load(Ordering::Relaxed)
+}
+
+/// `url` with the relays' application name added.
+fn with_application_name(url: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}application_name={APPLICATION_NAME}")
+}
+
+/// One phase's refusals, resets and connect times over every client.
+#[derive(Debug, Default, Clone)]
+struct Phase {
+    timeouts: u64,
+    server_errors: u64,
+    other_refusals: u64,
+    resets: u64,
+    refused_while_down: u64,
+    out_of_descriptors: u64,
+    out_of_ports: u64,
+    streams_opened: u64,
+    connect: Percentiles,
+    reset_reasons: BTreeMap<String, u64>,
+    /// Per relay: the first attempt of the phase and its last stream ready
+    /// (realtime ns), and the streams opened.
+    first_attempt: u64,
+    last_ready: Vec<u64>,
+    opened_per_relay: Vec<u64>,
+}
+
+impl Phase {
+    fn clean(&self) -> bool {
+        self.timeouts == 0
+            && self.server_errors == 0
+            && self.other_refusals == 0
+            && self.resets == 0
+    }
+
+    fn merge(finished: &[Value], index: usize, relays: usize) -> Phase {
+        let mut phase = Phase {
+            last_ready: vec![0; relays],
+            opened_per_relay: vec![0; relays],
+            first_attempt: u64::MAX,
+            ..Phase::default()
+        };
+        let mut connect = Vec::new();
+        for client in finished {
+            let tally = &client["phases"][index];
+            let n = |key: &str| tally[key].as_u64().unwrap_or(0);
+            phase.timeouts += n("timeouts");
+            phase.server_errors += n("server_errors");
+            phase.other_refusals += n("other_refusals");
+            phase.resets += n("resets");
+            phase.refused_while_down += n("refused_while_down");
+            phase.out_of_descriptors += n("out_of_descriptors");
+            phase.out_of_ports += n("out_of_ports");
+            phase.streams_opened += n("streams_opened");
+            let first = n("first_attempt");
+            if first > 0 {
+                phase.first_attempt = phase.first_attempt.min(first);
+            }
+            if let Some(samples) = tally["connect_micros"].as_array() {
+                connect.extend(
+                    samples
+                        .iter()
+                        .filter_map(|s| s.as_u64())
+                        .map(|us| us * 1000),
+                );
+            }
+            if let Some(reasons) = tally["reset_reasons"].as_object() {
+                for (how, count) in reasons {
+                    *phase.reset_reasons.entry(how.clone()).or_default() +=
+                        count.as_u64().unwrap_or(0);
+                }
+            }
+            for relay in 0..relays {
+                phase.last_ready[relay] =
+                    phase.last_ready[relay].max(tally["last_ready"][relay].as_u64().unwrap_or(0));
+                phase.opened_per_relay[relay] +=
+                    tally["opened_per_relay"][relay].as_u64().unwrap_or(0);
+            }
+        }
+        phase.connect = Percentiles::of(&mut connect);
+        phase
+    }
+
+    fn errors(&self) -> String {
+        format!(
+            "408: {} · 5xx: {} · other refusals: {} · resets: {}{}",
+            self.timeouts,
+            self.server_errors,
+            self.other_refusals,
+            self.resets,
+            if self.reset_reasons.is_empty() {
+                String::new()
+            } else {
+                format!(" ({:?})", self.reset_reasons)
+            }
+        )
+    }
+}
+
+/// Per relay figures.
+#[derive(Debug, Clone)]
+struct RelayFigures {
+    streams: usize,
+    rss_before: u64,
+    idle: Usage,
+    after_run: Usage,
+    after_storm: u64,
+    stopped_in: Duration,
+    latency: Percentiles,
+    delivered: u64,
+}
+
+/// Runs the scenario and adds its rows to `table`.
+pub async fn rows(
+    plan: &BoxPlan,
+    relay_bin: &Path,
+    work_dir: &Path,
+    database_url: &str,
+    schema: &str,
+    table: &mut Table,
+) -> BenchResult<()> {
+    let relays_n = plan.relays;
+    let budget = pool_budget(database_url, relays_n).await?;
+    eprintln!(
+        "box: {} streams over {relays_n} relays (pool_size {}) and {} client processes",
+        plan.streams, budget.pool_size, plan.clients
+    );
+    let mut settings = RelaySettings::new(&with_application_name(database_url), schema);
+    settings.pool_size = budget.pool_size;
+
+    let (sampling, sampler_stop) = watch::channel(false);
+    let sampler = tokio::spawn(count_connections(database_url.to_owned(), sampler_stop));
+
+    let started = futures_util::future::try_join_all(
+        (0..relays_n).map(|_| RelayProcess::start(relay_bin, work_dir, &settings)),
+    )
+    .await?;
+    let mut relays: Vec<RelayProcess> = started;
+    let ports: Vec<u16> = relays.iter().map(|relay| relay.port).collect();
+    let rss_before: Vec<u64> = relays
+        .iter()
+        .map(|relay| proc_stats::rss_bytes(&[relay.pid()]))
+        .collect();
+    let start_after = max_seq(database_url, schema).await?;
+
+    // The clients connect, each from its own source address.
+    let scope_prefix = format!("box-{}", std::process::id());
+    let binary = std::env::current_exe()?;
+    let per_client = plan.streams.div_ceil(plan.clients);
+    let mut clients = Vec::new();
+    for index in 0..plan.clients {
+        let first = index * per_client;
+        let count = per_client.min(plan.streams.saturating_sub(first));
+        if count == 0 {
+            break;
+        }
+        let spec = ClientSpec {
+            index,
+            source: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + index as u8)),
+            relay_ports: ports.clone(),
+            first,
+            count,
+            scopes: plan.scopes,
+            scope_prefix: scope_prefix.clone(),
+            last_event_id: start_after,
+            connect_concurrency: plan.connect_concurrency,
+            work_dir: work_dir.to_owned(),
+        };
+        clients.push(ClientProcess::spawn(&binary, &spec)?);
+    }
+    for client in &mut clients {
+        client.expect("all_streaming", PATIENCE).await?;
+    }
+    eprintln!("box: all {} streaming", plan.streams);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle: Vec<Usage> = relays
+        .iter()
+        .map(|relay| proc_stats::usage(&[relay.pid()]))
+        .collect();
+    let clients_idle_rss =
+        proc_stats::rss_bytes(&clients.iter().map(ClientProcess::pid).collect::<Vec<_>>());
+
+    // One event per second to every stream.
+    let rate = plan.scopes as f64;
+    let (_never, no_stop) = watch::channel(false);
+    let run_deadline = tokio::time::Instant::now() + plan.run;
+    eprintln!("box: emitting {rate} events/s for {:?}", plan.run);
+    let emitter = Emitter {
+        database_url: database_url.to_owned(),
+        schema: schema.to_owned(),
+        scope_prefix: scope_prefix.clone(),
+        scopes: plan.scopes,
+    };
+    let mut committed = emitter.run(0, rate, Some(run_deadline), no_stop).await?;
+    let run_events = committed.len();
+    let expected_run = plan.expected(run_events);
+    let drain_deadline = Instant::now() + DRAIN;
+    let mut received_run = 0;
+    while Instant::now() < drain_deadline {
+        received_run = 0;
+        for client in &mut clients {
+            client.send("status")?;
+            received_run += client.expect("status", Duration::from_secs(10)).await?["received"]
+                .as_u64()
+                .unwrap_or(0);
+        }
+        if received_run >= expected_run {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after_run: Vec<Usage> = relays
+        .iter()
+        .map(|relay| proc_stats::usage(&[relay.pid()]))
+        .collect();
+    let clients_rss =
+        proc_stats::rss_bytes(&clients.iter().map(ClientProcess::pid).collect::<Vec<_>>());
+    let run_ended = realtime_ns();
+
+    // The storm: every relay restarted while events keep coming.
+    for client in &mut clients {
+        client.send("phase")?;
+    }
+    let (stop_storm, storm_stopped) = watch::channel(false);
+    let storm_emitter = {
+        let (emitter, rate) = (emitter.clone(), plan.storm_rate);
+        tokio::spawn(async move { emitter.run(run_events, rate, None, storm_stopped).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!("box: SIGTERM to every relay, each restarted on its port");
+    let sigterm_at = realtime_ns();
+    let restarted = futures_util::future::join_all(relays.drain(..).map(|mut relay| {
+        let settings = &settings;
+        async move {
+            let stopped_in = relay.terminate(Duration::from_secs(30)).await?;
+            let port = relay.port;
+            drop(relay);
+            let fresh = RelayProcess::start_on(relay_bin, work_dir, settings, port).await?;
+            BenchResult::Ok((stopped_in, fresh, realtime_ns()))
+        }
+    }))
+    .await;
+    let mut stopped_in = Vec::new();
+    let mut last_ready_relay = 0;
+    for outcome in restarted {
+        let (stopped, fresh, ready_at) = outcome?;
+        stopped_in.push(stopped);
+        last_ready_relay = last_ready_relay.max(ready_at);
+        relays.push(fresh);
+    }
+    let mut all_back_at = 0u64;
+    let mut all_back = true;
+    for client in &mut clients {
+        match client.expect("all_streaming", PATIENCE).await {
+            Ok(line) => all_back_at = all_back_at.max(line["at"].as_u64().unwrap_or(0)),
+            Err(error) => {
+                eprintln!("box: {error}");
+                all_back = false;
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_storm.send_replace(true);
+    committed.extend(storm_emitter.await??);
+    let emitted = committed.len();
+    let after_storm: Vec<u64> = relays
+        .iter()
+        .map(|relay| proc_stats::rss_bytes(&[relay.pid()]))
+        .collect();
+    let most_connections = {
+        sampling.send_replace(true);
+        sampler.await.unwrap_or(-1)
+    };
+
+    let mut finished = Vec::new();
+    for client in &mut clients {
+        client.send(&format!(
+            "finish {emitted} {run_events} {}",
+            PATIENCE.as_millis()
+        ))?;
+    }
+    for client in &mut clients {
+        finished.push(client.expect("finished", PATIENCE + DRAIN).await?);
+    }
+    let mut arrivals: Vec<Arrival> = Vec::new();
+    for line in &finished {
+        arrivals.extend(ClientProcess::arrivals(line)?);
+    }
+    drop(clients);
+    let total = |key: &str| {
+        finished
+            .iter()
+            .map(|f| f[key].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let (missing, missing_streams) = (total("missing"), total("missing_streams"));
+    let first = Phase::merge(&finished, 0, relays_n);
+    let storm = Phase::merge(&finished, 1, relays_n);
+
+    // Latency of the run's events, arrived before the storm began.
+    let mut per_relay_latency = vec![Vec::new(); relays_n];
+    let mut all_latency = Vec::with_capacity(arrivals.len());
+    let mut last_arrival = 0u64;
+    for arrival in &arrivals {
+        let Some(&commit) = committed.get(arrival.number as usize) else {
+            continue;
+        };
+        if arrival.at > run_ended {
+            continue;
+        }
+        let latency = arrival.at.saturating_sub(commit);
+        last_arrival = last_arrival.max(arrival.at);
+        all_latency.push(latency);
+        if let Some(relay) = per_relay_latency.get_mut(arrival.relay as usize) {
+            relay.push(latency);
+        }
+    }
+    let delivered_live = all_latency.len() as u64;
+    let span = last_arrival.saturating_sub(committed.first().copied().unwrap_or(0)) as f64 / 1e9;
+    let latency = Percentiles::of(&mut all_latency);
+
+    let figures: Vec<RelayFigures> = (0..relays_n)
+        .map(|r| RelayFigures {
+            streams: plan.streams_on(r),
+            rss_before: rss_before[r],
+            idle: idle[r],
+            after_run: after_run[r],
+            after_storm: after_storm[r],
+            stopped_in: stopped_in.get(r).copied().unwrap_or_default(),
+            delivered: per_relay_latency[r].len() as u64,
+            latency: Percentiles::of(&mut per_relay_latency[r]),
+        })
+        .collect();
+    let connect_secs =
+        |relay: usize| first.last_ready[relay].saturating_sub(first.first_attempt) as f64 / 1e9;
+
+    // Rows.
+    let n = plan.streams;
+    table.add(
+        format!(
+            "box: {n} streams, {relays_n} relays × pool_size {} on one Postgres, {} client processes on 127.0.0.2–.{}, {} scopes shared by every relay",
+            budget.pool_size,
+            finished.len(),
+            1 + finished.len(),
+            plan.scopes
+        ),
+        format!(
+            "max_connections {} − {} reserved − {} in use − {HEADROOM} headroom → pool_size {} ({} × {} = {} for the relays); most relay connections seen at once: {most_connections}",
+            budget.max_connections,
+            budget.reserved,
+            budget.in_use,
+            budget.pool_size,
+            relays_n,
+            budget.pool_size + 1,
+            relays_n * (budget.pool_size + 1)
+        ),
+        "–",
+    );
+    for (r, f) in figures.iter().enumerate() {
+        let cpu_run = f.after_run.cpu_seconds - f.idle.cpu_seconds;
+        table.add(
+            format!("box: relay {} ({} streams)", r + 1, f.streams),
+            format!(
+                "connect {:.0} streams/s · idle RSS per connection {} · RSS idle {} · after the run {} · after the storm {} · CPU {:.1} s over the {} s run ({:.0}%) · {} live deliveries, p50 {} · p99 {} · max {} · exited {:.2} s after SIGTERM",
+                f.streams as f64 / connect_secs(r).max(1e-9),
+                size((f.idle.rss_bytes as f64 - f.rss_before as f64) / f.streams as f64),
+                size(f.idle.rss_bytes as f64),
+                size(f.after_run.rss_bytes as f64),
+                size(f.after_storm as f64),
+                cpu_run,
+                plan.run.as_secs(),
+                cpu_run / plan.run.as_secs_f64() * 100.0,
+                f.delivered,
+                ms(f.latency.p50),
+                ms(f.latency.p99),
+                ms(f.latency.max),
+                f.stopped_in.as_secs_f64()
+            ),
+            "–",
+        );
+    }
+    let rss_idle: u64 = figures.iter().map(|f| f.idle.rss_bytes).sum();
+    let rss_before_all: u64 = figures.iter().map(|f| f.rss_before).sum();
+    let cpu_run: f64 = figures
+        .iter()
+        .map(|f| f.after_run.cpu_seconds - f.idle.cpu_seconds)
+        .sum();
+    let connect_all = first
+        .last_ready
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(0)
+        .saturating_sub(first.first_attempt) as f64
+        / 1e9;
+    table.add(
+        format!("box: all {relays_n} relays, first connect ({} handshakes in flight per client process)", plan.connect_concurrency),
+        format!(
+            "{} streams ready in {connect_all:.1} s ({:.0} streams/s) · connect p50 {} · p99 {} · {} · idle RSS per connection {} · relays' RSS idle {} · clients' RSS idle {} ({} per stream), during the run {}",
+            first.streams_opened,
+            n as f64 / connect_all.max(1e-9),
+            ms(first.connect.p50),
+            ms(first.connect.p99),
+            first.errors(),
+            size((rss_idle as f64 - rss_before_all as f64) / n as f64),
+            size(rss_idle as f64),
+            size(clients_idle_rss as f64),
+            size(clients_idle_rss as f64 / n as f64),
+            size(clients_rss as f64),
+        ),
+        format!("no 408, 5xx or reset: {}", verdict(first.clean())),
+    );
+    table.add(
+        format!(
+            "box: one event per second to each of {n} streams for {} s ({rate:.0} durable emits/s, commit-to-receive)",
+            plan.run.as_secs()
+        ),
+        format!(
+            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · {delivered_live} of {expected_run} delivered live ({} missing; {received_run} by the end of the drain) · relays' CPU {cpu_run:.1} s over {} s ({:.0}% of one core)",
+            delivered_live as f64 / span.max(1e-9),
+            ms(latency.p50),
+            ms(latency.p99),
+            ms(latency.max),
+            expected_run.saturating_sub(delivered_live),
+            plan.run.as_secs(),
+            cpu_run / plan.run.as_secs_f64() * 100.0
+        ),
+        format!("every delivery made: {}", verdict(delivered_live == expected_run)),
+    );
+    let from_sigterm = all_back_at.saturating_sub(sigterm_at) as f64 / 1e9;
+    let from_last_relay = all_back_at.saturating_sub(last_ready_relay) as f64 / 1e9;
+    let slowest_stop = stopped_in.iter().max().copied().unwrap_or_default();
+    table.add(
+        format!(
+            "box: reconnect storm, all {relays_n} relays SIGTERMed at once and restarted on their ports under {n} streams, {} events/s emitted throughout",
+            plan.storm_rate
+        ),
+        format!(
+            "{} · slowest relay exited {:.2} s after SIGTERM, last one ready again {:.2} s after it · connect p50 {} · p99 {} · max {} · {} · refused while down: {} · {} streams opened · {emitted} events emitted in all, {missing} (subscriber, event) pairs missed on {missing_streams} streams",
+            if all_back {
+                format!(
+                    "all {n} streaming again {from_sigterm:.1} s after the SIGTERMs ({from_last_relay:.1} s after the last relay was ready)"
+                )
+            } else {
+                format!("not all {n} streaming again within {PATIENCE:?}")
+            },
+            slowest_stop.as_secs_f64(),
+            last_ready_relay.saturating_sub(sigterm_at) as f64 / 1e9,
+            ms(storm.connect.p50),
+            ms(storm.connect.p99),
+            ms(storm.connect.max),
+            storm.errors(),
+            storm.refused_while_down,
+            storm.streams_opened,
+        ),
+        format!(
+            "all back, no 408, 5xx or reset, none missed: {}",
+            verdict(all_back && storm.clean() && missing == 0)
+        ),
+    );
+    if first.out_of_descriptors + first.out_of_ports + storm.out_of_descriptors + storm.out_of_ports
+        > 0
+    {
+        table.add(
+            "box: the load's own limits",
+            format!(
+                "attempts without a file descriptor: {} · without an ephemeral port: {}",
+                first.out_of_descriptors + storm.out_of_descriptors,
+                first.out_of_ports + storm.out_of_ports
+            ),
+            "–",
+        );
+    }
+    Ok(())
+}
+
+/// The outbox's highest seq now: the streams resume after it.
+async fn max_seq(database_url: &str, schema: &str) -> BenchResult<i64> {
+    let client = eventrelay::connect(database_url).await?;
+    let row = client
+        .query_one(
+            &format!("SELECT coalesce(max(seq), 0) FROM {schema}.outbox"),
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_spread_evenly_over_relays_and_scopes() {
+        let plan = BoxPlan::of(true);
+        let per_relay: Vec<usize> = (0..plan.relays).map(|r| plan.streams_on(r)).collect();
+        assert_eq!(per_relay.iter().sum::<usize>(), plan.streams);
+        assert!(per_relay.iter().max().unwrap() - per_relay.iter().min().unwrap() <= 1);
+        let per_scope: Vec<u64> = (0..plan.scopes).map(|s| plan.streams_in(s)).collect();
+        assert!(per_scope.iter().max().unwrap() - per_scope.iter().min().unwrap() <= 1);
+        // Every relay holds streams of every scope.
+        let mut pairs = std::collections::BTreeSet::new();
+        for g in 0..plan.streams {
+            pairs.insert(box_client::placement(g, plan.relays, plan.scopes));
+        }
+        assert_eq!(pairs.len(), plan.relays * plan.scopes);
+    }
+}
