@@ -14,14 +14,18 @@
 //! - the parent starts `eventrelay-bench box-client '<spec JSON>'`;
 //! - the child prints `{"event":"all_streaming","phase":0,...}` once every
 //!   stream is ready, and the same for each later phase;
-//! - `phase` on stdin starts a new phase (fresh refusal, reset and
-//!   connect-time counters); `status` answers `{"event":"status",...}`
-//!   with the distinct events received so far;
-//! - `finish <emitted> <timed_below> <patience_ms>` waits until every
-//!   stream holds every event below `emitted` of its scope (or the
-//!   patience ends), closes every stream, writes the arrival times of
-//!   events below `timed_below` to a file and prints
-//!   `{"event":"finished",...}`; the process then exits.
+//! - `status` answers `{"event":"status",...}` with the distinct events
+//!   received so far;
+//! - `report` writes the arrival time of every event received in the
+//!   first phase to a file and answers `{"event":"report",...}` with the
+//!   phase's counters, so the parent has the fan-out's figures before
+//!   anything else can go wrong;
+//! - `phase` starts a new phase (fresh refusal, reset and connect-time
+//!   counters; arrivals are no longer timed);
+//! - `finish <emitted> <patience_ms>` waits until every stream holds every
+//!   event below `emitted` of its scope (or the patience ends), closes
+//!   every stream and prints `{"event":"finished",...}` with every
+//!   phase's counters; the process then exits.
 //!
 //! Arrival times are `CLOCK_REALTIME` nanoseconds, the one clock the
 //! parent (which records commit times) and every child share.
@@ -31,7 +35,7 @@ use std::io::{BufRead, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -40,7 +44,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 
-use crate::clock::Receipt;
 use crate::sse_load::{FrameParser, ReadyWhen, request_head};
 use crate::{BenchResult, subscriber_token};
 
@@ -213,6 +216,9 @@ impl Tally {
 struct Shared {
     relays: usize,
     phases: Mutex<Vec<Arc<Tally>>>,
+    /// First arrivals of each event on each stream, while timing.
+    arrivals: Mutex<Vec<Arrival>>,
+    timing: AtomicBool,
     streaming: AtomicUsize,
     /// Distinct numbered events received, by all streams together.
     received: AtomicU64,
@@ -260,8 +266,6 @@ struct Stream {
     last_event_id: Option<i64>,
     /// Which event numbers arrived (a bit each).
     received: Vec<u64>,
-    /// First arrival of each event number.
-    receipts: Vec<Receipt>,
 }
 
 thread_local! {
@@ -433,8 +437,16 @@ impl Stream {
                 }
                 if self.received[word] & bit == 0 {
                     self.received[word] |= bit;
-                    self.receipts.push(receipt);
                     shared.received.fetch_add(1, Ordering::Relaxed);
+                    if shared.timing.load(Ordering::Relaxed) {
+                        if let Ok(mut arrivals) = shared.arrivals.lock() {
+                            arrivals.push(Arrival {
+                                number: receipt.number,
+                                relay: self.relay as u32,
+                                at: receipt.at,
+                            });
+                        }
+                    }
                 }
             }
             if became_ready {
@@ -504,6 +516,8 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     let shared = Arc::new(Shared {
         relays,
         phases: Mutex::new(Vec::new()),
+        arrivals: Mutex::new(Vec::new()),
+        timing: AtomicBool::new(true),
         streaming: AtomicUsize::new(0),
         received: AtomicU64::new(0),
         stop,
@@ -529,7 +543,6 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
             ),
             last_event_id: Some(spec.last_event_id),
             received: Vec::new(),
-            receipts: Vec::new(),
         };
         let shared = Arc::clone(&shared);
         let handshakes = Arc::clone(&handshakes);
@@ -570,25 +583,46 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
         let words: Vec<&str> = command.split_whitespace().collect();
         match words.as_slice() {
             ["phase"] => {
+                shared.timing.store(false, Ordering::Relaxed);
                 (phase, tally) = shared.next_phase();
                 reported = false;
+            }
+            ["report"] => {
+                let arrivals = shared
+                    .arrivals
+                    .lock()
+                    .map(|mut arrivals| std::mem::take(&mut *arrivals))
+                    .unwrap_or_default();
+                let mut file =
+                    std::io::BufWriter::new(std::fs::File::create(spec.receipts_path())?);
+                for arrival in &arrivals {
+                    file.write_all(&arrival.number.to_le_bytes())?;
+                    file.write_all(&arrival.relay.to_le_bytes())?;
+                    file.write_all(&arrival.at.to_le_bytes())?;
+                }
+                file.flush()?;
+                say(&json!({
+                    "event": "report",
+                    "tally": tally.to_json(),
+                    "received": shared.received.load(Ordering::Relaxed),
+                    "receipts": spec.receipts_path().display().to_string(),
+                }));
             }
             ["status"] => say(&json!({
                 "event": "status",
                 "received": shared.received.load(Ordering::Relaxed),
                 "streaming": shared.streaming.load(Ordering::Relaxed),
             })),
-            ["finish", emitted, timed_below, patience_ms] => {
+            ["finish", emitted, patience_ms] => {
                 break Some((
                     emitted.parse::<usize>()?,
-                    timed_below.parse::<usize>()?,
                     Duration::from_millis(patience_ms.parse()?),
                 ));
             }
             _ => say(&json!({"event": "error", "unknown": command})),
         }
     };
-    let (emitted, timed_below, patience) = finish.unwrap_or((0, 0, Duration::ZERO));
+    let (emitted, patience) = finish.unwrap_or((0, Duration::ZERO));
     let expected: u64 = expected_per_scope
         .iter()
         .enumerate()
@@ -601,21 +635,12 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     shared.stop.send_replace(true);
     let mut missing = 0u64;
     let mut missing_streams = 0u64;
-    let mut file = std::io::BufWriter::new(std::fs::File::create(spec.receipts_path())?);
     for task in tasks {
         let Ok(stream) = task.await else { continue };
         let gap = stream.missing(emitted, spec.scopes);
         missing += gap;
         missing_streams += u64::from(gap > 0);
-        for receipt in &stream.receipts {
-            if (receipt.number as usize) < timed_below {
-                file.write_all(&receipt.number.to_le_bytes())?;
-                file.write_all(&(stream.relay as u32).to_le_bytes())?;
-                file.write_all(&receipt.at.to_le_bytes())?;
-            }
-        }
     }
-    file.flush()?;
     let phases: Vec<Value> = shared
         .phases
         .lock()
@@ -628,7 +653,6 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
         "missing": missing,
         "missing_streams": missing_streams,
         "phases": phases,
-        "receipts": spec.receipts_path().display().to_string(),
     }));
     Ok(())
 }
@@ -710,9 +734,9 @@ impl ClientProcess {
         }
     }
 
-    /// Reads the arrivals a finished client wrote.
-    pub fn arrivals(finished: &Value) -> BenchResult<Vec<Arrival>> {
-        let path = finished["receipts"].as_str().ok_or("no receipts file")?;
+    /// Reads the arrivals a client's `report` wrote.
+    pub fn arrivals(report: &Value) -> BenchResult<Vec<Arrival>> {
+        let path = report["receipts"].as_str().ok_or("no receipts file")?;
         let bytes = std::fs::read(path)?;
         let _ = std::fs::remove_file(path);
         Ok(bytes

@@ -78,6 +78,9 @@ struct Args {
     /// 100,000 streams over 6 relays, runs only when named).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Streams of the box scenario (default 100,000; 12,000 with --quick).
+    #[arg(long)]
+    box_streams: Option<usize>,
 }
 
 /// Sizes and durations of one run.
@@ -237,7 +240,8 @@ async fn run_scenarios(
     }
     // 100,000 streams over 6 relays: only when asked for by name.
     if args.only.iter().any(|only| only == "box") {
-        let plan = eventrelay_bench::scenarios::box_scale::BoxPlan::of(args.quick);
+        let mut plan = eventrelay_bench::scenarios::box_scale::BoxPlan::of(args.quick);
+        plan.streams = args.box_streams.unwrap_or(plan.streams);
         eventrelay_bench::scenarios::box_scale::rows(
             &plan,
             &args.relay_bin,

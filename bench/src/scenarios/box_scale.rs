@@ -250,7 +250,8 @@ impl Phase {
             && self.resets == 0
     }
 
-    fn merge(finished: &[Value], index: usize, relays: usize) -> Phase {
+    /// From each client's counters of the phase.
+    fn merge(tallies: &[&Value], relays: usize) -> Phase {
         let mut phase = Phase {
             last_ready: vec![0; relays],
             opened_per_relay: vec![0; relays],
@@ -258,8 +259,7 @@ impl Phase {
             ..Phase::default()
         };
         let mut connect = Vec::new();
-        for client in finished {
-            let tally = &client["phases"][index];
+        for tally in tallies {
             let n = |key: &str| tally[key].as_u64().unwrap_or(0);
             phase.timeouts += n("timeouts");
             phase.server_errors += n("server_errors");
@@ -314,20 +314,12 @@ impl Phase {
     }
 }
 
-/// Per relay figures.
-#[derive(Debug, Clone)]
-struct RelayFigures {
-    streams: usize,
-    rss_before: u64,
-    idle: Usage,
-    after_run: Usage,
-    after_storm: u64,
-    stopped_in: Duration,
-    latency: Percentiles,
-    delivered: u64,
-}
+/// How long the restarted relays get to be ready, and the streams to be
+/// back on them.
+const STORM_PATIENCE: Duration = Duration::from_secs(180);
 
-/// Runs the scenario and adds its rows to `table`.
+/// Runs the scenario and adds its rows to `table` as each phase ends, so a
+/// storm that does not settle still leaves the fan-out's figures.
 pub async fn rows(
     plan: &BoxPlan,
     relay_bin: &Path,
@@ -337,10 +329,11 @@ pub async fn rows(
     table: &mut Table,
 ) -> BenchResult<()> {
     let relays_n = plan.relays;
+    let n = plan.streams;
     let budget = pool_budget(database_url, relays_n).await?;
     eprintln!(
-        "box: {} streams over {relays_n} relays (pool_size {}) and {} client processes",
-        plan.streams, budget.pool_size, plan.clients
+        "box: {n} streams over {relays_n} relays (pool_size {}) and {} client processes",
+        budget.pool_size, plan.clients
     );
     let mut settings = RelaySettings::new(&with_application_name(database_url), schema);
     settings.pool_size = budget.pool_size;
@@ -348,26 +341,28 @@ pub async fn rows(
     let (sampling, sampler_stop) = watch::channel(false);
     let sampler = tokio::spawn(count_connections(database_url.to_owned(), sampler_stop));
 
-    let started = futures_util::future::try_join_all(
+    let mut relays: Vec<RelayProcess> = futures_util::future::try_join_all(
         (0..relays_n).map(|_| RelayProcess::start(relay_bin, work_dir, &settings)),
     )
     .await?;
-    let mut relays: Vec<RelayProcess> = started;
     let ports: Vec<u16> = relays.iter().map(|relay| relay.port).collect();
-    let rss_before: Vec<u64> = relays
-        .iter()
-        .map(|relay| proc_stats::rss_bytes(&[relay.pid()]))
-        .collect();
+    let usage = |relays: &[RelayProcess]| -> Vec<Usage> {
+        relays
+            .iter()
+            .map(|relay| proc_stats::usage(&[relay.pid()]))
+            .collect()
+    };
+    let before = usage(&relays);
     let start_after = max_seq(database_url, schema).await?;
 
     // The clients connect, each from its own source address.
     let scope_prefix = format!("box-{}", std::process::id());
     let binary = std::env::current_exe()?;
-    let per_client = plan.streams.div_ceil(plan.clients);
+    let per_client = n.div_ceil(plan.clients);
     let mut clients = Vec::new();
     for index in 0..plan.clients {
         let first = index * per_client;
-        let count = per_client.min(plan.streams.saturating_sub(first));
+        let count = per_client.min(n.saturating_sub(first));
         if count == 0 {
             break;
         }
@@ -388,14 +383,11 @@ pub async fn rows(
     for client in &mut clients {
         client.expect("all_streaming", PATIENCE).await?;
     }
-    eprintln!("box: all {} streaming", plan.streams);
+    eprintln!("box: all {n} streaming");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle: Vec<Usage> = relays
-        .iter()
-        .map(|relay| proc_stats::usage(&[relay.pid()]))
-        .collect();
-    let clients_idle_rss =
-        proc_stats::rss_bytes(&clients.iter().map(ClientProcess::pid).collect::<Vec<_>>());
+    let idle = usage(&relays);
+    let client_pids: Vec<u32> = clients.iter().map(ClientProcess::pid).collect();
+    let clients_idle_rss = proc_stats::rss_bytes(&client_pids);
 
     // One event per second to every stream.
     let rate = plan.scopes as f64;
@@ -426,13 +418,132 @@ pub async fn rows(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let after_run: Vec<Usage> = relays
-        .iter()
-        .map(|relay| proc_stats::usage(&[relay.pid()]))
-        .collect();
-    let clients_rss =
-        proc_stats::rss_bytes(&clients.iter().map(ClientProcess::pid).collect::<Vec<_>>());
-    let run_ended = realtime_ns();
+    let after_run = usage(&relays);
+    let clients_rss = proc_stats::rss_bytes(&client_pids);
+    let mut reports = Vec::new();
+    for client in &mut clients {
+        client.send("report")?;
+        reports.push(client.expect("report", Duration::from_secs(60)).await?);
+    }
+    let mut arrivals: Vec<Arrival> = Vec::new();
+    for report in &reports {
+        arrivals.extend(ClientProcess::arrivals(report)?);
+    }
+    let first = Phase::merge(
+        &reports.iter().map(|r| &r["tally"]).collect::<Vec<_>>(),
+        relays_n,
+    );
+
+    // Latency of the run's events.
+    let mut per_relay_latency = vec![Vec::new(); relays_n];
+    let mut all_latency = Vec::with_capacity(arrivals.len());
+    let mut last_arrival = 0u64;
+    for arrival in &arrivals {
+        let Some(&commit) = committed.get(arrival.number as usize) else {
+            continue;
+        };
+        let latency = arrival.at.saturating_sub(commit);
+        last_arrival = last_arrival.max(arrival.at);
+        all_latency.push(latency);
+        if let Some(relay) = per_relay_latency.get_mut(arrival.relay as usize) {
+            relay.push(latency);
+        }
+    }
+    drop(arrivals);
+    let delivered = all_latency.len() as u64;
+    let span = last_arrival.saturating_sub(committed.first().copied().unwrap_or(0)) as f64 / 1e9;
+    let latency = Percentiles::of(&mut all_latency);
+    let connect_secs = |relay: Option<usize>| {
+        let last = match relay {
+            Some(relay) => first.last_ready[relay],
+            None => first.last_ready.iter().max().copied().unwrap_or(0),
+        };
+        (last.saturating_sub(first.first_attempt) as f64 / 1e9).max(1e-9)
+    };
+    let run_secs = plan.run.as_secs_f64();
+
+    table.add(
+        format!(
+            "box: {n} streams, {relays_n} relays × pool_size {} on one Postgres, {} client processes on 127.0.0.2–.{}, {} scopes shared by every relay",
+            budget.pool_size,
+            clients.len(),
+            1 + clients.len(),
+            plan.scopes
+        ),
+        format!(
+            "max_connections {} − {} reserved − {} in use − {HEADROOM} headroom → pool_size {} ({relays_n} × {} = {} for the relays)",
+            budget.max_connections,
+            budget.reserved,
+            budget.in_use,
+            budget.pool_size,
+            budget.pool_size + 1,
+            relays_n * (budget.pool_size + 1)
+        ),
+        "–",
+    );
+    for r in 0..relays_n {
+        let streams = plan.streams_on(r);
+        let cpu = after_run[r].cpu_seconds - idle[r].cpu_seconds;
+        let mut samples = std::mem::take(&mut per_relay_latency[r]);
+        let relay_delivered = samples.len();
+        let p = Percentiles::of(&mut samples);
+        table.add(
+            format!("box: relay {} ({streams} streams)", r + 1),
+            format!(
+                "connect {:.0} streams/s · idle RSS per connection {} · RSS idle {} · after the run {} · CPU {cpu:.1} s over the {run_secs:.0} s run ({:.0}% of a core) · {relay_delivered} deliveries, p50 {} · p99 {} · max {}",
+                streams as f64 / connect_secs(Some(r)),
+                size((idle[r].rss_bytes as f64 - before[r].rss_bytes as f64) / streams as f64),
+                size(idle[r].rss_bytes as f64),
+                size(after_run[r].rss_bytes as f64),
+                cpu / run_secs * 100.0,
+                ms(p.p50),
+                ms(p.p99),
+                ms(p.max),
+            ),
+            "–",
+        );
+    }
+    let sum_rss = |usages: &[Usage]| usages.iter().map(|u| u.rss_bytes).sum::<u64>() as f64;
+    let cpu_run: f64 = (0..relays_n)
+        .map(|r| after_run[r].cpu_seconds - idle[r].cpu_seconds)
+        .sum();
+    table.add(
+        format!(
+            "box: all {relays_n} relays, first connect ({} handshakes in flight per client process)",
+            plan.connect_concurrency
+        ),
+        format!(
+            "{} streams ready in {:.1} s ({:.0} streams/s) · connect p50 {} · p99 {} · {} · idle RSS per connection {} · relays' RSS idle {} · clients' RSS idle {} ({} per stream), after the run {}",
+            first.streams_opened,
+            connect_secs(None),
+            n as f64 / connect_secs(None),
+            ms(first.connect.p50),
+            ms(first.connect.p99),
+            first.errors(),
+            size((sum_rss(&idle) - sum_rss(&before)) / n as f64),
+            size(sum_rss(&idle)),
+            size(clients_idle_rss as f64),
+            size(clients_idle_rss as f64 / n as f64),
+            size(clients_rss as f64),
+        ),
+        format!("no 408, 5xx or reset: {}", verdict(first.clean())),
+    );
+    table.add(
+        format!(
+            "box: one event per second to each of {n} streams for {run_secs:.0} s ({rate:.0} durable emits/s, commit-to-receive)"
+        ),
+        format!(
+            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · {delivered} of {expected_run} delivered ({} missing) · relays' CPU {cpu_run:.1} s over {run_secs:.0} s ({:.0}% of one core), RSS after {}",
+            delivered as f64 / span.max(1e-9),
+            ms(latency.p50),
+            ms(latency.p99),
+            ms(latency.max),
+            expected_run.saturating_sub(delivered),
+            cpu_run / run_secs * 100.0,
+            size(sum_rss(&after_run)),
+        ),
+        format!("every delivery made: {}", verdict(delivered == expected_run && received_run >= expected_run)),
+    );
 
     // The storm: every relay restarted while events keep coming.
     for client in &mut clients {
@@ -446,32 +557,47 @@ pub async fn rows(
     tokio::time::sleep(Duration::from_secs(2)).await;
     eprintln!("box: SIGTERM to every relay, each restarted on its port");
     let sigterm_at = realtime_ns();
+    let storm_deadline = tokio::time::Instant::now() + STORM_PATIENCE;
     let restarted = futures_util::future::join_all(relays.drain(..).map(|mut relay| {
         let settings = &settings;
         async move {
             let stopped_in = relay.terminate(Duration::from_secs(30)).await?;
             let port = relay.port;
             drop(relay);
-            let fresh = RelayProcess::start_on(relay_bin, work_dir, settings, port).await?;
+            let fresh = tokio::time::timeout_at(
+                storm_deadline,
+                RelayProcess::start_on(relay_bin, work_dir, settings, port),
+            )
+            .await
+            .map_err(|_| format!("the relay on port {port} was not ready within {STORM_PATIENCE:?} of the SIGTERMs"))??;
             BenchResult::Ok((stopped_in, fresh, realtime_ns()))
         }
     }))
     .await;
     let mut stopped_in = Vec::new();
     let mut last_ready_relay = 0;
+    let mut failures = Vec::new();
     for outcome in restarted {
-        let (stopped, fresh, ready_at) = outcome?;
-        stopped_in.push(stopped);
-        last_ready_relay = last_ready_relay.max(ready_at);
-        relays.push(fresh);
+        match outcome {
+            Ok((stopped, fresh, ready_at)) => {
+                stopped_in.push(stopped);
+                last_ready_relay = last_ready_relay.max(ready_at);
+                relays.push(fresh);
+            }
+            Err(error) => failures.push(error.to_string()),
+        }
     }
     let mut all_back_at = 0u64;
-    let mut all_back = true;
+    let mut all_back = failures.is_empty();
     for client in &mut clients {
-        match client.expect("all_streaming", PATIENCE).await {
+        let left = storm_deadline.saturating_duration_since(tokio::time::Instant::now());
+        match client
+            .expect("all_streaming", left.max(Duration::from_millis(1)))
+            .await
+        {
             Ok(line) => all_back_at = all_back_at.max(line["at"].as_u64().unwrap_or(0)),
             Err(error) => {
-                eprintln!("box: {error}");
+                failures.push(error.to_string());
                 all_back = false;
             }
         }
@@ -480,28 +606,32 @@ pub async fn rows(
     stop_storm.send_replace(true);
     committed.extend(storm_emitter.await??);
     let emitted = committed.len();
-    let after_storm: Vec<u64> = relays
-        .iter()
-        .map(|relay| proc_stats::rss_bytes(&[relay.pid()]))
-        .collect();
+    let after_storm = usage(&relays);
+    let pool_waiting = futures_util::future::join_all(
+        relays
+            .iter()
+            .map(|relay| relay.metric("database_pool_waiting")),
+    )
+    .await;
     let most_connections = {
         sampling.send_replace(true);
         sampler.await.unwrap_or(-1)
     };
-
+    let finish_patience = if all_back {
+        DRAIN
+    } else {
+        Duration::from_secs(5)
+    };
     let mut finished = Vec::new();
     for client in &mut clients {
-        client.send(&format!(
-            "finish {emitted} {run_events} {}",
-            PATIENCE.as_millis()
-        ))?;
+        client.send(&format!("finish {emitted} {}", finish_patience.as_millis()))?;
     }
     for client in &mut clients {
-        finished.push(client.expect("finished", PATIENCE + DRAIN).await?);
-    }
-    let mut arrivals: Vec<Arrival> = Vec::new();
-    for line in &finished {
-        arrivals.extend(ClientProcess::arrivals(line)?);
+        finished.push(
+            client
+                .expect("finished", finish_patience + PATIENCE)
+                .await?,
+        );
     }
     drop(clients);
     let total = |key: &str| {
@@ -511,138 +641,9 @@ pub async fn rows(
             .sum::<u64>()
     };
     let (missing, missing_streams) = (total("missing"), total("missing_streams"));
-    let first = Phase::merge(&finished, 0, relays_n);
-    let storm = Phase::merge(&finished, 1, relays_n);
-
-    // Latency of the run's events, arrived before the storm began.
-    let mut per_relay_latency = vec![Vec::new(); relays_n];
-    let mut all_latency = Vec::with_capacity(arrivals.len());
-    let mut last_arrival = 0u64;
-    for arrival in &arrivals {
-        let Some(&commit) = committed.get(arrival.number as usize) else {
-            continue;
-        };
-        if arrival.at > run_ended {
-            continue;
-        }
-        let latency = arrival.at.saturating_sub(commit);
-        last_arrival = last_arrival.max(arrival.at);
-        all_latency.push(latency);
-        if let Some(relay) = per_relay_latency.get_mut(arrival.relay as usize) {
-            relay.push(latency);
-        }
-    }
-    let delivered_live = all_latency.len() as u64;
-    let span = last_arrival.saturating_sub(committed.first().copied().unwrap_or(0)) as f64 / 1e9;
-    let latency = Percentiles::of(&mut all_latency);
-
-    let figures: Vec<RelayFigures> = (0..relays_n)
-        .map(|r| RelayFigures {
-            streams: plan.streams_on(r),
-            rss_before: rss_before[r],
-            idle: idle[r],
-            after_run: after_run[r],
-            after_storm: after_storm[r],
-            stopped_in: stopped_in.get(r).copied().unwrap_or_default(),
-            delivered: per_relay_latency[r].len() as u64,
-            latency: Percentiles::of(&mut per_relay_latency[r]),
-        })
-        .collect();
-    let connect_secs =
-        |relay: usize| first.last_ready[relay].saturating_sub(first.first_attempt) as f64 / 1e9;
-
-    // Rows.
-    let n = plan.streams;
-    table.add(
-        format!(
-            "box: {n} streams, {relays_n} relays × pool_size {} on one Postgres, {} client processes on 127.0.0.2–.{}, {} scopes shared by every relay",
-            budget.pool_size,
-            finished.len(),
-            1 + finished.len(),
-            plan.scopes
-        ),
-        format!(
-            "max_connections {} − {} reserved − {} in use − {HEADROOM} headroom → pool_size {} ({} × {} = {} for the relays); most relay connections seen at once: {most_connections}",
-            budget.max_connections,
-            budget.reserved,
-            budget.in_use,
-            budget.pool_size,
-            relays_n,
-            budget.pool_size + 1,
-            relays_n * (budget.pool_size + 1)
-        ),
-        "–",
-    );
-    for (r, f) in figures.iter().enumerate() {
-        let cpu_run = f.after_run.cpu_seconds - f.idle.cpu_seconds;
-        table.add(
-            format!("box: relay {} ({} streams)", r + 1, f.streams),
-            format!(
-                "connect {:.0} streams/s · idle RSS per connection {} · RSS idle {} · after the run {} · after the storm {} · CPU {:.1} s over the {} s run ({:.0}%) · {} live deliveries, p50 {} · p99 {} · max {} · exited {:.2} s after SIGTERM",
-                f.streams as f64 / connect_secs(r).max(1e-9),
-                size((f.idle.rss_bytes as f64 - f.rss_before as f64) / f.streams as f64),
-                size(f.idle.rss_bytes as f64),
-                size(f.after_run.rss_bytes as f64),
-                size(f.after_storm as f64),
-                cpu_run,
-                plan.run.as_secs(),
-                cpu_run / plan.run.as_secs_f64() * 100.0,
-                f.delivered,
-                ms(f.latency.p50),
-                ms(f.latency.p99),
-                ms(f.latency.max),
-                f.stopped_in.as_secs_f64()
-            ),
-            "–",
-        );
-    }
-    let rss_idle: u64 = figures.iter().map(|f| f.idle.rss_bytes).sum();
-    let rss_before_all: u64 = figures.iter().map(|f| f.rss_before).sum();
-    let cpu_run: f64 = figures
-        .iter()
-        .map(|f| f.after_run.cpu_seconds - f.idle.cpu_seconds)
-        .sum();
-    let connect_all = first
-        .last_ready
-        .iter()
-        .max()
-        .copied()
-        .unwrap_or(0)
-        .saturating_sub(first.first_attempt) as f64
-        / 1e9;
-    table.add(
-        format!("box: all {relays_n} relays, first connect ({} handshakes in flight per client process)", plan.connect_concurrency),
-        format!(
-            "{} streams ready in {connect_all:.1} s ({:.0} streams/s) · connect p50 {} · p99 {} · {} · idle RSS per connection {} · relays' RSS idle {} · clients' RSS idle {} ({} per stream), during the run {}",
-            first.streams_opened,
-            n as f64 / connect_all.max(1e-9),
-            ms(first.connect.p50),
-            ms(first.connect.p99),
-            first.errors(),
-            size((rss_idle as f64 - rss_before_all as f64) / n as f64),
-            size(rss_idle as f64),
-            size(clients_idle_rss as f64),
-            size(clients_idle_rss as f64 / n as f64),
-            size(clients_rss as f64),
-        ),
-        format!("no 408, 5xx or reset: {}", verdict(first.clean())),
-    );
-    table.add(
-        format!(
-            "box: one event per second to each of {n} streams for {} s ({rate:.0} durable emits/s, commit-to-receive)",
-            plan.run.as_secs()
-        ),
-        format!(
-            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · {delivered_live} of {expected_run} delivered live ({} missing; {received_run} by the end of the drain) · relays' CPU {cpu_run:.1} s over {} s ({:.0}% of one core)",
-            delivered_live as f64 / span.max(1e-9),
-            ms(latency.p50),
-            ms(latency.p99),
-            ms(latency.max),
-            expected_run.saturating_sub(delivered_live),
-            plan.run.as_secs(),
-            cpu_run / plan.run.as_secs_f64() * 100.0
-        ),
-        format!("every delivery made: {}", verdict(delivered_live == expected_run)),
+    let storm = Phase::merge(
+        &finished.iter().map(|f| &f["phases"][1]).collect::<Vec<_>>(),
+        relays_n,
     );
     let from_sigterm = all_back_at.saturating_sub(sigterm_at) as f64 / 1e9;
     let from_last_relay = all_back_at.saturating_sub(last_ready_relay) as f64 / 1e9;
@@ -653,13 +654,13 @@ pub async fn rows(
             plan.storm_rate
         ),
         format!(
-            "{} · slowest relay exited {:.2} s after SIGTERM, last one ready again {:.2} s after it · connect p50 {} · p99 {} · max {} · {} · refused while down: {} · {} streams opened · {emitted} events emitted in all, {missing} (subscriber, event) pairs missed on {missing_streams} streams",
+            "{} · slowest relay exited {:.2} s after SIGTERM, last one ready again {:.2} s after it · connect p50 {} · p99 {} · max {} · {} · refused while down: {} · {} streams opened · {emitted} events emitted in all, {missing} (subscriber, event) pairs missed on {missing_streams} streams · relays' RSS after {} · most relay connections to Postgres at once {most_connections} · pool waiters at the end {:?}{}",
             if all_back {
                 format!(
                     "all {n} streaming again {from_sigterm:.1} s after the SIGTERMs ({from_last_relay:.1} s after the last relay was ready)"
                 )
             } else {
-                format!("not all {n} streaming again within {PATIENCE:?}")
+                format!("not all {n} streaming again within {STORM_PATIENCE:?}")
             },
             slowest_stop.as_secs_f64(),
             last_ready_relay.saturating_sub(sigterm_at) as f64 / 1e9,
@@ -669,15 +670,24 @@ pub async fn rows(
             storm.errors(),
             storm.refused_while_down,
             storm.streams_opened,
+            size(sum_rss(&after_storm)),
+            pool_waiting,
+            if failures.is_empty() {
+                String::new()
+            } else {
+                format!(" · {}", failures.join(" · "))
+            }
         ),
         format!(
             "all back, no 408, 5xx or reset, none missed: {}",
             verdict(all_back && storm.clean() && missing == 0)
         ),
     );
-    if first.out_of_descriptors + first.out_of_ports + storm.out_of_descriptors + storm.out_of_ports
-        > 0
-    {
+    let load_limits = first.out_of_descriptors
+        + first.out_of_ports
+        + storm.out_of_descriptors
+        + storm.out_of_ports;
+    if load_limits > 0 {
         table.add(
             "box: the load's own limits",
             format!(
