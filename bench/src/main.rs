@@ -81,6 +81,10 @@ struct Args {
     /// Streams of the box scenario (default 100,000; 12,000 with --quick).
     #[arg(long)]
     box_streams: Option<usize>,
+    /// `database.pool_size` of the box scenario's relays (default: chosen
+    /// from what Postgres has free, at most 8).
+    #[arg(long)]
+    box_pool_size: Option<usize>,
 }
 
 /// Sizes and durations of one run.
@@ -242,6 +246,7 @@ async fn run_scenarios(
     if args.only.iter().any(|only| only == "box") {
         let mut plan = eventrelay_bench::scenarios::box_scale::BoxPlan::of(args.quick);
         plan.streams = args.box_streams.unwrap_or(plan.streams);
+        plan.pool_size = args.box_pool_size;
         eventrelay_bench::scenarios::box_scale::rows(
             &plan,
             &args.relay_bin,

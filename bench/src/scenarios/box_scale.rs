@@ -59,6 +59,9 @@ pub struct BoxPlan {
     pub storm_rate: f64,
     /// First-connect handshakes in flight per client process.
     pub connect_concurrency: usize,
+    /// `database.pool_size` of every relay; unset, chosen from what
+    /// Postgres has free ([`pool_budget`]).
+    pub pool_size: Option<usize>,
 }
 
 impl BoxPlan {
@@ -71,6 +74,7 @@ impl BoxPlan {
             run: Duration::from_secs(if quick { 10 } else { 30 }),
             storm_rate: 5.0,
             connect_concurrency: 64,
+            pool_size: None,
         }
     }
 
@@ -330,7 +334,8 @@ pub async fn rows(
 ) -> BenchResult<()> {
     let relays_n = plan.relays;
     let n = plan.streams;
-    let budget = pool_budget(database_url, relays_n).await?;
+    let mut budget = pool_budget(database_url, relays_n).await?;
+    budget.pool_size = plan.pool_size.unwrap_or(budget.pool_size);
     eprintln!(
         "box: {n} streams over {relays_n} relays (pool_size {}) and {} client processes",
         budget.pool_size, plan.clients
@@ -471,11 +476,16 @@ pub async fn rows(
             plan.scopes
         ),
         format!(
-            "max_connections {} − {} reserved − {} in use − {HEADROOM} headroom → pool_size {} ({relays_n} × {} = {} for the relays)",
+            "max_connections {} − {} reserved − {} in use − {HEADROOM} headroom → pool_size {}{} ({relays_n} × {} = {} for the relays)",
             budget.max_connections,
             budget.reserved,
             budget.in_use,
             budget.pool_size,
+            if plan.pool_size.is_some() {
+                " (given with --box-pool-size)"
+            } else {
+                ""
+            },
             budget.pool_size + 1,
             relays_n * (budget.pool_size + 1)
         ),
