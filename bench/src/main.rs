@@ -219,6 +219,16 @@ async fn run_scenarios(
             ),
             "–".to_owned(),
         );
+        let blocks: Vec<String> = heap
+            .blocks
+            .iter()
+            .map(|(size, count)| format!("{count:.1} × ≤ {size} B"))
+            .collect();
+        table.add(
+            "heap per idle stream, by block size (both ends, in-process)",
+            blocks.join(" · "),
+            "–".to_owned(),
+        );
     }
     if wanted("storm") {
         storm_rows(args, schema, &scale, table).await?;
