@@ -24,7 +24,7 @@ use eventrelay_bench::scenarios::paired_fanout::{self, PairedPlan};
 use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
     connection_heap, emit_cost, outage, pools, publish_throughput, replay, seal_cost, standby,
-    storm, tail_memory, tails_budget, webhooks,
+    storm, streams, tail_memory, tails_budget, webhooks,
 };
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::{BenchResult, proc_stats};
@@ -73,8 +73,10 @@ struct Args {
     standby_primary_data: Option<PathBuf>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
     /// wakeup, fanout, pools, http2, scopes, replay, webhooks,
-    /// storm, memory, seal, standby, outage; wakeup-latency is the wake-up
-    /// modes' commit-to-receive rows without their emit-cost rounds).
+    /// storm, memory, streams, seal, standby, outage; wakeup-latency is the
+    /// wake-up modes' commit-to-receive rows without their emit-cost
+    /// rounds). `eventrelay-bench streams-client` is the streams
+    /// scenario's child process, started by it.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -123,6 +125,13 @@ impl Scale {
 }
 
 fn main() -> BenchResult<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("streams-client") {
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(streams::client_main(&argv[2..]));
+    }
     let args = Args::parse();
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
     let mut table = Table::default();
@@ -232,6 +241,9 @@ async fn run_scenarios(
     }
     if wanted("storm") {
         storm_rows(args, schema, &scale, table).await?;
+    }
+    if wanted("streams") {
+        streams_rows(args, schema, table).await?;
     }
     if wanted("standby") {
         standby_rows(args, &scale, table).await?;
@@ -1000,6 +1012,115 @@ async fn wakeup_pair_row(
             figures.second_not_slower, figures.pairs, figures.median_difference_ms
         ),
         "–",
+    );
+    Ok(())
+}
+
+/// The loopback addresses streams connect from, so that tens of thousands
+/// of them stay within each source's ephemeral port range.
+fn stream_sources() -> Vec<std::net::IpAddr> {
+    (2..=9)
+        .map(|last| std::net::IpAddr::from([127, 0, 0, last]))
+        .collect()
+}
+
+/// Idle streams on one relay in steps up to 19,000 (under the machine's
+/// 20,000 open files), then one event per second into each of 10 scopes.
+async fn streams_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResult<()> {
+    let db = args.database_url.as_str();
+    let (steps, settle, duration) = if args.quick {
+        (
+            vec![500, 1_000, 1_900],
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+        )
+    } else {
+        (
+            vec![5_000, 10_000, 19_000],
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        )
+    };
+    let total = steps.last().copied().unwrap_or(0);
+    let relay = start_relay(args, RelaySettings::new(db, schema)).await?;
+    let plan = streams::StreamsPlan {
+        relays: vec![relay.address()],
+        relay_pids: vec![vec![relay.pid()]],
+        steps,
+        settle,
+        scopes: 10,
+        scope_prefix: "streams".to_owned(),
+        rate_per_scope: 1.0,
+        duration,
+        per_child: 9_500,
+        sources: stream_sources(),
+    };
+    eprintln!("streams: {total} on one relay");
+    let bench_bin = std::env::current_exe()?;
+    let f = streams::run(&plan, &bench_bin, &args.work_dir, &emit_source(db, schema)).await?;
+    let per = |streams: usize| {
+        f.steps
+            .iter()
+            .find(|step| step.streams == streams)
+            .map_or(0.0, |step| step.rss_per_stream)
+    };
+    let readings: Vec<String> = f
+        .steps
+        .iter()
+        .map(|step| format!("{} at {}", size(step.rss_per_stream), step.streams))
+        .collect();
+    let middle = f
+        .steps
+        .get(f.steps.len().saturating_sub(2))
+        .map_or(0, |s| s.streams);
+    let (at_middle, at_total) = (per(middle), per(total));
+    let flat = at_total <= at_middle * 1.1;
+    table.add(
+        format!(
+            "streams: RSS per idle stream, one relay, {} s after each step",
+            settle.as_secs()
+        ),
+        readings.join(" · "),
+        format!(
+            "≤ 14 KiB at {middle}: {} · {total} within 10% of {middle}: {}",
+            verdict(at_middle <= 14.0 * 1024.0),
+            verdict(flat)
+        ),
+    );
+    table.add(
+        format!("streams: connect {total} (raw HTTP/1.1, 8 source addresses)"),
+        format!(
+            "{:.0} streams/s ({total} in {:.1} s of connecting, {} client processes × 200 handshakes in flight)",
+            f.connect_rate(),
+            f.connect_time.as_secs_f64(),
+            f.children
+        ),
+        "–",
+    );
+    let all = f.missing == 0 && f.delivered == f.expected && f.expected > 0;
+    table.add(
+        format!(
+            "streams: {total} streams, 1 ev/s into each of 10 scopes for {} s, emit (commit-to-receive)",
+            duration.as_secs()
+        ),
+        format!(
+            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected) · relay RSS {}",
+            f.deliveries_per_second,
+            ms(f.latency.p50),
+            ms(f.latency.p99),
+            ms(f.latency.max),
+            f.delivered,
+            f.expected,
+            f.missing,
+            f.streams_short,
+            f.unexpected,
+            size(f.rss_after.iter().sum::<u64>() as f64)
+        ),
+        if all {
+            format!("every delivery made: {}", verdict(true))
+        } else {
+            format!("every delivery made: {} (deliveries missing)", verdict(false))
+        },
     );
     Ok(())
 }
