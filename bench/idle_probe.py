@@ -75,22 +75,26 @@ def rss(pid):
     return 0
 
 
-async def stream(index, args, ready, gate):
+def request(index, args):
+    text = (
+        f"GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1:{args.port}\r\n"
+        f"Accept: text/event-stream\r\n"
+        f"Authorization: Bearer {token(f's{index}', 'probe', args.grants_bytes)}\r\n"
+    )
+    if args.browser_headers:
+        text += BROWSER_HEADERS
+    if args.last_event_id is not None:
+        text += f"Last-Event-ID: {args.last_event_id}\r\n"
+    return (text + "\r\n").encode()
+
+
+async def stream(index, args, head, ready, gate):
     source = f"127.0.0.{2 + index % 8}" if args.source_addresses else None
     async with gate:
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", args.port, local_addr=(source, 0) if source else None
         )
-        request = (
-            f"GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1:{args.port}\r\n"
-            f"Accept: text/event-stream\r\n"
-            f"Authorization: Bearer {token(f's{index}', 'probe', args.grants_bytes)}\r\n"
-        )
-        if args.browser_headers:
-            request += BROWSER_HEADERS
-        if args.last_event_id is not None:
-            request += f"Last-Event-ID: {args.last_event_id}\r\n"
-        writer.write((request + "\r\n").encode())
+        writer.write(head)
         seen = b""
         while b"event: ready" not in seen:
             chunk = await reader.read(4096)
@@ -103,11 +107,15 @@ async def stream(index, args, ready, gate):
 
 
 async def probe(args, pid):
+    # Every request is made before the clock starts: a client busy minting
+    # tokens would send its heads late (past http.header_timeout_secs).
+    heads = [request(i, args) for i in range(args.streams)]
     before = rss(pid)
     ready = []
     gate = asyncio.Semaphore(args.concurrency)
     started = time.monotonic()
-    tasks = [asyncio.create_task(stream(i, args, ready, gate)) for i in range(args.streams)]
+    tasks = [asyncio.create_task(stream(i, args, heads[i], ready, gate))
+             for i in range(args.streams)]
     while len(ready) < args.streams:
         failed = [t for t in tasks if t.done() and t.exception()]
         if failed:

@@ -73,7 +73,8 @@ struct Args {
     standby_primary_data: Option<PathBuf>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
     /// wakeup, fanout, pools, http2, scopes, replay, webhooks,
-    /// storm, memory, streams, seal, standby, outage; wakeup-latency is the
+    /// storm, memory, streams, streams-box, seal, standby, outage;
+    /// wakeup-latency is the
     /// wake-up modes' commit-to-receive rows without their emit-cost
     /// rounds). `eventrelay-bench streams-client` is the streams
     /// scenario's child process, started by it.
@@ -244,6 +245,9 @@ async fn run_scenarios(
     }
     if wanted("streams") {
         streams_rows(args, schema, table).await?;
+    }
+    if wanted("streams-box") {
+        streams_box_rows(args, schema, table).await?;
     }
     if wanted("standby") {
         standby_rows(args, &scale, table).await?;
@@ -1044,8 +1048,6 @@ async fn streams_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResu
     let total = steps.last().copied().unwrap_or(0);
     let relay = start_relay(args, RelaySettings::new(db, schema)).await?;
     let plan = streams::StreamsPlan {
-        relays: vec![relay.address()],
-        relay_pids: vec![vec![relay.pid()]],
         steps,
         settle,
         scopes: 10,
@@ -1057,7 +1059,15 @@ async fn streams_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResu
     };
     eprintln!("streams: {total} on one relay");
     let bench_bin = std::env::current_exe()?;
-    let f = streams::run(&plan, &bench_bin, &args.work_dir, &emit_source(db, schema)).await?;
+    let f = streams::run(
+        &plan,
+        &mut [relay],
+        None,
+        &bench_bin,
+        &args.work_dir,
+        &emit_source(db, schema),
+    )
+    .await?;
     let per = |streams: usize| {
         f.steps
             .iter()
@@ -1097,15 +1107,139 @@ async fn streams_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResu
         ),
         "–",
     );
-    let all = f.missing == 0 && f.delivered == f.expected && f.expected > 0;
+    let all = f.missing == 0 && f.unexpected == 0 && f.delivered == f.expected && f.expected > 0;
     table.add(
         format!(
             "streams: {total} streams, 1 ev/s into each of 10 scopes for {} s, emit (commit-to-receive)",
             duration.as_secs()
         ),
         format!(
-            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected) · relay RSS {}",
+            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected, {} repeated) · relay RSS {}",
             f.deliveries_per_second,
+            ms(f.latency.p50),
+            ms(f.latency.p99),
+            ms(f.latency.max),
+            f.delivered,
+            f.expected,
+            f.missing,
+            f.streams_short,
+            f.unexpected,
+            f.repeated,
+            size(f.rss_after.iter().sum::<u64>() as f64)
+        ),
+        if all {
+            format!("every delivery made: {}", verdict(true))
+        } else {
+            format!("every delivery made: {} (deliveries missing)", verdict(false))
+        },
+    );
+    Ok(())
+}
+
+/// Relays of the box scenario, and each one's pool: 6 × (6 pooled + 1
+/// LISTEN) = 42 of Postgres's 100 default `max_connections`, leaving room
+/// for the emitters and anything else on the server.
+const BOX_RELAYS: usize = 6;
+const BOX_POOL_SIZE: usize = 6;
+
+/// 100,000 streams over six relays on one database, one event per second
+/// into each of 10 scopes, then every relay restarted at once under them.
+async fn streams_box_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResult<()> {
+    let db = args.database_url.as_str();
+    let (steps, settle, duration) = if args.quick {
+        (
+            vec![3_000, 6_000],
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+        )
+    } else {
+        (
+            vec![50_000, 100_000],
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        )
+    };
+    let total = steps.last().copied().unwrap_or(0);
+    let mut settings = RelaySettings::new(db, schema);
+    settings.pool_size = BOX_POOL_SIZE;
+    let all_settings = vec![settings; BOX_RELAYS];
+    let mut relays = Vec::with_capacity(BOX_RELAYS);
+    for settings in &all_settings {
+        relays.push(start_relay(args, settings.clone()).await?);
+    }
+    let plan = streams::StreamsPlan {
+        steps,
+        settle,
+        scopes: 10,
+        scope_prefix: "box".to_owned(),
+        rate_per_scope: 1.0,
+        duration,
+        per_child: 9_500,
+        sources: stream_sources(),
+    };
+    eprintln!("streams-box: {total} over {BOX_RELAYS} relays");
+    let bench_bin = std::env::current_exe()?;
+    let restart = streams::Restart {
+        binary: &args.relay_bin,
+        settings: &all_settings,
+    };
+    let f = streams::run(
+        &plan,
+        &mut relays,
+        Some(restart),
+        &bench_bin,
+        &args.work_dir,
+        &emit_source(db, schema),
+    )
+    .await?;
+    for step in &f.steps {
+        let per_relay: Vec<String> = step.per_relay.iter().map(|per| size(*per)).collect();
+        table.add(
+            format!(
+                "streams-box: RSS per idle stream at {}, {BOX_RELAYS} relays (pool {BOX_POOL_SIZE} each), {} s idle",
+                step.streams,
+                settle.as_secs()
+            ),
+            format!(
+                "{} over all relays · per relay {}",
+                size(step.rss_per_stream),
+                per_relay.join(" / ")
+            ),
+            "–",
+        );
+    }
+    table.add(
+        format!("streams-box: connect {total} over {BOX_RELAYS} relays"),
+        format!(
+            "{:.0} streams/s ({total} in {:.1} s of connecting, {} client processes × 200 handshakes in flight, 8 source addresses)",
+            f.connect_rate(),
+            f.connect_time.as_secs_f64(),
+            f.children
+        ),
+        "–",
+    );
+    let span_share = |delivered: u64| {
+        if f.delivered == 0 {
+            0.0
+        } else {
+            f.deliveries_per_second * delivered as f64 / f.delivered as f64
+        }
+    };
+    let per_relay: Vec<String> = f
+        .delivered_per_relay
+        .iter()
+        .map(|delivered| format!("{:.0}", span_share(*delivered)))
+        .collect();
+    let all = f.missing == 0 && f.unexpected == 0 && f.delivered == f.expected && f.expected > 0;
+    table.add(
+        format!(
+            "streams-box: {total} streams, 1 ev/s into each of 10 scopes for {} s, emit (commit-to-receive)",
+            duration.as_secs()
+        ),
+        format!(
+            "{:.0} deliveries/s (per relay {}) · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected) · relays' RSS {}",
+            f.deliveries_per_second,
+            per_relay.join(" / "),
             ms(f.latency.p50),
             ms(f.latency.p99),
             ms(f.latency.max),
@@ -1116,12 +1250,24 @@ async fn streams_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResu
             f.unexpected,
             size(f.rss_after.iter().sum::<u64>() as f64)
         ),
-        if all {
-            format!("every delivery made: {}", verdict(true))
-        } else {
-            format!("every delivery made: {} (deliveries missing)", verdict(false))
-        },
+        format!("every delivery made: {}", verdict(all)),
     );
+    if let Some(storm) = &f.storm {
+        let clean = storm.refused == 0 && storm.broken == 0 && storm.all_streaming_after.is_some();
+        table.add(
+            format!("streams-box: every relay restarted at once under {total} streams (SIGTERM, a new process on the same port; clients resume with Last-Event-ID)"),
+            format!(
+                "relays back after {:.1} s · all {total} streaming again after {} · {} refused, {} broken",
+                storm.relays_back_after.as_secs_f64(),
+                storm
+                    .all_streaming_after
+                    .map_or("never (within 180 s)".to_owned(), |after| format!("{:.1} s", after.as_secs_f64())),
+                storm.refused,
+                storm.broken
+            ),
+            format!("0 errors: {}", verdict(clean)),
+        );
+    }
     Ok(())
 }
 

@@ -19,14 +19,19 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinHandle;
 
 use crate::BenchResult;
-use crate::clock::{CommitLog, Percentiles};
+use crate::clock::{CommitLog, Percentiles, Receipt};
 use crate::proc_stats;
 use crate::publish::{Pace, Source, publish_for};
-use crate::sse_load::{ReadyWhen, StreamTarget, Subscribers, Transport};
+use crate::relay_process::{RelayProcess, RelaySettings};
+use crate::sse_load::{FrameParser, ReadyWhen, StreamTarget, connect_from, request_head};
 
 /// Handshakes each child keeps in flight while its streams connect.
 const CONNECT_CONCURRENCY: usize = 200;
@@ -36,10 +41,6 @@ const DRAIN_PATIENCE: Duration = Duration::from_secs(10);
 /// One run.
 #[derive(Clone, Debug)]
 pub struct StreamsPlan {
-    /// Relays the streams spread over, round robin.
-    pub relays: Vec<SocketAddr>,
-    /// Each relay's process ids, for its RSS.
-    pub relay_pids: Vec<Vec<u32>>,
     /// Open streams at which the relays' RSS is read; the last is the total.
     pub steps: Vec<usize>,
     /// How long the streams sit idle at each step before the reading.
@@ -86,7 +87,33 @@ pub struct StreamsFigures {
     /// Deliveries per relay, in the order of the plan's relays.
     pub delivered_per_relay: Vec<u64>,
     pub rss_after: Vec<u64>,
+    /// Events received again after a reconnect (replayed from before the
+    /// stream's `Last-Event-ID`); not a failure.
+    pub repeated: u64,
+    pub storm: Option<StormFigures>,
 }
+
+/// Every relay restarted at once under its streams.
+#[derive(Clone, Debug)]
+pub struct StormFigures {
+    /// From the SIGTERMs until every relay's new process was ready.
+    pub relays_back_after: Duration,
+    /// From the SIGTERMs until every stream was streaming again.
+    pub all_streaming_after: Option<Duration>,
+    /// Answers other than 200 during the storm.
+    pub refused: u64,
+    /// Connections broken after the connect during the storm.
+    pub broken: u64,
+}
+
+/// Restarting the relays after the events: their binary and settings.
+pub struct Restart<'a> {
+    pub binary: &'a Path,
+    pub settings: &'a [RelaySettings],
+}
+
+/// Longest wait for every stream to stream again after the restart.
+const STORM_PATIENCE: Duration = Duration::from_secs(180);
 
 impl StreamsFigures {
     /// Streams per second while connecting.
@@ -101,17 +128,25 @@ fn placement(index: usize, relays: usize, scopes: usize) -> (usize, usize) {
     (index % relays, (index / relays) % scopes)
 }
 
+/// Runs `plan` against `relays`; with `restart`, ends with every relay
+/// restarted at once under its streams.
 pub async fn run(
     plan: &StreamsPlan,
+    relays_running: &mut [RelayProcess],
+    restart: Option<Restart<'_>>,
     bench_bin: &Path,
     work_dir: &Path,
     source: &Source,
 ) -> BenchResult<StreamsFigures> {
     let total = plan.steps.last().copied().unwrap_or(0);
-    let relays = plan.relays.len();
+    let relays = relays_running.len();
+    let addresses: Vec<SocketAddr> = relays_running.iter().map(RelayProcess::address).collect();
+    let pids = |running: &[RelayProcess]| -> Vec<Vec<u32>> {
+        running.iter().map(|relay| vec![relay.pid()]).collect()
+    };
+    let relay_pids = pids(relays_running);
     let children_count = total.div_ceil(plan.per_child.max(1)).max(1);
-    let before: Vec<u64> = plan
-        .relay_pids
+    let before: Vec<u64> = relay_pids
         .iter()
         .map(|pids| proc_stats::rss_bytes(pids))
         .collect();
@@ -119,7 +154,10 @@ pub async fn run(
     for index in 0..children_count {
         let first = index * total / children_count;
         let count = (index + 1) * total / children_count - first;
-        children.push(ClientProcess::start(bench_bin, work_dir, plan, index, first, count).await?);
+        children.push(
+            ClientProcess::start(bench_bin, work_dir, plan, &addresses, index, first, count)
+                .await?,
+        );
     }
 
     let mut steps = Vec::new();
@@ -142,7 +180,7 @@ pub async fn run(
         tokio::time::sleep(plan.settle).await;
         let mut per_relay = Vec::with_capacity(relays);
         let mut grown = 0.0;
-        for (relay, pids) in plan.relay_pids.iter().enumerate() {
+        for (relay, pids) in relay_pids.iter().enumerate() {
             let held = (0..target)
                 .filter(|index| placement(*index, relays, plan.scopes).0 == relay)
                 .count();
@@ -202,11 +240,16 @@ pub async fn run(
         .map(|(number, at)| format!("{number} {at}\n"))
         .collect();
     std::fs::write(&commit_file, lines)?;
-    let rss_after = plan
-        .relay_pids
+    let rss_after = relay_pids
         .iter()
         .map(|pids| proc_stats::rss_bytes(pids))
         .collect();
+    let storm = match restart {
+        Some(restart) => {
+            Some(restart_storm(relays_running, &restart, work_dir, &mut children, total).await?)
+        }
+        None => None,
+    };
     let mut figures = StreamsFigures {
         steps,
         children: children.len(),
@@ -221,6 +264,8 @@ pub async fn run(
         latency: Percentiles::default(),
         delivered_per_relay: vec![0; relays],
         rss_after,
+        repeated: 0,
+        storm,
     };
     let mut latencies = Vec::with_capacity(expected as usize);
     let mut last_receipt = 0u64;
@@ -230,6 +275,7 @@ pub async fn run(
         figures.missing += done.missing;
         figures.streams_short += done.streams_short;
         figures.unexpected += done.unexpected;
+        figures.repeated += done.repeated;
         for (relay, delivered) in done.per_relay.iter().enumerate() {
             if let Some(sum) = figures.delivered_per_relay.get_mut(relay) {
                 *sum += delivered;
@@ -246,6 +292,69 @@ pub async fn run(
     }
     figures.latency = Percentiles::of(&mut latencies);
     Ok(figures)
+}
+
+/// SIGTERM to every relay at once, each started again on its port once it
+/// has exited, while every stream reconnects with its `Last-Event-ID`.
+async fn restart_storm(
+    relays: &mut [RelayProcess],
+    restart: &Restart<'_>,
+    work_dir: &Path,
+    children: &mut [ClientProcess],
+    total: usize,
+) -> BenchResult<StormFigures> {
+    let (_, refused_before, broken_before) = status(children).await?;
+    eprintln!(
+        "streams: restarting {} relays under {total} streams",
+        relays.len()
+    );
+    let started = Instant::now();
+    let stopping = relays
+        .iter_mut()
+        .map(|relay| relay.terminate(Duration::from_secs(60)));
+    for stopped in futures_util::future::join_all(stopping).await {
+        stopped?;
+    }
+    let starting = relays
+        .iter()
+        .zip(restart.settings)
+        .map(|(relay, settings)| {
+            RelayProcess::start_on(restart.binary, work_dir, settings, relay.port)
+        });
+    let started_again = futures_util::future::join_all(starting).await;
+    for (relay, started_again) in relays.iter_mut().zip(started_again) {
+        *relay = started_again?;
+    }
+    let relays_back_after = started.elapsed();
+    let mut all_streaming_after = None;
+    while started.elapsed() < STORM_PATIENCE {
+        let (streaming, _, _) = status(children).await?;
+        if streaming >= total as u64 {
+            all_streaming_after = Some(started.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, refused, broken) = status(children).await?;
+    Ok(StormFigures {
+        relays_back_after,
+        all_streaming_after,
+        refused: refused - refused_before,
+        broken: broken - broken_before,
+    })
+}
+
+/// Streams streaming now, refusals and broken connections so far, over
+/// every child.
+async fn status(children: &mut [ClientProcess]) -> BenchResult<(u64, u64, u64)> {
+    let mut sum = (0, 0, 0);
+    for child in children {
+        let words = child.ask("status").await?;
+        sum.0 += number(&words, 1)?;
+        sum.1 += number(&words, 2)?;
+        sum.2 += number(&words, 3)?;
+    }
+    Ok(sum)
 }
 
 fn read_latencies(path: &Path) -> BenchResult<Vec<u64>> {
@@ -267,6 +376,7 @@ struct Done {
     missing: u64,
     streams_short: u64,
     unexpected: u64,
+    repeated: u64,
     last_receipt: u64,
     per_relay: Vec<u64>,
 }
@@ -286,6 +396,7 @@ impl ClientProcess {
         bench_bin: &Path,
         work_dir: &Path,
         plan: &StreamsPlan,
+        relays: &[SocketAddr],
         index: usize,
         first: usize,
         count: usize,
@@ -297,7 +408,7 @@ impl ClientProcess {
         ));
         let mut child = Command::new(bench_bin)
             .arg("streams-client")
-            .arg(join(plan.relays.iter().map(ToString::to_string).collect()))
+            .arg(join(relays.iter().map(ToString::to_string).collect()))
             .arg(join(plan.sources.iter().map(ToString::to_string).collect()))
             .arg(&plan.scope_prefix)
             .arg(plan.scopes.to_string())
@@ -365,6 +476,7 @@ impl ClientProcess {
             unexpected: number(&words, 4)?,
             last_receipt: number(&words, 5)?,
             per_relay,
+            repeated: number(&words, 7)?,
         })
     }
 }
@@ -379,9 +491,15 @@ fn number(words: &[String], index: usize) -> BenchResult<u64> {
 /// The `streams-client` command: holds streams `first .. first + count`
 /// of a run and answers the parent's commands on its standard input, one
 /// line each: `open N` (opens the next N, answering once all are ready),
-/// `count` (frames with an event number received so far), `finish FILE`
-/// (closes every stream and checks each against the commits in FILE,
-/// writing every delivery's latency to the latency file).
+/// `count` (frames with an event number received so far), `status`
+/// (streams streaming now, and the failed attempts so far: refused, and
+/// broken after the connect), `finish FILE` (closes every stream and checks
+/// each against the commits in FILE, writing every delivery's latency to
+/// the latency file).
+///
+/// Each stream behaves like a browser's `EventSource` without its retry
+/// delay: when the server ends it, it reconnects at once with the last id
+/// it saw as `Last-Event-ID`, retrying every 50 ms while nothing listens.
 pub async fn client_main(args: &[String]) -> BenchResult<()> {
     let [relays, sources, prefix, scopes, first, count, latency_file] = args else {
         return Err(
@@ -416,7 +534,10 @@ pub async fn client_main(args: &[String]) -> BenchResult<()> {
             source: (!sources.is_empty()).then(|| sources[index % sources.len()]),
         }
     };
-    let mut groups: Vec<(usize, Subscribers)> = Vec::new();
+    let tally = Arc::new(Tally::default());
+    let handshakes = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
+    let (stop, stopped) = watch::channel(false);
+    let mut held: Vec<(usize, JoinHandle<Vec<Receipt>>)> = Vec::new();
     let mut next = first;
     let mut input = BufReader::new(tokio::io::stdin()).lines();
     let mut output = tokio::io::stdout();
@@ -426,34 +547,54 @@ pub async fn client_main(args: &[String]) -> BenchResult<()> {
             (Some("open"), Some(more)) => {
                 let more: usize = more.parse()?;
                 let more = more.min(first + count - next);
-                let targets = (next..next + more).map(target).collect();
-                match Subscribers::open_over(
-                    targets,
-                    Arc::clone(&log),
-                    CONNECT_CONCURRENCY,
-                    Transport::Http1,
-                )
-                .await
-                {
-                    Ok(subscribers) => {
-                        groups.push((next, subscribers));
-                        next += more;
-                        format!("ready {more}")
+                for index in next..next + more {
+                    let holder = Holder {
+                        target: target(index),
+                        tally: Arc::clone(&tally),
+                        log: Arc::clone(&log),
+                    };
+                    let permit = Arc::clone(&handshakes).acquire_owned();
+                    let stopped = stopped.clone();
+                    held.push((
+                        index,
+                        tokio::spawn(async move { holder.run(permit.await.ok(), stopped).await }),
+                    ));
+                }
+                next += more;
+                let opened = (next - first) as u64;
+                let deadline = Instant::now() + OPEN_PATIENCE;
+                loop {
+                    if tally.first_ready.load(Ordering::Relaxed) >= opened {
+                        break format!("ready {more}");
                     }
-                    Err(error) => format!("error {error}"),
+                    if tally.failed_before_ready() > 0 || Instant::now() > deadline {
+                        break format!(
+                            "error {} of {opened} streams ready; {}",
+                            tally.first_ready.load(Ordering::Relaxed),
+                            tally.describe()
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
             (Some("count"), None) => {
-                let received: u64 = groups.iter().map(|(_, group)| group.received()).sum();
-                format!("count {received}")
+                format!("count {}", tally.received.load(Ordering::Relaxed))
             }
+            (Some("status"), None) => format!(
+                "status {} {} {}",
+                tally.streaming.load(Ordering::Relaxed),
+                tally.refused.load(Ordering::Relaxed),
+                tally.broken.load(Ordering::Relaxed)
+            ),
             (Some("finish"), Some(file)) => {
                 let commits = read_commits(Path::new(file))?;
                 let mut check = Check::new(&commits, scopes, relays.len());
-                for (start, group) in groups.drain(..) {
-                    for (offset, outcome) in group.finish_each().await.into_iter().enumerate() {
-                        check.stream(start + offset, outcome, &log);
-                    }
+                let _ = stop.send(true);
+                for (index, task) in held.drain(..) {
+                    let outcome = task
+                        .await
+                        .map_err(|error| format!("a stream's task failed: {error}"));
+                    check.stream(index, outcome, &log);
                 }
                 let bytes: Vec<u8> = check
                     .latencies
@@ -464,13 +605,14 @@ pub async fn client_main(args: &[String]) -> BenchResult<()> {
                 let per_relay: Vec<String> =
                     check.per_relay.iter().map(ToString::to_string).collect();
                 let answer = format!(
-                    "done {} {} {} {} {} {}",
+                    "done {} {} {} {} {} {} {}",
                     check.delivered,
                     check.missing,
                     check.streams_short,
                     check.unexpected,
                     check.last_receipt,
-                    per_relay.join(",")
+                    per_relay.join(","),
+                    check.repeated
                 );
                 output.write_all(format!("{answer}\n").as_bytes()).await?;
                 output.flush().await?;
@@ -482,6 +624,162 @@ pub async fn client_main(args: &[String]) -> BenchResult<()> {
         output.flush().await?;
     }
     Ok(())
+}
+
+/// Longest wait for the streams of one `open` to be ready.
+const OPEN_PATIENCE: Duration = Duration::from_secs(120);
+/// How long a stream waits before retrying while nothing listens.
+const RETRY_WHILE_DOWN: Duration = Duration::from_millis(50);
+
+/// What a child's streams did, all together.
+#[derive(Default)]
+struct Tally {
+    /// Streams that were ready at least once.
+    first_ready: AtomicU64,
+    /// Streams streaming now.
+    streaming: AtomicU64,
+    /// Frames with an event number received.
+    received: AtomicU64,
+    /// Answers other than 200.
+    refused: AtomicU64,
+    /// Connections that failed after the TCP connect (reset, or closed
+    /// before `ready`), or connects that failed other than refused.
+    broken: AtomicU64,
+}
+
+impl Tally {
+    fn failed_before_ready(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed) + self.broken.load(Ordering::Relaxed)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} refused, {} broken",
+            self.refused.load(Ordering::Relaxed),
+            self.broken.load(Ordering::Relaxed)
+        )
+    }
+}
+
+/// One stream, reconnecting until told to stop.
+struct Holder {
+    target: StreamTarget,
+    tally: Arc<Tally>,
+    log: Arc<CommitLog>,
+}
+
+/// How one connection attempt ended.
+enum Ended {
+    Stopped,
+    /// The server ended the stream, or nothing listened: reconnect.
+    Again,
+    /// A status other than 200, or a connection broken after the connect.
+    Failed,
+}
+
+impl Holder {
+    async fn run(
+        mut self,
+        mut handshake: Option<OwnedSemaphorePermit>,
+        mut stopped: watch::Receiver<bool>,
+    ) -> Vec<Receipt> {
+        let mut receipts = Vec::new();
+        let mut ready_once = false;
+        while !*stopped.borrow() {
+            let ended = self
+                .attempt(&mut receipts, &mut ready_once, &mut handshake, &mut stopped)
+                .await;
+            match ended {
+                Ended::Stopped => break,
+                Ended::Again => {}
+                Ended::Failed => tokio::time::sleep(RETRY_WHILE_DOWN).await,
+            }
+        }
+        receipts
+    }
+
+    async fn attempt(
+        &mut self,
+        receipts: &mut Vec<Receipt>,
+        ready_once: &mut bool,
+        handshake: &mut Option<OwnedSemaphorePermit>,
+        stopped: &mut watch::Receiver<bool>,
+    ) -> Ended {
+        let target = &self.target;
+        let mut stream = match connect_from(target.source, target.address).await {
+            Ok(stream) => stream,
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+                tokio::time::sleep(RETRY_WHILE_DOWN).await;
+                return Ended::Again;
+            }
+            Err(_) => {
+                self.tally.broken.fetch_add(1, Ordering::Relaxed);
+                return Ended::Failed;
+            }
+        };
+        stream.set_nodelay(true).ok();
+        let request = request_head(
+            target.address,
+            &target.path,
+            target.authorization.as_deref(),
+            target.last_event_id,
+        );
+        if stream.write_all(request.as_bytes()).await.is_err() {
+            self.tally.broken.fetch_add(1, Ordering::Relaxed);
+            return Ended::Failed;
+        }
+        let mut parser = FrameParser::new(ReadyWhen::ReadyEvent);
+        let mut streaming = false;
+        let mut buffer = vec![0u8; 4 * 1024];
+        let ended = loop {
+            let read = tokio::select! {
+                _ = stopped.changed() => break Ended::Stopped,
+                read = stream.read(&mut buffer) => read,
+            };
+            let read = match read {
+                Ok(0) if streaming => break Ended::Again,
+                Ok(0) | Err(_) => {
+                    self.tally.broken.fetch_add(1, Ordering::Relaxed);
+                    break Ended::Failed;
+                }
+                Ok(read) => read,
+            };
+            let before = receipts.len();
+            let became_ready = parser.feed(&buffer[..read], self.log.now(), receipts);
+            self.tally
+                .received
+                .fetch_add((receipts.len() - before) as u64, Ordering::Relaxed);
+            if let Some(id) = parser.last_id {
+                self.target.last_event_id = Some(id);
+            }
+            match became_ready {
+                Err(_) => {
+                    self.tally.refused.fetch_add(1, Ordering::Relaxed);
+                    break Ended::Failed;
+                }
+                Ok(true) => {
+                    streaming = true;
+                    self.tally.streaming.fetch_add(1, Ordering::Relaxed);
+                    if !std::mem::replace(ready_once, true) {
+                        handshake.take();
+                        self.tally.first_ready.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Ok(false) => {}
+            }
+            if parser.ended {
+                if streaming {
+                    break Ended::Again;
+                }
+                self.tally.broken.fetch_add(1, Ordering::Relaxed);
+                break Ended::Failed;
+            }
+        };
+        if streaming {
+            self.tally.streaming.fetch_sub(1, Ordering::Relaxed);
+        }
+        ended
+    }
 }
 
 /// Commit times by event number, from the parent's file.
@@ -511,6 +809,9 @@ struct Check<'a> {
     missing: u64,
     streams_short: u64,
     unexpected: u64,
+    /// Events received again: a stream that reconnects is replayed
+    /// `sse.replay_lookback` seqs before its `Last-Event-ID`.
+    repeated: u64,
     last_receipt: u64,
     per_relay: Vec<u64>,
     latencies: Vec<u64>,
@@ -526,18 +827,14 @@ impl<'a> Check<'a> {
             missing: 0,
             streams_short: 0,
             unexpected: 0,
+            repeated: 0,
             last_receipt: 0,
             per_relay: vec![0; relays],
             latencies: Vec::new(),
         }
     }
 
-    fn stream(
-        &mut self,
-        index: usize,
-        outcome: Result<crate::sse_load::StreamOutcome, String>,
-        log: &CommitLog,
-    ) {
+    fn stream(&mut self, index: usize, outcome: Result<Vec<Receipt>, String>, log: &CommitLog) {
         let (relay, scope) = placement(index, self.relays, self.scopes);
         let expected = self
             .commits
@@ -545,16 +842,19 @@ impl<'a> Check<'a> {
             .enumerate()
             .filter(|(number, at)| at.is_some() && number % self.scopes == scope)
             .count() as u64;
-        let Ok(outcome) = outcome else {
+        let Ok(receipts) = outcome else {
             self.missing += expected;
             self.streams_short += 1;
             return;
         };
         let mut seen = HashSet::new();
-        for receipt in &outcome.receipts {
+        for receipt in &receipts {
             let number = receipt.number as usize;
             let committed = self.commits.get(number).copied().flatten();
             match committed {
+                Some(_) if number % self.scopes == scope && seen.contains(&number) => {
+                    self.repeated += 1;
+                }
                 Some(at) if number % self.scopes == scope && seen.insert(number) => {
                     let arrived = log.to_monotonic(receipt.at);
                     self.latencies.push(arrived.saturating_sub(at));
@@ -616,21 +916,14 @@ mod tests {
         let mut check = Check::new(&commits, 2, 1);
         let receipt = |number: u32| crate::clock::Receipt { number, at: 1_000 };
         // Scope 0 expects events 0 and 2; scope 1 expects 1 and 3.
-        let whole = crate::sse_load::StreamOutcome {
-            ready_at: Some(0),
-            receipts: vec![receipt(0), receipt(2)],
-        };
-        let short = crate::sse_load::StreamOutcome {
-            ready_at: Some(0),
-            receipts: vec![receipt(1), receipt(1), receipt(2)],
-        };
-        check.stream(0, Ok(whole), &log);
-        check.stream(1, Ok(short), &log);
+        check.stream(0, Ok(vec![receipt(0), receipt(2)]), &log);
+        check.stream(1, Ok(vec![receipt(1), receipt(1), receipt(2)]), &log);
         check.stream(2, Err("refused".to_owned()), &log);
         assert_eq!(check.delivered, 3);
         assert_eq!(check.missing, 1 + 2);
         assert_eq!(check.streams_short, 2);
-        assert_eq!(check.unexpected, 2, "a duplicate and another scope's event");
+        assert_eq!(check.repeated, 1, "received again after a reconnect");
+        assert_eq!(check.unexpected, 1, "another scope's event");
         assert_eq!(check.latencies, [1_000, 1_000, 1_000]);
     }
 }
