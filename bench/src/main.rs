@@ -1056,6 +1056,8 @@ async fn streams_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResu
         duration,
         per_child: 9_500,
         sources: stream_sources(),
+        // Nothing restarts here: a stream that ended would be a failure.
+        reconnect_delay: Duration::from_millis(50),
     };
     eprintln!("streams: {total} on one relay");
     let bench_bin = std::env::current_exe()?;
@@ -1114,7 +1116,7 @@ async fn streams_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResu
             duration.as_secs()
         ),
         format!(
-            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected, {} repeated) · relay RSS {}",
+            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected, {} repeated) · relay CPU {:.3} s per 1,000 deliveries · relay RSS {}",
             f.deliveries_per_second,
             ms(f.latency.p50),
             ms(f.latency.p99),
@@ -1125,6 +1127,7 @@ async fn streams_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResu
             f.streams_short,
             f.unexpected,
             f.repeated,
+            f.cpu_seconds_per_1000,
             size(f.rss_after.iter().sum::<u64>() as f64)
         ),
         if all {
@@ -1162,6 +1165,9 @@ async fn streams_box_rows(args: &Args, schema: &str, table: &mut Table) -> Bench
     let total = steps.last().copied().unwrap_or(0);
     let mut settings = RelaySettings::new(db, schema);
     settings.pool_size = BOX_POOL_SIZE;
+    settings.header_timeout_secs = std::env::var("BOX_HEADER_TIMEOUT_SECS")
+        .ok()
+        .and_then(|secs| secs.parse().ok());
     let all_settings = vec![settings; BOX_RELAYS];
     let mut relays = Vec::with_capacity(BOX_RELAYS);
     for settings in &all_settings {
@@ -1176,6 +1182,8 @@ async fn streams_box_rows(args: &Args, schema: &str, table: &mut Table) -> Bench
         duration,
         per_child: 9_500,
         sources: stream_sources(),
+        // As an EventSource does: the relay's `retry:` of 3 s.
+        reconnect_delay: Duration::from_secs(3),
     };
     eprintln!("streams-box: {total} over {BOX_RELAYS} relays");
     let bench_bin = std::env::current_exe()?;
@@ -1237,7 +1245,7 @@ async fn streams_box_rows(args: &Args, schema: &str, table: &mut Table) -> Bench
             duration.as_secs()
         ),
         format!(
-            "{:.0} deliveries/s (per relay {}) · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected) · relays' RSS {}",
+            "{:.0} deliveries/s (per relay {}) · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected) · relays' CPU {:.3} s per 1,000 deliveries · relays' RSS {}",
             f.deliveries_per_second,
             per_relay.join(" / "),
             ms(f.latency.p50),
@@ -1248,6 +1256,7 @@ async fn streams_box_rows(args: &Args, schema: &str, table: &mut Table) -> Bench
             f.missing,
             f.streams_short,
             f.unexpected,
+            f.cpu_seconds_per_1000,
             size(f.rss_after.iter().sum::<u64>() as f64)
         ),
         format!("every delivery made: {}", verdict(all)),
@@ -1257,12 +1266,15 @@ async fn streams_box_rows(args: &Args, schema: &str, table: &mut Table) -> Bench
         table.add(
             format!("streams-box: every relay restarted at once under {total} streams (SIGTERM, a new process on the same port; clients resume with Last-Event-ID)"),
             format!(
-                "relays back after {:.1} s · all {total} streaming again after {} · {} refused, {} broken",
+                "relays back after {:.1} s · all {total} streaming again after {} · {} refused (408: {}, 429: {}, 5xx: {}), {} broken · clients reconnect after the relay's retry: of 3 s",
                 storm.relays_back_after.as_secs_f64(),
                 storm
                     .all_streaming_after
                     .map_or("never (within 180 s)".to_owned(), |after| format!("{:.1} s", after.as_secs_f64())),
                 storm.refused,
+                storm.refused_408,
+                storm.refused_429,
+                storm.refused_5xx,
                 storm.broken
             ),
             format!("0 errors: {}", verdict(clean)),

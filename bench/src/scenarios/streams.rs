@@ -55,6 +55,10 @@ pub struct StreamsPlan {
     pub per_child: usize,
     /// Loopback addresses the streams connect from, round robin.
     pub sources: Vec<IpAddr>,
+    /// How long a stream waits before it reconnects, after its stream
+    /// ended or an attempt failed: a browser's `EventSource` waits the
+    /// stream's `retry:` (the relay sends 3 s); at least 50 ms.
+    pub reconnect_delay: Duration,
 }
 
 /// RSS per idle stream at one step.
@@ -83,6 +87,9 @@ pub struct StreamsFigures {
     /// Frames received twice, or from another scope.
     pub unexpected: u64,
     pub deliveries_per_second: f64,
+    /// The relays' CPU seconds (user and system) per 1,000 deliveries,
+    /// over the events and their drain.
+    pub cpu_seconds_per_1000: f64,
     pub latency: Percentiles,
     /// Deliveries per relay, in the order of the plan's relays.
     pub delivered_per_relay: Vec<u64>,
@@ -102,6 +109,10 @@ pub struct StormFigures {
     pub all_streaming_after: Option<Duration>,
     /// Answers other than 200 during the storm.
     pub refused: u64,
+    /// Of them: 408, 429 and 5xx.
+    pub refused_408: u64,
+    pub refused_429: u64,
+    pub refused_5xx: u64,
     /// Connections broken after the connect during the storm.
     pub broken: u64,
 }
@@ -201,6 +212,7 @@ pub async fn run(
     let prefix = plan.scope_prefix.clone();
     let scopes = plan.scopes;
     let scope_of = Arc::new(move |number: usize| format!("{prefix}-{}", number % scopes));
+    let cpu_before = proc_stats::cpu_seconds(&relay_pids.concat());
     let published = publish_for(
         source,
         scope_of,
@@ -234,6 +246,7 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
+    let cpu_spent = proc_stats::cpu_seconds(&relay_pids.concat()) - cpu_before;
     let commit_file = work_dir.join(format!("streams-commits-{}.txt", std::process::id()));
     let lines: String = committed
         .iter()
@@ -261,6 +274,7 @@ pub async fn run(
         streams_short: 0,
         unexpected: 0,
         deliveries_per_second: 0.0,
+        cpu_seconds_per_1000: 0.0,
         latency: Percentiles::default(),
         delivered_per_relay: vec![0; relays],
         rss_after,
@@ -291,6 +305,9 @@ pub async fn run(
         figures.deliveries_per_second = figures.delivered as f64 / span;
     }
     figures.latency = Percentiles::of(&mut latencies);
+    if figures.delivered > 0 {
+        figures.cpu_seconds_per_1000 = cpu_spent / figures.delivered as f64 * 1000.0;
+    }
     Ok(figures)
 }
 
@@ -303,7 +320,7 @@ async fn restart_storm(
     children: &mut [ClientProcess],
     total: usize,
 ) -> BenchResult<StormFigures> {
-    let (_, refused_before, broken_before) = status(children).await?;
+    let before = status(children).await?;
     eprintln!(
         "streams: restarting {} relays under {total} streams",
         relays.len()
@@ -328,31 +345,35 @@ async fn restart_storm(
     let relays_back_after = started.elapsed();
     let mut all_streaming_after = None;
     while started.elapsed() < STORM_PATIENCE {
-        let (streaming, _, _) = status(children).await?;
-        if streaming >= total as u64 {
+        let now = status(children).await?;
+        if now[0] >= total as u64 {
             all_streaming_after = Some(started.elapsed());
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (_, refused, broken) = status(children).await?;
+    let after = status(children).await?;
+    let during = |field: usize| after[field] - before[field];
     Ok(StormFigures {
         relays_back_after,
         all_streaming_after,
-        refused: refused - refused_before,
-        broken: broken - broken_before,
+        refused: during(1),
+        broken: during(2),
+        refused_408: during(3),
+        refused_429: during(4),
+        refused_5xx: during(5),
     })
 }
 
-/// Streams streaming now, refusals and broken connections so far, over
-/// every child.
-async fn status(children: &mut [ClientProcess]) -> BenchResult<(u64, u64, u64)> {
-    let mut sum = (0, 0, 0);
+/// Over every child: streams streaming now, then so far: refusals, broken
+/// connections, 408s, 429s and 5xx answers.
+async fn status(children: &mut [ClientProcess]) -> BenchResult<[u64; 6]> {
+    let mut sum = [0; 6];
     for child in children {
         let words = child.ask("status").await?;
-        sum.0 += number(&words, 1)?;
-        sum.1 += number(&words, 2)?;
-        sum.2 += number(&words, 3)?;
+        for (field, total) in sum.iter_mut().enumerate() {
+            *total += number(&words, field + 1)?;
+        }
     }
     Ok(sum)
 }
@@ -415,6 +436,7 @@ impl ClientProcess {
             .arg(first.to_string())
             .arg(count.to_string())
             .arg(&latency_file)
+            .arg(plan.reconnect_delay.as_millis().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -501,11 +523,20 @@ fn number(words: &[String], index: usize) -> BenchResult<u64> {
 /// delay: when the server ends it, it reconnects at once with the last id
 /// it saw as `Last-Event-ID`, retrying every 50 ms while nothing listens.
 pub async fn client_main(args: &[String]) -> BenchResult<()> {
-    let [relays, sources, prefix, scopes, first, count, latency_file] = args else {
-        return Err(
-            "usage: streams-client RELAYS SOURCES PREFIX SCOPES FIRST COUNT LATENCY_FILE".into(),
-        );
+    let [
+        relays,
+        sources,
+        prefix,
+        scopes,
+        first,
+        count,
+        latency_file,
+        reconnect_ms,
+    ] = args
+    else {
+        return Err("usage: streams-client RELAYS SOURCES PREFIX SCOPES FIRST COUNT LATENCY_FILE RECONNECT_MS".into());
     };
+    let reconnect_delay = Duration::from_millis(reconnect_ms.parse()?).max(RETRY_WHILE_DOWN);
     let relays: Vec<SocketAddr> = relays
         .split(',')
         .map(str::parse)
@@ -552,6 +583,7 @@ pub async fn client_main(args: &[String]) -> BenchResult<()> {
                         target: target(index),
                         tally: Arc::clone(&tally),
                         log: Arc::clone(&log),
+                        reconnect_delay,
                     };
                     let permit = Arc::clone(&handshakes).acquire_owned();
                     let stopped = stopped.clone();
@@ -581,10 +613,13 @@ pub async fn client_main(args: &[String]) -> BenchResult<()> {
                 format!("count {}", tally.received.load(Ordering::Relaxed))
             }
             (Some("status"), None) => format!(
-                "status {} {} {}",
+                "status {} {} {} {} {} {}",
                 tally.streaming.load(Ordering::Relaxed),
                 tally.refused.load(Ordering::Relaxed),
-                tally.broken.load(Ordering::Relaxed)
+                tally.broken.load(Ordering::Relaxed),
+                tally.refused_408.load(Ordering::Relaxed),
+                tally.refused_429.load(Ordering::Relaxed),
+                tally.refused_5xx.load(Ordering::Relaxed)
             ),
             (Some("finish"), Some(file)) => {
                 let commits = read_commits(Path::new(file))?;
@@ -642,6 +677,9 @@ struct Tally {
     received: AtomicU64,
     /// Answers other than 200.
     refused: AtomicU64,
+    refused_408: AtomicU64,
+    refused_429: AtomicU64,
+    refused_5xx: AtomicU64,
     /// Connections that failed after the TCP connect (reset, or closed
     /// before `ready`), or connects that failed other than refused.
     broken: AtomicU64,
@@ -666,6 +704,7 @@ struct Holder {
     target: StreamTarget,
     tally: Arc<Tally>,
     log: Arc<CommitLog>,
+    reconnect_delay: Duration,
 }
 
 /// How one connection attempt ended.
@@ -691,8 +730,12 @@ impl Holder {
                 .await;
             match ended {
                 Ended::Stopped => break,
-                Ended::Again => {}
-                Ended::Failed => tokio::time::sleep(RETRY_WHILE_DOWN).await,
+                Ended::Again | Ended::Failed => {
+                    tokio::select! {
+                        _ = stopped.changed() => break,
+                        () = tokio::time::sleep(self.reconnect_delay) => {}
+                    }
+                }
             }
         }
         receipts
@@ -709,7 +752,6 @@ impl Holder {
         let mut stream = match connect_from(target.source, target.address).await {
             Ok(stream) => stream,
             Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
-                tokio::time::sleep(RETRY_WHILE_DOWN).await;
                 return Ended::Again;
             }
             Err(_) => {
@@ -755,6 +797,15 @@ impl Holder {
             match became_ready {
                 Err(_) => {
                     self.tally.refused.fetch_add(1, Ordering::Relaxed);
+                    let by_status = match parser.status {
+                        Some(408) => Some(&self.tally.refused_408),
+                        Some(429) => Some(&self.tally.refused_429),
+                        Some(500..=599) => Some(&self.tally.refused_5xx),
+                        _ => None,
+                    };
+                    if let Some(counter) = by_status {
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
                     break Ended::Failed;
                 }
                 Ok(true) => {
