@@ -383,7 +383,7 @@ pub async fn run_with(
             },
         ))
     });
-    let trimmer = actix::spawn(crate::memory::trim_after_departures(
+    let trimmer = actix::spawn(crate::memory::trim_after_surges(
         metrics.connections.clone(),
     ));
     let (open_streams, streams_open, mut streams_ended) = OpenStreams::channel();

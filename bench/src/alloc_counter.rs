@@ -1,5 +1,7 @@
 //! A global allocator wrapper that keeps the number of live heap bytes, so
-//! memory held by a structure is measured as an allocation delta.
+//! memory held by a structure is measured as an allocation delta, and the
+//! number of live blocks by size, so the delta can be told apart by the
+//! sizes of what makes it up.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -8,6 +10,26 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 pub struct CountingAllocator;
 
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+/// Sizes are counted in classes of this many bytes.
+pub const SIZE_CLASS: usize = 16;
+/// Classes counted one by one; larger blocks share the last class.
+const SIZE_CLASSES: usize = 2048;
+/// Live blocks per size class (class `i` holds sizes `16 i + 1 ..= 16 (i + 1)`).
+static LIVE_BLOCKS: [AtomicIsize; SIZE_CLASSES] = [const { AtomicIsize::new(0) }; SIZE_CLASSES];
+
+fn class_of(size: usize) -> usize {
+    (size.saturating_sub(1) / SIZE_CLASS).min(SIZE_CLASSES - 1)
+}
+
+/// Live blocks per size class right now: entry `i` counts blocks of up to
+/// `SIZE_CLASS * (i + 1)` bytes (the last entry: that size or more).
+pub fn live_blocks() -> Vec<isize> {
+    LIVE_BLOCKS
+        .iter()
+        .map(|count| count.load(Ordering::SeqCst))
+        .collect()
+}
 
 /// Heap bytes currently allocated (since the allocator was installed).
 pub fn live_bytes() -> isize {
@@ -19,6 +41,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
         let pointer = unsafe { System.alloc(layout) };
         if !pointer.is_null() {
             LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+            LIVE_BLOCKS[class_of(layout.size())].fetch_add(1, Ordering::Relaxed);
         }
         pointer
     }
@@ -27,6 +50,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
         let pointer = unsafe { System.alloc_zeroed(layout) };
         if !pointer.is_null() {
             LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+            LIVE_BLOCKS[class_of(layout.size())].fetch_add(1, Ordering::Relaxed);
         }
         pointer
     }
@@ -34,6 +58,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
         unsafe { System.dealloc(pointer, layout) };
         LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        LIVE_BLOCKS[class_of(layout.size())].fetch_sub(1, Ordering::Relaxed);
     }
 
     unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -43,6 +68,8 @@ unsafe impl GlobalAlloc for CountingAllocator {
                 new_size as isize - layout.size() as isize,
                 Ordering::Relaxed,
             );
+            LIVE_BLOCKS[class_of(layout.size())].fetch_sub(1, Ordering::Relaxed);
+            LIVE_BLOCKS[class_of(new_size)].fetch_add(1, Ordering::Relaxed);
         }
         moved
     }

@@ -24,7 +24,7 @@ use eventrelay_bench::scenarios::paired_fanout::{self, PairedPlan};
 use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
     connection_heap, emit_cost, outage, pools, publish_throughput, replay, seal_cost, standby,
-    storm, tail_memory, tails_budget, webhooks,
+    storm, streams, tail_memory, tails_budget, webhooks,
 };
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::{BenchResult, proc_stats};
@@ -73,9 +73,11 @@ struct Args {
     standby_primary_data: Option<PathBuf>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
     /// wakeup, fanout, pools, http2, scopes, replay, webhooks,
-    /// storm, memory, seal, standby, outage; wakeup-latency is the wake-up
-    /// modes' commit-to-receive rows without their emit-cost rounds; box,
-    /// 100,000 streams over 6 relays, runs only when named).
+    /// storm, memory, streams, streams-box, seal, standby, outage;
+    /// wakeup-latency is the wake-up modes' commit-to-receive rows without
+    /// their emit-cost rounds; box, 100,000 streams over 6 relays, runs only
+    /// when named). `eventrelay-bench streams-client` is the streams
+    /// scenario's child process, started by it.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Streams of the box scenario (default 100,000; 12,000 with --quick).
@@ -131,10 +133,17 @@ impl Scale {
 }
 
 fn main() -> BenchResult<()> {
-    // A client process of the `box` scenario, started by the load tool.
+    // Client processes of the `box` and `streams` scenarios, started by
+    // the load tool.
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some(eventrelay_bench::box_client::SUBCOMMAND) {
         return eventrelay_bench::box_client::main(&argv[2..]);
+    }
+    if argv.get(1).map(String::as_str) == Some("streams-client") {
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(streams::client_main(&argv[2..]));
     }
     let args = Args::parse();
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
@@ -232,9 +241,25 @@ async fn run_scenarios(
             ),
             "–".to_owned(),
         );
+        let blocks: Vec<String> = heap
+            .blocks
+            .iter()
+            .map(|(size, count)| format!("{count:.1} × ≤ {size} B"))
+            .collect();
+        table.add(
+            "heap per idle stream, by block size (both ends, in-process)",
+            blocks.join(" · "),
+            "–".to_owned(),
+        );
     }
     if wanted("storm") {
         storm_rows(args, schema, &scale, table).await?;
+    }
+    if wanted("streams") {
+        streams_rows(args, schema, table).await?;
+    }
+    if wanted("streams-box") {
+        streams_box_rows(args, schema, table).await?;
     }
     if wanted("standby") {
         standby_rows(args, &scale, table).await?;
@@ -1019,6 +1044,269 @@ async fn wakeup_pair_row(
         ),
         "–",
     );
+    Ok(())
+}
+
+/// The loopback addresses streams connect from, so that tens of thousands
+/// of them stay within each source's ephemeral port range.
+fn stream_sources() -> Vec<std::net::IpAddr> {
+    (2..=9)
+        .map(|last| std::net::IpAddr::from([127, 0, 0, last]))
+        .collect()
+}
+
+/// Idle streams on one relay in steps up to 19,000 (under the machine's
+/// 20,000 open files), then one event per second into each of 10 scopes.
+async fn streams_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResult<()> {
+    let db = args.database_url.as_str();
+    let (steps, settle, duration) = if args.quick {
+        (
+            vec![500, 1_000, 1_900],
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+        )
+    } else {
+        (
+            vec![5_000, 10_000, 19_000],
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        )
+    };
+    let total = steps.last().copied().unwrap_or(0);
+    let relay = start_relay(args, RelaySettings::new(db, schema)).await?;
+    let plan = streams::StreamsPlan {
+        steps,
+        settle,
+        scopes: 10,
+        scope_prefix: "streams".to_owned(),
+        rate_per_scope: 1.0,
+        duration,
+        per_child: 9_500,
+        sources: stream_sources(),
+        // Nothing restarts here: a stream that ended would be a failure.
+        reconnect_delay: Duration::from_millis(50),
+    };
+    eprintln!("streams: {total} on one relay");
+    let bench_bin = std::env::current_exe()?;
+    let f = streams::run(
+        &plan,
+        &mut [relay],
+        None,
+        &bench_bin,
+        &args.work_dir,
+        &emit_source(db, schema),
+    )
+    .await?;
+    let per = |streams: usize| {
+        f.steps
+            .iter()
+            .find(|step| step.streams == streams)
+            .map_or(0.0, |step| step.rss_per_stream)
+    };
+    let readings: Vec<String> = f
+        .steps
+        .iter()
+        .map(|step| format!("{} at {}", size(step.rss_per_stream), step.streams))
+        .collect();
+    let middle = f
+        .steps
+        .get(f.steps.len().saturating_sub(2))
+        .map_or(0, |s| s.streams);
+    let (at_middle, at_total) = (per(middle), per(total));
+    let flat = at_total <= at_middle * 1.1;
+    table.add(
+        format!(
+            "streams: RSS per idle stream, one relay, {} s after each step",
+            settle.as_secs()
+        ),
+        readings.join(" · "),
+        format!(
+            "≤ 14 KiB at {middle}: {} · {total} within 10% of {middle}: {}",
+            verdict(at_middle <= 14.0 * 1024.0),
+            verdict(flat)
+        ),
+    );
+    table.add(
+        format!("streams: connect {total} (raw HTTP/1.1, 8 source addresses)"),
+        format!(
+            "{:.0} streams/s ({total} in {:.1} s of connecting, {} client processes × 200 handshakes in flight)",
+            f.connect_rate(),
+            f.connect_time.as_secs_f64(),
+            f.children
+        ),
+        "–",
+    );
+    let all = f.missing == 0 && f.unexpected == 0 && f.delivered == f.expected && f.expected > 0;
+    table.add(
+        format!(
+            "streams: {total} streams, 1 ev/s into each of 10 scopes for {} s, emit (commit-to-receive)",
+            duration.as_secs()
+        ),
+        format!(
+            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected, {} repeated) · relay CPU {:.3} s per 1,000 deliveries · relay RSS {}",
+            f.deliveries_per_second,
+            ms(f.latency.p50),
+            ms(f.latency.p99),
+            ms(f.latency.max),
+            f.delivered,
+            f.expected,
+            f.missing,
+            f.streams_short,
+            f.unexpected,
+            f.repeated,
+            f.cpu_seconds_per_1000,
+            size(f.rss_after.iter().sum::<u64>() as f64)
+        ),
+        if all {
+            format!("every delivery made: {}", verdict(true))
+        } else {
+            format!("every delivery made: {} (deliveries missing)", verdict(false))
+        },
+    );
+    Ok(())
+}
+
+/// Relays of the box scenario, and each one's pool: 6 × (6 pooled + 1
+/// LISTEN) = 42 of Postgres's 100 default `max_connections`, leaving room
+/// for the emitters and anything else on the server.
+const BOX_RELAYS: usize = 6;
+const BOX_POOL_SIZE: usize = 6;
+
+/// 100,000 streams over six relays on one database, one event per second
+/// into each of 10 scopes, then every relay restarted at once under them.
+async fn streams_box_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResult<()> {
+    let db = args.database_url.as_str();
+    let (steps, settle, duration) = if args.quick {
+        (
+            vec![3_000, 6_000],
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+        )
+    } else {
+        (
+            vec![50_000, 100_000],
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        )
+    };
+    let total = steps.last().copied().unwrap_or(0);
+    let mut settings = RelaySettings::new(db, schema);
+    settings.pool_size = BOX_POOL_SIZE;
+    settings.header_timeout_secs = std::env::var("BOX_HEADER_TIMEOUT_SECS")
+        .ok()
+        .and_then(|secs| secs.parse().ok());
+    let all_settings = vec![settings; BOX_RELAYS];
+    let mut relays = Vec::with_capacity(BOX_RELAYS);
+    for settings in &all_settings {
+        relays.push(start_relay(args, settings.clone()).await?);
+    }
+    let plan = streams::StreamsPlan {
+        steps,
+        settle,
+        scopes: 10,
+        scope_prefix: "box".to_owned(),
+        rate_per_scope: 1.0,
+        duration,
+        per_child: 9_500,
+        sources: stream_sources(),
+        // As an EventSource does: the relay's `retry:` of 3 s.
+        reconnect_delay: Duration::from_secs(3),
+    };
+    eprintln!("streams-box: {total} over {BOX_RELAYS} relays");
+    let bench_bin = std::env::current_exe()?;
+    let restart = streams::Restart {
+        binary: &args.relay_bin,
+        settings: &all_settings,
+    };
+    let f = streams::run(
+        &plan,
+        &mut relays,
+        Some(restart),
+        &bench_bin,
+        &args.work_dir,
+        &emit_source(db, schema),
+    )
+    .await?;
+    for step in &f.steps {
+        let per_relay: Vec<String> = step.per_relay.iter().map(|per| size(*per)).collect();
+        table.add(
+            format!(
+                "streams-box: RSS per idle stream at {}, {BOX_RELAYS} relays (pool {BOX_POOL_SIZE} each), {} s idle",
+                step.streams,
+                settle.as_secs()
+            ),
+            format!(
+                "{} over all relays · per relay {}",
+                size(step.rss_per_stream),
+                per_relay.join(" / ")
+            ),
+            "–",
+        );
+    }
+    table.add(
+        format!("streams-box: connect {total} over {BOX_RELAYS} relays"),
+        format!(
+            "{:.0} streams/s ({total} in {:.1} s of connecting, {} client processes × 200 handshakes in flight, 8 source addresses)",
+            f.connect_rate(),
+            f.connect_time.as_secs_f64(),
+            f.children
+        ),
+        "–",
+    );
+    let span_share = |delivered: u64| {
+        if f.delivered == 0 {
+            0.0
+        } else {
+            f.deliveries_per_second * delivered as f64 / f.delivered as f64
+        }
+    };
+    let per_relay: Vec<String> = f
+        .delivered_per_relay
+        .iter()
+        .map(|delivered| format!("{:.0}", span_share(*delivered)))
+        .collect();
+    let all = f.missing == 0 && f.unexpected == 0 && f.delivered == f.expected && f.expected > 0;
+    table.add(
+        format!(
+            "streams-box: {total} streams, 1 ev/s into each of 10 scopes for {} s, emit (commit-to-receive)",
+            duration.as_secs()
+        ),
+        format!(
+            "{:.0} deliveries/s (per relay {}) · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected) · relays' CPU {:.3} s per 1,000 deliveries · relays' RSS {}",
+            f.deliveries_per_second,
+            per_relay.join(" / "),
+            ms(f.latency.p50),
+            ms(f.latency.p99),
+            ms(f.latency.max),
+            f.delivered,
+            f.expected,
+            f.missing,
+            f.streams_short,
+            f.unexpected,
+            f.cpu_seconds_per_1000,
+            size(f.rss_after.iter().sum::<u64>() as f64)
+        ),
+        format!("every delivery made: {}", verdict(all)),
+    );
+    if let Some(storm) = &f.storm {
+        let clean = storm.refused == 0 && storm.broken == 0 && storm.all_streaming_after.is_some();
+        table.add(
+            format!("streams-box: every relay restarted at once under {total} streams (SIGTERM, a new process on the same port; clients resume with Last-Event-ID)"),
+            format!(
+                "relays back after {:.1} s · all {total} streaming again after {} · {} refused (408: {}, 429: {}, 5xx: {}), {} broken · clients reconnect after the relay's retry: of 3 s",
+                storm.relays_back_after.as_secs_f64(),
+                storm
+                    .all_streaming_after
+                    .map_or("never (within 180 s)".to_owned(), |after| format!("{:.1} s", after.as_secs_f64())),
+                storm.refused,
+                storm.refused_408,
+                storm.refused_429,
+                storm.refused_5xx,
+                storm.broken
+            ),
+            format!("0 errors: {}", verdict(clean)),
+        );
+    }
     Ok(())
 }
 

@@ -33,6 +33,8 @@ pub struct RelaySettings {
     /// `database.listen_url`: where the LISTEN connection or the
     /// replication stream goes (a standby, say); unset, `database_url`.
     pub listen_url: Option<String>,
+    /// `http.header_timeout_secs`; unset, the relay's default.
+    pub header_timeout_secs: Option<u64>,
     /// Write only the settings every release has had, for an earlier
     /// binary run side by side (its configuration refuses unknown keys).
     pub baseline: bool,
@@ -55,6 +57,7 @@ impl RelaySettings {
             webhook_workers: 4,
             wakeup: "notify",
             listen_url: None,
+            header_timeout_secs: None,
             baseline: false,
         }
     }
@@ -133,6 +136,13 @@ workers = {webhook_workers}
             text = text.replacen(
                 "[database]\n",
                 &format!("[database]\nlisten_url = \"{url}\"\n"),
+                1,
+            );
+        }
+        if let Some(secs) = self.header_timeout_secs {
+            text = text.replacen(
+                "[http]\n",
+                &format!("[http]\nheader_timeout_secs = {secs}\n"),
                 1,
             );
         }

@@ -36,10 +36,11 @@
 //! without exactly one `:`, or with an empty side. Nothing is trimmed or
 //! case-folded: `"Orders"` and `"orders"` are different resources.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use eventrelay_wire::Subscriber;
+use eventrelay_wire::{PermissionEvaluator, Subscriber};
 use serde_json::Value;
 
 /// The action that grants every action on a resource.
@@ -47,9 +48,10 @@ pub const ANY_ACTION: &str = "*";
 
 /// What a subscriber may do: resource name → granted actions.
 ///
-/// Built once per resolution and moved into the subscriber's evaluator, so
-/// the per-event check is a map lookup and a short scan.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Built once per resolution and made the subscriber's evaluator, so the
+/// per-event check is a map lookup and a short scan. Subscribers with the
+/// same grants share one evaluator (see [`Grants::into_subscriber`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Grants(BTreeMap<String, Vec<String>>);
 
 /// Why a grants value was discarded.
@@ -152,15 +154,22 @@ impl Grants {
         self.0.is_empty()
     }
 
-    /// A wire subscriber whose evaluator is this set of grants.
+    /// A wire subscriber whose evaluator is this set of grants, shared with
+    /// every other open stream whose subscriber has the same grants: a
+    /// relay's streams hold a few distinct sets (one per role, say), and a
+    /// set parsed into maps and strings takes several times the claim's
+    /// size, which per stream would cost more than the stream itself.
     pub fn into_subscriber(
         self,
         scope_key: impl Into<String>,
         subscriber_id: impl Into<String>,
     ) -> Subscriber {
-        let grants = Arc::new(self);
-        Subscriber::new(scope_key, subscriber_id)
-            .with_evaluator(move |permission: &Value| grants.allows(permission))
+        let evaluator: Arc<dyn PermissionEvaluator> = shared(self);
+        Subscriber {
+            scope_key: scope_key.into(),
+            subscriber_id: subscriber_id.into(),
+            evaluator: Some(evaluator),
+        }
     }
 
     fn grants(&self, resource: &str, action: &str) -> bool {
@@ -170,6 +179,51 @@ impl Grants {
                 .any(|g| g == action || g.as_str() == ANY_ACTION)
         })
     }
+}
+
+impl PermissionEvaluator for Grants {
+    fn can(&self, permission: &Value) -> bool {
+        self.allows(permission)
+    }
+}
+
+/// The grants sets in use, by their hash: each set is held once, by the
+/// subscribers that have it, and forgotten when the last of them goes.
+#[derive(Default)]
+struct Interned {
+    sets: HashMap<u64, Vec<Weak<Grants>>>,
+    /// Sets held after the last sweep of forgotten ones.
+    after_sweep: usize,
+}
+
+/// The one `Arc` of `grants` every subscriber with these grants shares.
+fn shared(grants: Grants) -> Arc<Grants> {
+    static INTERNED: OnceLock<(RandomState, Mutex<Interned>)> = OnceLock::new();
+    let (hasher, interned) = INTERNED.get_or_init(Default::default);
+    let hash = hasher.hash_one(&grants);
+    let mut interned = interned
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let same_hash = interned.sets.entry(hash).or_default();
+    if let Some(held) = same_hash
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|held| **held == grants)
+    {
+        return held;
+    }
+    same_hash.retain(|set| set.strong_count() > 0);
+    let held = Arc::new(grants);
+    same_hash.push(Arc::downgrade(&held));
+    // Sets whose subscribers all left are swept once the map has doubled
+    // since the last sweep, which keeps the sweeps' cost per set constant.
+    if interned.sets.len() > 2 * interned.after_sweep + 64 {
+        interned
+            .sets
+            .retain(|_, sets| sets.iter().any(|set| set.strong_count() > 0));
+        interned.after_sweep = interned.sets.len();
+    }
+    held
 }
 
 fn json_kind(value: &Value) -> &'static str {
@@ -316,5 +370,24 @@ mod tests {
             &subscriber
         ));
         assert!(!is_envelope_permitted(&event(json!(42)), &subscriber));
+    }
+
+    #[test]
+    fn subscribers_with_the_same_grants_share_one_evaluator() {
+        let evaluator = |subscriber: &Subscriber| subscriber.evaluator.clone().unwrap();
+        let alice = grants().into_subscriber("org-1", "alice");
+        let bob = grants().into_subscriber("org-2", "bob");
+        assert!(Arc::ptr_eq(&evaluator(&alice), &evaluator(&bob)));
+        let other = Grants::parse(Some(&json!({"orders": ["read"]})))
+            .unwrap()
+            .into_subscriber("org-1", "carol");
+        assert!(!Arc::ptr_eq(&evaluator(&alice), &evaluator(&other)));
+        assert!(evaluator(&other).can(&json!("orders:read")));
+        assert!(!evaluator(&other).can(&json!("orders:write")));
+
+        // Once every holder is gone the set is forgotten, not kept alive.
+        let held = Arc::downgrade(&evaluator(&other));
+        drop(other);
+        assert_eq!(held.strong_count(), 0);
     }
 }

@@ -7,6 +7,12 @@
 //! loop and workers, actix-http's `HttpService`, actix-tls's rustls
 //! acceptor) but has no place to wrap a connection's stream, so they are
 //! assembled here, with `HttpServer`'s defaults for everything not set.
+//!
+//! Plain connections are served by actix-http's HTTP/1.1 service alone,
+//! not by `HttpService`: each connection's task holds `HttpService`'s
+//! state for every protocol it could speak, and the HTTP/2 variant (an h2
+//! connection with its codec, about 2 KiB) would sit in every idle
+//! HTTP/1.1 event stream, where HTTP/2 can never be spoken.
 
 use std::any::Any;
 use std::fmt;
@@ -16,7 +22,7 @@ use std::time::Duration;
 
 use actix_http::body::MessageBody;
 use actix_http::error::DispatchError;
-use actix_http::{Extensions, HttpService, KeepAlive, Protocol, Request, Response};
+use actix_http::{Extensions, HttpServiceBuilder, KeepAlive, Protocol, Request, Response};
 use actix_server::Server;
 use actix_service::boxed::{self, BoxServiceFactory};
 use actix_service::{IntoServiceFactory, Service, ServiceFactory, ServiceFactoryExt, map_config};
@@ -80,11 +86,12 @@ where
     } = settings;
     let builder = match tls {
         None => builder.listen("eventrelay-http", listener, move || {
-            let http = http_service(&factory, false, address, header_timeout, on_connect);
+            let http = http_builder(address, header_timeout, on_connect)
+                .h1(application(&factory, false, address));
             (move |tcp: TcpStream| {
                 let peer = tcp.peer_addr().ok();
                 let stream = Deadlined::new(tcp, header_timeout, true);
-                ready(Ok::<_, DispatchError>((stream, Protocol::Http1, peer)))
+                ready(Ok::<_, DispatchError>((stream, peer)))
             })
             .into_factory()
             .and_then(http)
@@ -95,7 +102,8 @@ where
             protocols.append(&mut config.alpn_protocols);
             config.alpn_protocols = protocols;
             builder.listen("eventrelay-https", listener, move || {
-                let http = http_service(&factory, true, address, header_timeout, on_connect);
+                let http = http_builder(address, header_timeout, on_connect)
+                    .finish(application(&factory, true, address));
                 Acceptor::new(config.clone())
                     .map_err(TlsError::into_service_error)
                     .and_then(move |tls: TlsStream<TcpStream>| {
@@ -121,14 +129,36 @@ where
 type Application<Response, InitError> =
     BoxServiceFactory<(), Request, Response, actix_web::HttpResponse, InitError>;
 
-/// actix-http's service for one worker, over streams of type `T`.
-fn http_service<F, I, S, B, T>(
-    factory: &F,
-    secure: bool,
+/// actix-http's settings for one worker, over streams of type `T`.
+fn http_builder<T, S>(
     address: SocketAddr,
     header_timeout: Duration,
     on_connect: fn(&dyn Any, &mut Extensions),
-) -> HttpService<Deadlined<T>, Application<S::Response, S::InitError>, B>
+) -> HttpServiceBuilder<Deadlined<T>, S>
+where
+    S: ServiceFactory<Request, Config = ()>,
+    S::Error: Into<Response<actix_http::body::BoxBody>> + 'static,
+    S::InitError: fmt::Debug,
+    <S::Service as Service<Request>>::Future: 'static,
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    HttpServiceBuilder::default()
+        .keep_alive(KeepAlive::default())
+        .client_request_timeout(header_timeout)
+        .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
+        .local_addr(address)
+        .on_connect_ext(move |stream: &Deadlined<T>, data: &mut Extensions| {
+            data.insert(stream.clock());
+            on_connect(stream.get_ref(), data);
+        })
+}
+
+/// The application as actix-http serves it, for one worker.
+fn application<F, I, S, B>(
+    factory: &F,
+    secure: bool,
+    address: SocketAddr,
+) -> Application<S::Response, S::InitError>
 where
     F: Fn() -> I,
     I: IntoServiceFactory<S, Request>,
@@ -139,25 +169,15 @@ where
     <S::Service as Service<Request>>::Future: 'static,
     S::Service: 'static,
     B: MessageBody + 'static,
-    T: AsyncRead + AsyncWrite + Unpin + 'static,
 {
     let application = factory()
         .into_factory()
         .map_err(|error| error.into().error_response());
     let host = address.to_string();
-    HttpService::build()
-        .keep_alive(KeepAlive::default())
-        .client_request_timeout(header_timeout)
-        .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
-        .local_addr(address)
-        .on_connect_ext(move |stream: &Deadlined<T>, data: &mut Extensions| {
-            data.insert(stream.clock());
-            on_connect(stream.get_ref(), data);
-        })
-        .finish(boxed::factory(map_config(application, move |()| {
-            // The values `HttpServer` gives the application (what
-            // `ConnectionInfo` falls back on); actix-web builds them with
-            // this constructor outside its own crate too (actix-test).
-            AppConfig::__priv_test_new(secure, host.clone(), address)
-        })))
+    boxed::factory(map_config(application, move |()| {
+        // The values `HttpServer` gives the application (what
+        // `ConnectionInfo` falls back on); actix-web builds them with
+        // this constructor outside its own crate too (actix-test).
+        AppConfig::__priv_test_new(secure, host.clone(), address)
+    }))
 }

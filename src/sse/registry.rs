@@ -8,10 +8,11 @@
 //! closes and when an operator acts: never on the delivery path.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::store::disconnections::Disconnection;
 
@@ -42,8 +43,50 @@ struct Denial {
 
 struct Entry {
     stream: OpenStream,
-    /// Turns true when the stream is to end as revoked.
-    revoke: watch::Sender<bool>,
+    /// Set when the stream is to end as revoked.
+    revoke: Revoked,
+}
+
+/// Whether an operator disconnected a stream, and a wake-up for the
+/// stream when that happens. A flag and one waiter list: every open stream
+/// holds one, and a `watch` channel of a `bool` takes six times the room
+/// (it keeps eight waiter lists for its many receivers).
+#[derive(Clone, Default)]
+pub struct Revoked(Arc<RevokedState>);
+
+#[derive(Default)]
+struct RevokedState {
+    revoked: AtomicBool,
+    woken: Notify,
+}
+
+impl Revoked {
+    /// True once the stream is revoked.
+    pub fn is_revoked(&self) -> bool {
+        self.0.revoked.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the stream is revoked.
+    pub async fn wait(&self) {
+        loop {
+            let woken = self.0.woken.notified();
+            let mut woken = std::pin::pin!(woken);
+            // Registered before the flag is read, so a revocation between
+            // the two still wakes this waiter.
+            woken.as_mut().enable();
+            if self.is_revoked() {
+                return;
+            }
+            woken.await;
+        }
+    }
+
+    /// Revokes the stream; false when it was revoked already.
+    fn revoke(&self) -> bool {
+        let first = !self.0.revoked.swap(true, Ordering::AcqRel);
+        self.0.woken.notify_waiters();
+        first
+    }
 }
 
 #[derive(Default)]
@@ -71,8 +114,8 @@ pub struct StreamRegistry {
 pub struct Ticket {
     registry: StreamRegistry,
     id: u64,
-    /// Turns true when an operator disconnects the stream.
-    pub revoked: watch::Receiver<bool>,
+    /// Set when an operator disconnects the stream.
+    pub revoked: Revoked,
 }
 
 impl Drop for Ticket {
@@ -131,7 +174,7 @@ impl StreamRegistry {
         }
         inner.next_id += 1;
         let id = inner.next_id;
-        let (revoke, revoked) = watch::channel(false);
+        let revoked = Revoked::default();
         inner.streams.insert(
             id,
             Entry {
@@ -141,7 +184,7 @@ impl StreamRegistry {
                     scope_key: scope_key.to_owned(),
                     connected_at: now,
                 },
-                revoke,
+                revoke: revoked.clone(),
             },
         );
         *inner
@@ -181,9 +224,8 @@ impl StreamRegistry {
             let stream = &entry.stream;
             if stream.subscriber == subscriber
                 && scope_key.is_none_or(|scope| scope == stream.scope_key)
-                && !*entry.revoke.borrow()
+                && entry.revoke.revoke()
             {
-                entry.revoke.send_replace(true);
                 ended += 1;
             }
         }
@@ -304,8 +346,8 @@ mod tests {
         let other = registry.open("bob", "org-1", 9).unwrap();
         let until = Utc::now() + chrono::Duration::seconds(60);
         assert_eq!(registry.disconnect("alice", Some("org-1"), Some(until)), 1);
-        assert!(*one.revoked.borrow());
-        assert!(!*two.revoked.borrow() && !*other.revoked.borrow());
+        assert!(one.revoked.is_revoked());
+        assert!(!two.revoked.is_revoked() && !other.revoked.is_revoked());
         assert_eq!(
             registry.open("alice", "org-1", 9).err(),
             Some(Refusal::Denied(until))

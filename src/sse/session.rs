@@ -7,6 +7,7 @@
 //! hub fills, the timers and the de-duplication, with no second hop.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use actix::Addr;
 use bytes::{Bytes, BytesMut};
 use eventrelay_wire::{Subscriber, is_envelope_permitted, sse};
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{Instant, Interval};
+use tokio::time::{Instant, Sleep};
 
 use super::peer::{PEEK_EVERY, PeerSocket};
 use super::registry::Ticket;
@@ -99,14 +100,19 @@ pub struct Session {
     /// Held while replaying: dropping it stands down the watch that cuts a
     /// replay stalled past the stream's end (see [`watch_stalled_replay`]).
     replaying: Option<oneshot::Sender<()>>,
-    /// Due a heartbeat after the last write. Writes do not re-arm it (a
-    /// timer reset takes the runtime's timer lock, once per subscriber per
-    /// event); it notices a recent write when it fires and waits out the rest.
-    heartbeat: Interval,
+    /// The live stream's one timer, set to the earliest of the stream's
+    /// end, the reauth warning, the next heartbeat and the next peek: one
+    /// timer entry per idle stream rather than four. Writes do not re-arm
+    /// it (a timer reset takes the runtime's timer lock, once per
+    /// subscriber per event); when it fires, a recent write postpones the
+    /// heartbeat and the peek.
+    timer: Pin<Box<Sleep>>,
+    /// Due a heartbeat an interval after the last write.
+    next_heartbeat: Instant,
     /// When an idle stream next peeks at its socket; like the heartbeat,
     /// due an interval after the last write, since a write to a closed peer
     /// fails by itself.
-    peek: Interval,
+    next_peek: Instant,
     last_write: Instant,
     /// Live writes so far, for sampling the queue's fill ratio.
     live_writes: u32,
@@ -164,12 +170,10 @@ impl Session {
         queue: mpsc::Receiver<Arc<EncodedEvent>>,
         registration: Registration,
     ) -> Self {
-        let mut heartbeat =
-            tokio::time::interval_at(Instant::now() + params.heartbeat, params.heartbeat);
-        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let every = PEEK_EVERY;
-        let mut peek = tokio::time::interval_at(Instant::now() + every, every);
-        peek.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let now = Instant::now();
+        let next_heartbeat = now + params.heartbeat;
+        let next_peek = now + PEEK_EVERY;
+        let timer = Box::pin(tokio::time::sleep_until(params.ends_at));
         Session {
             params,
             subscriber,
@@ -179,17 +183,20 @@ impl Session {
             live_batch: Vec::new(),
             replay_left: Vec::new(),
             replaying: None,
-            heartbeat,
-            peek,
-            last_write: Instant::now(),
+            timer,
+            next_heartbeat,
+            next_peek,
+            last_write: now,
             live_writes: 0,
             registration,
         }
     }
 
-    /// The response body.
+    /// The response body. The session is boxed: the stream keeps its state
+    /// beside the future that has it, so an unboxed session would take its
+    /// room twice in every connection's body.
     pub fn into_stream(self) -> impl futures_util::Stream<Item = Result<Bytes, StreamError>> {
-        futures_util::stream::unfold(self, |mut session| async move {
+        futures_util::stream::unfold(Box::new(self), |mut session| async move {
             let chunk = session.next_chunk().await?;
             Some((chunk, session))
         })
@@ -202,7 +209,7 @@ impl Session {
             if self.phase != Phase::Finished && Instant::now() >= self.params.ends_at {
                 self.phase = Phase::Finished;
             }
-            if self.phase != Phase::Finished && *self.params.ticket.revoked.borrow() {
+            if self.phase != Phase::Finished && self.params.ticket.revoked.is_revoked() {
                 self.phase = Phase::Finished;
                 return Some(Ok(Bytes::from(sse::revoked_frame())));
             }
@@ -230,10 +237,13 @@ impl Session {
                         return Some(Ok(chunk));
                     }
                 }
-                Phase::Replay => match tokio::time::timeout_at(
+                // Boxed, and so allocated only while a page is read: inline,
+                // the database read's state would stay in every live
+                // stream's body, idle or not.
+                Phase::Replay => match Box::pin(tokio::time::timeout_at(
                     self.params.ends_at,
                     replay_page(&mut self.params.replay, &self.subscriber),
-                )
+                ))
                 .await
                 .unwrap_or(Ok(None))
                 {
@@ -279,35 +289,54 @@ impl Session {
         let ends_at = self.params.ends_at;
         let mut closing = self.params.closing.clone();
         let peer = self.params.peer;
-        let mut revoked = self.params.ticket.revoked.clone();
+        let revoked = self.params.ticket.revoked.clone();
         loop {
-            let reauth_at = self.params.reauth.map(|(at, _)| at);
-            tokio::select! {
-                biased;
-                _ = tokio::time::sleep_until(ends_at) => {
+            let now = Instant::now();
+            if now >= ends_at {
+                self.phase = Phase::Finished;
+                return None;
+            }
+            if let Some(frame) = self.reauth_due() {
+                return Some(frame);
+            }
+            if let Some(peer) = peer
+                && now >= self.next_peek
+            {
+                if let Some(due) = still_waiting(self.last_write, PEEK_EVERY) {
+                    self.next_peek = due;
+                } else if peer.is_closed() {
+                    // Nobody is reading: end now, releasing the permit,
+                    // the hub's place and the queue.
                     self.phase = Phase::Finished;
                     return None;
+                } else {
+                    self.next_peek = now + PEEK_EVERY;
                 }
-                _ = revoked.wait_for(|revoked| *revoked) => {
+            }
+            if now >= self.next_heartbeat {
+                if let Some(due) = still_waiting(self.last_write, self.params.heartbeat) {
+                    self.next_heartbeat = due;
+                } else {
+                    self.last_write = now;
+                    self.next_heartbeat = now + self.params.heartbeat;
+                    return Some(Bytes::from_static(sse::HEARTBEAT_FRAME.as_bytes()));
+                }
+            }
+            let mut due = ends_at.min(self.next_heartbeat);
+            if let Some((at, _)) = self.params.reauth {
+                due = due.min(at);
+            }
+            if peer.is_some() {
+                due = due.min(self.next_peek);
+            }
+            if self.timer.deadline() != due {
+                self.timer.as_mut().reset(due);
+            }
+            tokio::select! {
+                biased;
+                () = revoked.wait() => {
                     self.phase = Phase::Finished;
                     return Some(Bytes::from(sse::revoked_frame()));
-                }
-                _ = tokio::time::sleep_until(reauth_at.unwrap_or(ends_at)), if reauth_at.is_some() => {
-                    if let Some(frame) = self.reauth_due() {
-                        return Some(frame);
-                    }
-                }
-                _ = self.peek.tick(), if peer.is_some() => {
-                    if let Some(due) = still_waiting(self.last_write, PEEK_EVERY) {
-                        self.peek.reset_at(due);
-                        continue;
-                    }
-                    if peer.is_some_and(PeerSocket::is_closed) {
-                        // Nobody is reading: end now, releasing the permit,
-                        // the hub's place and the queue.
-                        self.phase = Phase::Finished;
-                        return None;
-                    }
                 }
                 _ = closing.wait_for(|closing| *closing) => {
                     self.phase = Phase::Finished;
@@ -341,14 +370,8 @@ impl Session {
                         return Some(chunk);
                     }
                 }
-                _ = self.heartbeat.tick() => {
-                    if let Some(due) = still_waiting(self.last_write, self.params.heartbeat) {
-                        self.heartbeat.reset_at(due);
-                        continue;
-                    }
-                    self.last_write = Instant::now();
-                    return Some(Bytes::from_static(sse::HEARTBEAT_FRAME.as_bytes()));
-                }
+                // Whatever came due is handled at the top of the loop.
+                () = self.timer.as_mut() => {}
             }
         }
     }

@@ -10,18 +10,22 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::alloc_counter::live_bytes;
+use crate::alloc_counter::{SIZE_CLASS, live_blocks, live_bytes};
 use crate::in_process::InProcessRelay;
 use crate::sse_load::request_head;
 use crate::{BenchResult, subscriber_token};
 
 /// Heap bytes per connection, measured two ways.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnectionHeap {
     /// An idle event stream, both ends, in one process.
     pub stream: f64,
     /// A bare TCP connection held open, both ends, in one process.
     pub bare_socket: f64,
+    /// What an idle stream holds, by block size: (up to this many bytes,
+    /// blocks per stream), for the sizes of which a stream holds at least
+    /// half a block, largest first.
+    pub blocks: Vec<(usize, f64)>,
 }
 
 /// Lets allocations made by background work settle before a reading.
@@ -35,20 +39,33 @@ pub async fn measure(database_url: &str, schema: &str, n: usize) -> BenchResult<
     // of every part are in place before the baseline.
     let _first = open_stream(address, "heap-warm").await?;
     tokio::time::sleep(SETTLE).await;
-    let before = live_bytes();
     let mut streams = Vec::with_capacity(n);
+    let blocks_before = live_blocks();
+    let before = live_bytes();
     for index in 0..n {
         streams.push(open_stream(address, &format!("heap-{index}")).await?);
     }
     tokio::time::sleep(SETTLE).await;
     let after = live_bytes();
+    let blocks_after = live_blocks();
     let vector = (streams.capacity() * std::mem::size_of::<TcpStream>()) as isize;
     drop(streams);
+    let mut blocks: Vec<(usize, f64)> = blocks_after
+        .iter()
+        .zip(&blocks_before)
+        .enumerate()
+        .map(|(class, (after, before))| {
+            (SIZE_CLASS * (class + 1), (after - before) as f64 / n as f64)
+        })
+        .filter(|(_, per_stream)| per_stream.abs() >= 0.5)
+        .collect();
+    blocks.reverse();
     // Stopping joins the relay's thread: do it off the runtime's workers.
     tokio::task::spawn_blocking(move || drop(relay)).await?;
     Ok(ConnectionHeap {
         stream: (after - before - vector) as f64 / n as f64,
         bare_socket,
+        blocks,
     })
 }
 

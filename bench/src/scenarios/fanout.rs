@@ -73,6 +73,7 @@ impl Server {
                     )),
                     last_event_id: None,
                     ready_when: ReadyWhen::ReadyEvent,
+                    source: None,
                 }
             }
             Server::Nchan { address, .. } => StreamTarget {
@@ -81,6 +82,7 @@ impl Server {
                 authorization: None,
                 last_event_id: None,
                 ready_when: ReadyWhen::HeadersEnd,
+                source: None,
             },
         }
     }

@@ -13,6 +13,7 @@ pub mod replay;
 pub mod seal_cost;
 pub mod standby;
 pub mod storm;
+pub mod streams;
 pub mod tail_memory;
 pub mod tails_budget;
 pub mod webhooks;

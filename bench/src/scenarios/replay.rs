@@ -37,6 +37,7 @@ pub fn target(
         )),
         last_event_id: after,
         ready_when: ReadyWhen::ReadyEvent,
+        source: None,
     }
 }
 
