@@ -251,6 +251,23 @@ async fn run_scenarios(
             blocks.join(" · "),
             "–".to_owned(),
         );
+        let surge = connection_heap::measure_surge(db, schema, n).await?;
+        let blocks: Vec<String> = surge
+            .blocks
+            .iter()
+            .map(|(size, count)| format!("{count:.2} × ≤ {size} B"))
+            .collect();
+        table.add(
+            format!(
+                "heap per stream at the peak of {n} connecting at once, beyond what they hold idle"
+            ),
+            format!(
+                "{} per stream: {}",
+                size(surge.transient),
+                blocks.join(" · ")
+            ),
+            "–".to_owned(),
+        );
     }
     if wanted("storm") {
         storm_rows(args, schema, &scale, table).await?;

@@ -69,6 +69,65 @@ pub async fn measure(database_url: &str, schema: &str, n: usize) -> BenchResult<
     })
 }
 
+/// What a surge of streams connecting at once holds at its peak beyond
+/// what the same streams hold once idle.
+#[derive(Debug, Clone)]
+pub struct SurgeHeap {
+    /// Live heap at the peak, less the idle streams' heap, per stream.
+    pub transient: f64,
+    /// The blocks making up the difference, as in [`ConnectionHeap`].
+    pub blocks: Vec<(usize, f64)>,
+}
+
+/// Opens `n` streams all at once and samples the live heap until every
+/// one is ready.
+pub async fn measure_surge(database_url: &str, schema: &str, n: usize) -> BenchResult<SurgeHeap> {
+    let relay = InProcessRelay::start(database_url, schema).await?;
+    let address = relay.address;
+    let _first = open_stream(address, "surge-warm").await?;
+    tokio::time::sleep(SETTLE).await;
+    let before = live_bytes();
+    let opening: Vec<_> = (0..n)
+        .map(|index| {
+            tokio::spawn(async move { open_stream(address, &format!("surge-{index}")).await })
+        })
+        .collect();
+    let mut peak = (before, live_blocks());
+    while opening.iter().any(|task| !task.is_finished()) {
+        let now = live_bytes();
+        if now > peak.0 {
+            peak = (now, live_blocks());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut streams = Vec::with_capacity(n);
+    for task in opening {
+        streams.push(task.await??);
+    }
+    tokio::time::sleep(SETTLE).await;
+    let idle = (live_bytes(), live_blocks());
+    drop(streams);
+    tokio::task::spawn_blocking(move || drop(relay)).await?;
+    let mut blocks: Vec<(usize, f64)> = peak
+        .1
+        .iter()
+        .zip(&idle.1)
+        .enumerate()
+        .map(|(class, (at_peak, at_idle))| {
+            (
+                SIZE_CLASS * (class + 1),
+                (at_peak - at_idle) as f64 / n as f64,
+            )
+        })
+        .filter(|(_, per_stream)| *per_stream >= 0.05)
+        .collect();
+    blocks.reverse();
+    Ok(SurgeHeap {
+        transient: (peak.0 - idle.0) as f64 / n as f64,
+        blocks,
+    })
+}
+
 /// Heap per bare TCP connection: both ends held open by tokio sockets.
 async fn bare_sockets(n: usize) -> BenchResult<f64> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
