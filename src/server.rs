@@ -392,6 +392,7 @@ pub async fn run_with(
         reload: reload_handle,
         relay: relay.clone(),
         resolver,
+        reads: crate::sse::shared_reads::SharedReads::new(db.clone(), outbox.clone()),
         db,
         outbox,
         publishing,

@@ -42,6 +42,8 @@ pub struct AppState {
     pub resolver: Arc<dyn SubscriberResolver>,
     pub db: Database,
     pub outbox: Outbox,
+    /// The join views and replay pages streams opening at once share.
+    pub reads: crate::sse::shared_reads::SharedReads,
     /// Writes publish requests, in groups when group commit is on.
     pub publishing: crate::group_commit::Publishing,
     pub metrics: Arc<Metrics>,

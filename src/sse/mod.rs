@@ -3,7 +3,8 @@
 //! ([`session`]), and the check that finds a client that closed its side
 //! ([`peer`]), and the registry of this relay's open streams
 //! ([`registry`]), which holds the per-subscriber connection cap, the
-//! listing the admin API shows and the operator's disconnections.
+//! listing the admin API shows and the operator's disconnections, and the
+//! reads opening streams share ([`shared_reads`]).
 //!
 //! The session is a stream, not an actor, on purpose: an actix actor per
 //! connection, speaking the same protocol, measured 2.5 KiB more per idle
@@ -12,6 +13,7 @@
 pub mod peer;
 pub mod registry;
 pub mod session;
+pub mod shared_reads;
 pub mod stream;
 
 pub use stream::stream_events;

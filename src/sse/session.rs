@@ -13,20 +13,19 @@ use std::time::Duration;
 
 use actix::Addr;
 use bytes::{Bytes, BytesMut};
-use eventrelay_wire::{Subscriber, is_envelope_permitted, sse};
+use eventrelay_wire::{Subscriber, sse};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
 
 use super::peer::{PEEK_EVERY, PeerSocket};
 use super::registry::Ticket;
+use super::shared_reads::SharedReads;
 use crate::actors::EncodedEvent;
 use crate::actors::mailbox::Counted;
 use crate::actors::relay::{Relay, Unsubscribe};
 use crate::metrics::{Metrics, SourceLabel};
-use crate::store::{Database, Outbox, StoreError};
+use crate::store::StoreError;
 
-/// Rows per page when replaying from the outbox.
-const REPLAY_PAGE: i64 = 500;
 /// Seqs remembered to drop duplicates between replay and live.
 pub(super) const SENT_MEMORY: usize = 16_384;
 /// Frames gathered into one write when several are queued.
@@ -41,17 +40,18 @@ const FILL_SAMPLE_EVERY: u32 = 32;
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     #[error("event stream unavailable: the replay could not be read: {0}")]
-    ReplayFailed(#[source] StoreError),
+    ReplayFailed(#[source] Arc<StoreError>),
 }
 
 /// Where the replay comes from.
 pub enum Replay {
     Nothing,
     FromTail(Vec<Arc<EncodedEvent>>),
+    /// Read page by page after `cursor`, through reads shared with the
+    /// other streams resuming from the same point.
     FromOutbox {
         cursor: i64,
-        db: Database,
-        outbox: Outbox,
+        reads: SharedReads,
     },
 }
 
@@ -428,7 +428,7 @@ fn still_waiting(last_write: Instant, every: Duration) -> Option<Instant> {
 pub(super) async fn replay_page(
     replay: &mut Replay,
     subscriber: &Subscriber,
-) -> Result<Option<Vec<Arc<EncodedEvent>>>, StoreError> {
+) -> Result<Option<Vec<Arc<EncodedEvent>>>, Arc<StoreError>> {
     match replay {
         Replay::Nothing => Ok(None),
         Replay::FromTail(events) => {
@@ -436,24 +436,15 @@ pub(super) async fn replay_page(
             *replay = Replay::Nothing;
             Ok(Some(events))
         }
-        Replay::FromOutbox { cursor, db, outbox } => {
-            let client = db.get().await?;
-            let page = outbox
-                .read_since(&client, &subscriber.scope_key, *cursor, REPLAY_PAGE)
-                .await?;
-            let full = page.len() as i64 == REPLAY_PAGE;
-            if let Some(last) = page.last().and_then(|e| e.seq) {
+        Replay::FromOutbox { cursor, reads } => {
+            let page = reads.replay_page(&subscriber.scope_key, *cursor).await?;
+            if let Some(last) = page.last_seq {
                 *cursor = last;
             }
-            if !full {
+            if !page.full {
                 *replay = Replay::Nothing;
             }
-            Ok(Some(
-                page.into_iter()
-                    .filter(|envelope| is_envelope_permitted(envelope, subscriber))
-                    .map(|envelope| Arc::new(EncodedEvent::new(envelope)))
-                    .collect(),
-            ))
+            Ok(Some(page.permitted_for(subscriber)))
         }
     }
 }

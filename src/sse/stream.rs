@@ -21,7 +21,7 @@ use crate::actors::relay::{JoinPoint, Subscribe, SubscribeError};
 use crate::auth::Credentials;
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
-use crate::store::{JoinView, StoreError};
+use crate::store::JoinView;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -134,32 +134,27 @@ pub async fn stream_events(
         })?;
     let replay_from = last_event_id.map(|id| (id - sse.replay_lookback).max(0));
     // Taken before the subscription exists, so whatever it saw committed
-    // is history to this subscriber and everything after it is live.
+    // is history to this subscriber and everything after it is live. The
+    // read is shared with the streams of the scope opening at the same
+    // moment (see `shared_reads`).
     //
     // Each step that waits is boxed, so this handler's own state stays
-    // small: inline, the pool checkout, the query and the relay's answer
-    // made it about 6.7 KiB, held by every request in flight. When
-    // thousands of clients connect at once, that is what they hold while
-    // they wait, and what it leaves behind between the streams' live
-    // blocks stays resident after them.
-    let view = {
-        let failed = |error: StoreError| {
-            ApiError::failed("the stream could not start (the database failed)", &error)
-        };
-        let client = Box::pin(state.db.get())
-            .await
-            .map_err(|e| failed(e.into()))?;
-        Box::pin(state.outbox.join_view(&client, &subscriber.scope_key))
-            .await
-            .map_err(failed)?
-    };
+    // small: inline, the read and the relay's answer made it kilobytes,
+    // held by every request in flight. When thousands of clients connect
+    // at once, that is what they hold while they wait, and what it leaves
+    // behind between the streams' live blocks stays resident after them.
+    let view = Box::pin(state.reads.join_view(&subscriber.scope_key))
+        .await
+        .map_err(|error| {
+            ApiError::failed("the stream could not start (the database failed)", &*error)
+        })?;
     let (queue, receiver) = mpsc::channel(sse.queue_capacity);
     let attached = Box::pin(state.relay.send(Subscribe {
         subscriber: subscriber.clone(),
         queue,
         replay_after: replay_from,
         joined: JoinPoint {
-            snapshot: Arc::new(view.snapshot.clone()),
+            snapshot: Arc::clone(&view.snapshot),
             scope_newest: view.scope_newest,
         },
     }))
@@ -188,8 +183,7 @@ pub async fn stream_events(
             (
                 Replay::FromOutbox {
                     cursor: from,
-                    db: state.db.clone(),
-                    outbox: state.outbox.clone(),
+                    reads: state.reads.clone(),
                 },
                 must_reread(&view, after),
             )

@@ -18,4 +18,8 @@ pub enum StoreError {
     Snapshot(#[from] SnapshotParseError),
     #[error("the database answered no row to: {0}")]
     NoRow(&'static str),
+    /// A read shared by several requests ended without an answer (it
+    /// panicked).
+    #[error("the shared read ended without an answer")]
+    Abandoned,
 }

@@ -2,6 +2,8 @@
 //! subscriber joins at, and pruning by age. The relay's live path and every
 //! replay path read through here.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use eventrelay_publisher::{Identifier, PgExecutor};
 use eventrelay_wire::{Audience, EventEnvelope, Lane, is_reserved_event_type};
@@ -23,7 +25,8 @@ pub struct StoredEvent {
 #[derive(Debug, Clone)]
 pub struct JoinView {
     /// Transactions committed at that moment: events they wrote are history.
-    pub snapshot: Snapshot,
+    /// Shared: every stream that joined through the same read keeps it.
+    pub snapshot: Arc<Snapshot>,
     /// The scope's highest committed seq then (0 when it had none). Every
     /// event above it is new; below it, the snapshot decides.
     pub scope_newest: i64,
@@ -155,7 +158,7 @@ impl Outbox {
         let row = rows.first().ok_or(StoreError::NoRow("the join view"))?;
         let snapshot: String = row.get(0);
         Ok(JoinView {
-            snapshot: Snapshot::parse(&snapshot)?,
+            snapshot: Arc::new(Snapshot::parse(&snapshot)?),
             scope_newest: row.get::<_, Option<i64>>(1).unwrap_or(0),
             outbox_newest: row.get::<_, Option<i64>>(2).unwrap_or(0),
             pruned_through: row.get::<_, Option<i64>>(3).unwrap_or(0),

@@ -284,6 +284,56 @@ async fn replay_from_memory_and_from_the_outbox_agree(mode: WakeupMode) {
     );
 }
 
+/// Streams resuming from one `Last-Event-ID` at once share the outbox reads
+/// of their replay and their join; what each receives is still filtered for
+/// its own subscriber.
+#[tokio::test]
+async fn streams_resuming_together_each_get_only_their_own_events() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        c.sse.replay_lookback = 0;
+        c.sse.max_connections_per_subscriber = 10;
+    });
+    server.ready().await;
+    let first = db.emit(durable("before", "org-1")).await;
+    // Each event with the one user it is for, or none for everyone.
+    let mut emitted = Vec::new();
+    for n in 0..9 {
+        let only = [Some("alice"), Some("bob"), None][n % 3];
+        let mut event = NewEvent::durable("n", "org-1", json!({"n": n}));
+        if let Some(user) = only {
+            event = event.with_audience(Audience::users([user]));
+        }
+        emitted.push((only, db.emit(event).await.id.to_string()));
+    }
+    let after = first.seq.unwrap().to_string();
+    let expected = |user: &str| -> Vec<String> {
+        emitted
+            .iter()
+            .filter(|(only, _)| only.is_none_or(|only| only == user))
+            .map(|(_, id)| id.clone())
+            .collect()
+    };
+    let users = ["alice", "bob", "carol"];
+    let streams = futures_util::future::join_all((0..30).map(|n| {
+        let user = users[n % users.len()];
+        let server = &server;
+        let after = after.clone();
+        async move {
+            let (stream, resync) = server
+                .subscribe(&token(user, "org-1", json!({})), Some(&after), "")
+                .await;
+            (user, stream, resync)
+        }
+    }))
+    .await;
+    for (user, stream, resync) in &streams {
+        assert!(!resync, "{user}");
+        assert_eq!(ids(&stream.replayed), expected(user), "{user}");
+    }
+    assert_eq!(expected("carol").len(), 3);
+}
+
 test_in_both_wakeup_modes!(replay_joins_live_without_gap_or_duplicate);
 
 async fn replay_joins_live_without_gap_or_duplicate(mode: WakeupMode) {
