@@ -88,10 +88,11 @@ where
         None => builder.listen("eventrelay-http", listener, move || {
             let http = http_builder(address, header_timeout, on_connect)
                 .h1(application(&factory, false, address));
-            (move |tcp: TcpStream| {
+            (move |tcp: TcpStream| async move {
+                first_bytes(&tcp, header_timeout).await?;
                 let peer = tcp.peer_addr().ok();
                 let stream = Deadlined::new(tcp, header_timeout, true);
-                ready(Ok::<_, DispatchError>((stream, peer)))
+                Ok::<_, DispatchError>((stream, peer))
             })
             .into_factory()
             .and_then(http)
@@ -123,6 +124,25 @@ where
         }
     };
     Ok(builder.run())
+}
+
+/// Waits until a new connection has something to read (or is closed), at
+/// most `limit`.
+///
+/// actix-http starts timing a connection's first request when it first
+/// polls the connection, and reads it only when polled again after the
+/// bytes arrive. When thousands of clients come back at once (a restart),
+/// every connection waits its turn behind the others' work twice, and
+/// requests whose headers had long arrived were answered 408. Handed over
+/// only once its first bytes are there, a connection's headers are read at
+/// the first poll; a client that sends nothing is still closed after
+/// `limit`, and one that starts but never finishes after `limit` more.
+async fn first_bytes(tcp: &TcpStream, limit: Duration) -> Result<(), DispatchError> {
+    match tokio::time::timeout(limit, tcp.readable()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(DispatchError::Io(error)),
+        Err(_) => Err(DispatchError::SlowRequestTimeout),
+    }
 }
 
 /// The application as actix-http serves it: its errors already answers.

@@ -55,6 +55,32 @@ async fn headers_that_never_finish_are_answered_408_after_the_timeout() {
     assert_eq!(frames[0].event.as_deref(), Some("after.timeout"));
 }
 
+/// A connection is only handed to the HTTP layer once its first bytes are
+/// there; one that sends nothing at all is closed at the same timeout.
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_after_the_timeout() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| c.http.header_timeout_secs = 1);
+    server.ready().await;
+    let address = server.base.trim_start_matches("http://");
+    let mut silent = TcpStream::connect(address).await.unwrap();
+    let started = Instant::now();
+    let answer = read_until_closed(&mut silent).await;
+    let waited = started.elapsed();
+    assert!(
+        answer.is_empty(),
+        "a silent connection was answered: {answer:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(900),
+        "closed after {waited:?}, before the 1 s header timeout"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "closed after {waited:?}: the configured 1 s was not applied"
+    );
+}
+
 #[tokio::test]
 async fn a_client_that_never_reads_is_dropped_and_its_connection_closed() {
     let db = TestDb::new().await;
