@@ -58,6 +58,63 @@ const EADDRNOTAVAIL: i32 = 99;
 const RETRY_WHILE_DOWN: Duration = Duration::from_millis(50);
 /// How long a subscriber waits after a refusal (a status other than 200).
 const RETRY_AFTER_REFUSAL: Duration = Duration::from_millis(250);
+/// The retry interval the relay gives every stream (`sse.retry_ms`).
+const RETRY_INTERVAL: Duration = Duration::from_millis(3000);
+/// The longest wait of eventrelay's browser client between failed attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// How a subscriber comes back after its stream ends or an attempt fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reconnect {
+    /// At once after a stream ends, every 50 ms while nothing listens,
+    /// 250 ms after a refusal: the harshest a client can be.
+    Immediate,
+    /// As eventrelay's browser client does (full jitter): after a stream
+    /// ends, a random wait up to the relay's retry interval (3 s); after a
+    /// failed attempt, up to that interval doubled per failure in a row,
+    /// at most 30 s.
+    Jittered,
+}
+
+impl Reconnect {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reconnect::Immediate => "immediate",
+            Reconnect::Jittered => "jittered",
+        }
+    }
+
+    pub fn parse(name: &str) -> BenchResult<Reconnect> {
+        match name {
+            "immediate" => Ok(Reconnect::Immediate),
+            "jittered" => Ok(Reconnect::Jittered),
+            other => {
+                Err(format!("unknown reconnect policy {other:?}: immediate or jittered").into())
+            }
+        }
+    }
+
+    /// The wait after a stream that was streaming ended.
+    fn after_end(self) -> Duration {
+        match self {
+            Reconnect::Immediate => Duration::ZERO,
+            Reconnect::Jittered => RETRY_INTERVAL.mul_f64(fastrand::f64()),
+        }
+    }
+
+    /// The wait after the `failures`-th failed attempt in a row, `fixed`
+    /// for the immediate policy.
+    fn after_failure(self, failures: u32, fixed: Duration) -> Duration {
+        match self {
+            Reconnect::Immediate => fixed,
+            Reconnect::Jittered => {
+                let doubled =
+                    RETRY_INTERVAL.saturating_mul(1 << failures.saturating_sub(1).min(16));
+                doubled.min(MAX_BACKOFF).mul_f64(fastrand::f64())
+            }
+        }
+    }
+}
 /// One read buffer for the whole process (each process runs one thread):
 /// 100,000 streams with a buffer each would cost the load gigabytes.
 const READ_BUFFER: usize = 64 * 1024;
@@ -81,6 +138,7 @@ pub struct ClientSpec {
     pub last_event_id: i64,
     /// First-connect handshakes in flight at once.
     pub connect_concurrency: usize,
+    pub reconnect: Reconnect,
     pub work_dir: PathBuf,
 }
 
@@ -96,6 +154,7 @@ impl ClientSpec {
             "scope_prefix": self.scope_prefix,
             "last_event_id": self.last_event_id,
             "connect_concurrency": self.connect_concurrency,
+            "reconnect": self.reconnect.name(),
             "work_dir": self.work_dir.display().to_string(),
         })
     }
@@ -130,6 +189,7 @@ impl ClientSpec {
                 .as_i64()
                 .ok_or("box-client spec: no last_event_id")?,
             connect_concurrency: number("connect_concurrency")?,
+            reconnect: Reconnect::parse(&text("reconnect")?)?,
             work_dir: PathBuf::from(text("work_dir")?),
         })
     }
@@ -223,6 +283,7 @@ struct Shared {
     /// Distinct numbered events received, by all streams together.
     received: AtomicU64,
     stop: watch::Sender<bool>,
+    reconnect: Reconnect,
 }
 
 impl Shared {
@@ -279,25 +340,33 @@ impl Stream {
         mut first_permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Stream {
         let mut stop = shared.stop.subscribe();
+        let policy = shared.reconnect;
+        let mut failures = 0;
         while !*stop.borrow() {
             let tally = shared.tally();
             let ended = self
                 .attempt(&shared, &tally, &mut stop, &mut first_permit)
                 .await;
-            match ended {
-                Ended::ByServer => {}
+            let wait = match ended {
+                Ended::ByServer => {
+                    failures = 0;
+                    policy.after_end()
+                }
                 Ended::Stopped => break,
                 Ended::Down => {
                     tally.refused_while_down.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
+                    failures += 1;
+                    policy.after_failure(failures, RETRY_WHILE_DOWN)
                 }
                 Ended::NoDescriptor => {
                     tally.out_of_descriptors.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
+                    failures += 1;
+                    policy.after_failure(failures, RETRY_WHILE_DOWN)
                 }
                 Ended::NoPort => {
                     tally.out_of_ports.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
+                    failures += 1;
+                    policy.after_failure(failures, RETRY_WHILE_DOWN)
                 }
                 Ended::Refused(status) => {
                     let counter = match status {
@@ -306,14 +375,22 @@ impl Stream {
                         _ => &tally.other_refusals,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(RETRY_AFTER_REFUSAL).await;
+                    failures += 1;
+                    policy.after_failure(failures, RETRY_AFTER_REFUSAL)
                 }
                 Ended::Broken(how) => {
                     tally.resets.fetch_add(1, Ordering::Relaxed);
                     if let Ok(mut reasons) = tally.reset_reasons.lock() {
                         *reasons.entry(how).or_default() += 1;
                     }
-                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
+                    failures += 1;
+                    policy.after_failure(failures, RETRY_WHILE_DOWN)
+                }
+            };
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = stop.changed() => break,
+                    _ = tokio::time::sleep(wait) => {}
                 }
             }
         }
@@ -521,6 +598,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
         streaming: AtomicUsize::new(0),
         received: AtomicU64::new(0),
         stop,
+        reconnect: spec.reconnect,
     });
     let (mut phase, mut tally) = shared.next_phase();
     let handshakes = Arc::new(Semaphore::new(spec.connect_concurrency.max(1)));

@@ -87,6 +87,11 @@ struct Args {
     /// from what Postgres has free, at most 8).
     #[arg(long)]
     box_pool_size: Option<usize>,
+    /// How the box scenario's subscribers reconnect: `jittered` (as
+    /// eventrelay's browser client, the default) or `immediate` (at once,
+    /// retrying every 50 ms while nothing listens).
+    #[arg(long, default_value = "jittered")]
+    box_reconnect: String,
 }
 
 /// Sizes and durations of one run.
@@ -289,6 +294,7 @@ async fn run_scenarios(
         let mut plan = eventrelay_bench::scenarios::box_scale::BoxPlan::of(args.quick);
         plan.streams = args.box_streams.unwrap_or(plan.streams);
         plan.pool_size = args.box_pool_size;
+        plan.reconnect = eventrelay_bench::box_client::Reconnect::parse(&args.box_reconnect)?;
         eventrelay_bench::scenarios::box_scale::rows(
             &plan,
             &args.relay_bin,

@@ -21,7 +21,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::BenchResult;
-use crate::box_client::{self, Arrival, ClientProcess, ClientSpec, realtime_ns};
+use crate::box_client::{self, Arrival, ClientProcess, ClientSpec, Reconnect, realtime_ns};
 use crate::clock::Percentiles;
 use crate::proc_stats::{self, Usage};
 use crate::publish::{TICK_TYPE, event_data};
@@ -62,6 +62,8 @@ pub struct BoxPlan {
     /// `database.pool_size` of every relay; unset, chosen from what
     /// Postgres has free ([`pool_budget`]).
     pub pool_size: Option<usize>,
+    /// How the subscribers come back when their relay restarts.
+    pub reconnect: Reconnect,
 }
 
 impl BoxPlan {
@@ -75,6 +77,7 @@ impl BoxPlan {
             storm_rate: 5.0,
             connect_concurrency: 64,
             pool_size: None,
+            reconnect: Reconnect::Jittered,
         }
     }
 
@@ -381,6 +384,7 @@ pub async fn rows(
             scope_prefix: scope_prefix.clone(),
             last_event_id: start_after,
             connect_concurrency: plan.connect_concurrency,
+            reconnect: plan.reconnect,
             work_dir: work_dir.to_owned(),
         };
         clients.push(ClientProcess::spawn(&binary, &spec)?);
@@ -660,8 +664,12 @@ pub async fn rows(
     let slowest_stop = stopped_in.iter().max().copied().unwrap_or_default();
     table.add(
         format!(
-            "box: reconnect storm, all {relays_n} relays SIGTERMed at once and restarted on their ports under {n} streams, {} events/s emitted throughout",
-            plan.storm_rate
+            "box: reconnect storm, all {relays_n} relays SIGTERMed at once and restarted on their ports under {n} streams, {} events/s emitted throughout, clients reconnecting {}",
+            plan.storm_rate,
+            match plan.reconnect {
+                Reconnect::Jittered => "as eventrelay's browser client (full jitter over 3 s, backoff after failures)",
+                Reconnect::Immediate => "at once (every 50 ms while down)",
+            }
         ),
         format!(
             "{} · slowest relay exited {:.2} s after SIGTERM, last one ready again {:.2} s after it · connect p50 {} · p99 {} · max {} · {} · refused while down: {} · {} streams opened · {emitted} events emitted in all, {missing} (subscriber, event) pairs missed on {missing_streams} streams · relays' RSS after {} · most relay connections to Postgres at once {most_connections} · pool waiters at the end {:?}{}",
