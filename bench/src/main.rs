@@ -92,6 +92,9 @@ struct Args {
     /// retrying every 50 ms while nothing listens).
     #[arg(long, default_value = "jittered")]
     box_reconnect: String,
+    /// The box scenario's relays' `http.header_timeout_secs` (default 60).
+    #[arg(long)]
+    box_header_timeout: Option<u64>,
 }
 
 /// Sizes and durations of one run.
@@ -295,6 +298,7 @@ async fn run_scenarios(
         plan.streams = args.box_streams.unwrap_or(plan.streams);
         plan.pool_size = args.box_pool_size;
         plan.reconnect = eventrelay_bench::box_client::Reconnect::parse(&args.box_reconnect)?;
+        plan.header_timeout_secs = args.box_header_timeout.unwrap_or(plan.header_timeout_secs);
         eventrelay_bench::scenarios::box_scale::rows(
             &plan,
             &args.relay_bin,

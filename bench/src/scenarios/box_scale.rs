@@ -64,6 +64,11 @@ pub struct BoxPlan {
     pub pool_size: Option<usize>,
     /// How the subscribers come back when their relay restarts.
     pub reconnect: Reconnect,
+    /// Every relay's `http.header_timeout_secs`. A restarted relay reads
+    /// the requests of all its clients at once, on a sixth of the two
+    /// cores; at 16,667 each, the last are read about a minute later, and
+    /// the default 10 s would close them first.
+    pub header_timeout_secs: u64,
 }
 
 impl BoxPlan {
@@ -78,6 +83,7 @@ impl BoxPlan {
             connect_concurrency: 64,
             pool_size: None,
             reconnect: Reconnect::Jittered,
+            header_timeout_secs: 60,
         }
     }
 
@@ -345,6 +351,7 @@ pub async fn rows(
     );
     let mut settings = RelaySettings::new(&with_application_name(database_url), schema);
     settings.pool_size = budget.pool_size;
+    settings.header_timeout_secs = Some(plan.header_timeout_secs);
 
     let (sampling, sampler_stop) = watch::channel(false);
     let sampler = tokio::spawn(count_connections(database_url.to_owned(), sampler_stop));
@@ -473,8 +480,9 @@ pub async fn rows(
 
     table.add(
         format!(
-            "box: {n} streams, {relays_n} relays × pool_size {} on one Postgres, {} client processes on 127.0.0.2–.{}, {} scopes shared by every relay",
+            "box: {n} streams, {relays_n} relays × pool_size {} on one Postgres (http.header_timeout_secs {}), {} client processes on 127.0.0.2–.{}, {} scopes shared by every relay",
             budget.pool_size,
+            plan.header_timeout_secs,
             clients.len(),
             1 + clients.len(),
             plan.scopes
