@@ -124,8 +124,9 @@ pub struct HttpConfig {
     /// Serve HTTPS (and HTTP/2) directly instead of plain HTTP/1.1.
     pub tls: TlsConfig,
     /// How long a connection has to send a request's headers: a new
-    /// connection from its start (answered 408 and closed), a kept-alive
-    /// one from the end of its previous response (closed). A client that
+    /// connection its first bytes from its start (closed) and its headers
+    /// from those bytes (answered 408 and closed), a kept-alive one from
+    /// the end of its previous response (closed). A client that
     /// never finishes them holds a socket for no longer than this. Generous
     /// enough for the moments after a deploy, when every client reconnects
     /// at once and the relay reads thousands of requests together.
@@ -140,6 +141,16 @@ pub struct HttpConfig {
     /// faster than any accept loop; a short queue drops the excess, and
     /// those clients wait a second or more to retry their handshake.
     pub listen_backlog: u32,
+    /// Plain connections each HTTP worker reads a first request of at
+    /// once; the rest wait, their bytes in the kernel's socket buffers.
+    /// Each request being read costs about 8 KiB while it is served, and
+    /// what thousands of them free together stays resident between the
+    /// streams that remain, so a surge is taken a few hundred at a time.
+    pub opening_per_worker: usize,
+    /// How long a connection waits for one of those places before it is
+    /// read anyway: a few clients that trickle their headers can hold the
+    /// places, and must not hold up everyone else for longer than this.
+    pub opening_wait_ms: u64,
 }
 
 /// `[http.tls]`: both files or neither. The files are read at start and
@@ -295,6 +306,8 @@ impl Default for HttpConfig {
             header_timeout_secs: 10,
             body_timeout_secs: 10,
             listen_backlog: 4096,
+            opening_per_worker: 256,
+            opening_wait_ms: 2000,
         }
     }
 }
@@ -597,6 +610,9 @@ impl Config {
         }
         if http.listen_backlog == 0 {
             return Err(invalid("http.listen_backlog", "must be at least 1"));
+        }
+        if http.opening_per_worker == 0 {
+            return Err(invalid("http.opening_per_worker", "must be at least 1"));
         }
         origins::OriginRules::parse(&http.allowed_origins, http.allow_credentials)
             .map_err(|e| invalid("http.allowed_origins", e.to_string()))?;

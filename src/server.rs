@@ -430,6 +430,8 @@ pub async fn run_with(
             workers: config.http.workers,
             header_timeout: Duration::from_secs(config.http.header_timeout_secs),
             shutdown_timeout: HTTP_SHUTDOWN_GRACE,
+            opening_per_worker: config.http.opening_per_worker,
+            opening_wait: Duration::from_millis(config.http.opening_wait_ms),
             on_connect: crate::sse::peer::on_connect,
         },
     )?;

@@ -20,6 +20,10 @@
 //! the HTTP layer can write into its stream of responses, and an HTTP/2
 //! connection has no request to answer.
 //!
+//! The clock also carries the connection's place among the connections its
+//! worker is reading a first request of (see [`super::serve`]), so that the
+//! [`track`] middleware gives it back as soon as that request is answered.
+//!
 //! What this means beyond stalled headers: a kept-alive connection with
 //! nothing in flight is closed `http.header_timeout_secs` after its last
 //! response at the latest (actix-http's 5 s keep-alive closes a silent
@@ -41,6 +45,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
 /// What a connection's reader and its requests share.
@@ -56,6 +61,9 @@ pub struct ConnectionClock {
     /// Whoever reads the connection, woken when its last request ends so
     /// that the deadline starts being watched.
     reader: Cell<Option<Waker>>,
+    /// The connection's place among those its worker is opening (see
+    /// `serve`), given back once its first request has been answered.
+    opening: Cell<Option<OwnedSemaphorePermit>>,
 }
 
 impl ConnectionClock {
@@ -129,10 +137,18 @@ impl<T> Deadlined<T> {
                 in_flight: Cell::new(0),
                 idle_since: Cell::new(idle_since),
                 reader: Cell::new(None),
+                opening: Cell::new(None),
             }),
             timer: None,
             expired: false,
         }
+    }
+
+    /// Holds `permit` until the connection's first request is answered
+    /// (or the connection ends).
+    pub fn opening(self, permit: Option<OwnedSemaphorePermit>) -> Self {
+        self.clock.opening.set(permit);
+        self
     }
 
     /// The stream beneath.
@@ -230,10 +246,14 @@ pub async fn track<B: MessageBody + Unpin + 'static>(
     request: ServiceRequest,
     next: Next<B>,
 ) -> Result<ServiceResponse<InFlightBody<B>>, actix_web::Error> {
-    let in_flight = request
-        .conn_data::<ClockHandle>()
-        .map(|handle| handle.0.request());
-    let response = next.call(request).await?;
+    let clock = request.conn_data::<ClockHandle>().cloned();
+    let in_flight = clock.as_ref().map(|handle| handle.0.request());
+    let response = next.call(request).await;
+    // Answered (its body may stream for hours): the connection is open.
+    if let Some(handle) = &clock {
+        drop(handle.0.opening.take());
+    }
+    let response = response?;
     Ok(response.map_body(|_, body| InFlightBody {
         body,
         _in_flight: in_flight,

@@ -8,6 +8,11 @@
 //! acceptor) but has no place to wrap a connection's stream, so they are
 //! assembled here, with `HttpServer`'s defaults for everything not set.
 //!
+//! A plain connection is handed to the HTTP layer once its first bytes
+//! have arrived and it has a place among the connections its worker is
+//! reading a first request of (`http.opening_per_worker`, waited for at
+//! most `http.opening_wait_ms`): a surge is read a few hundred at a time.
+//!
 //! Plain connections are served by actix-http's HTTP/1.1 service alone,
 //! not by `HttpService`: each connection's task holds `HttpService`'s
 //! state for every protocol it could speak, and the HTTP/2 variant (an h2
@@ -18,6 +23,7 @@ use std::any::Any;
 use std::fmt;
 use std::future::ready;
 use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_http::body::MessageBody;
@@ -31,6 +37,7 @@ use actix_tls::accept::rustls_0_23::{Acceptor, TlsStream};
 use actix_web::dev::AppConfig;
 use actix_web::rt::net::TcpStream;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Semaphore;
 
 use super::deadline::Deadlined;
 
@@ -47,6 +54,12 @@ pub struct Settings {
     pub header_timeout: Duration,
     /// How long open connections get to finish when the server stops.
     pub shutdown_timeout: Duration,
+    /// `http.opening_per_worker`: plain connections each worker reads a
+    /// first request of at once.
+    pub opening_per_worker: usize,
+    /// `http.opening_wait_ms`: how long a connection waits for one of those
+    /// places before it is read anyway.
+    pub opening_wait: Duration,
     /// Called with each new connection's stream (a `TcpStream` or a
     /// `TlsStream<TcpStream>`) and the connection's data.
     pub on_connect: fn(&dyn Any, &mut Extensions),
@@ -82,17 +95,28 @@ where
     let Settings {
         header_timeout,
         on_connect,
+        opening_per_worker,
+        opening_wait,
         ..
     } = settings;
     let builder = match tls {
         None => builder.listen("eventrelay-http", listener, move || {
             let http = http_builder(address, header_timeout, on_connect)
                 .h1(application(&factory, false, address));
-            (move |tcp: TcpStream| async move {
-                first_bytes(&tcp, header_timeout).await?;
-                let peer = tcp.peer_addr().ok();
-                let stream = Deadlined::new(tcp, header_timeout, true);
-                Ok::<_, DispatchError>((stream, peer))
+            // Per worker: a connection is read by the worker it landed on.
+            let opening = Arc::new(Semaphore::new(opening_per_worker));
+            (move |tcp: TcpStream| {
+                let opening = Arc::clone(&opening);
+                async move {
+                    first_bytes(&tcp, header_timeout).await?;
+                    let permit = tokio::time::timeout(opening_wait, opening.acquire_owned())
+                        .await
+                        .ok()
+                        .and_then(Result::ok);
+                    let peer = tcp.peer_addr().ok();
+                    let stream = Deadlined::new(tcp, header_timeout, true).opening(permit);
+                    Ok::<_, DispatchError>((stream, peer))
+                }
             })
             .into_factory()
             .and_then(http)

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::TestDb;
 use crate::support::server::{TestServer, read_until_closed, token};
+use crate::support::{DEADLINE, TestDb};
 use eventrelay::publisher::NewEvent;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
@@ -79,6 +79,72 @@ async fn a_connection_that_sends_nothing_is_closed_after_the_timeout() {
         waited < Duration::from_secs(5),
         "closed after {waited:?}: the configured 1 s was not applied"
     );
+}
+
+/// A worker reads the first request of a bounded number of connections
+/// at once; a connection gives its place back as soon as its request is
+/// answered, though its stream goes on.
+#[tokio::test]
+async fn an_answered_stream_gives_its_opening_place_back() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        c.http.workers = 1;
+        c.http.opening_per_worker = 1;
+        // Far beyond the deadline below: the second stream opens only if
+        // the first gave its place back.
+        c.http.opening_wait_ms = 600_000;
+    });
+    server.ready().await;
+    let alice = token("alice", "org-1", json!({}));
+    let opened = tokio::time::timeout(DEADLINE, async {
+        let first = server.subscribe(&alice, None, "").await;
+        let second = server.subscribe(&alice, None, "").await;
+        (first, second)
+    })
+    .await;
+    let ((mut first, _), (mut second, _)) = opened.expect("the second stream opened");
+    db.emit(NewEvent::durable("both", "org-1", json!({}))).await;
+    for stream in [&mut first, &mut second] {
+        assert_eq!(stream.events(1).await[0].event.as_deref(), Some("both"));
+    }
+}
+
+/// Clients that trickle their headers can hold every opening place, but
+/// the others wait for one no longer than `http.opening_wait_ms`.
+#[tokio::test]
+async fn clients_holding_the_opening_places_delay_others_only_briefly() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| {
+        c.http.workers = 1;
+        c.http.opening_per_worker = 1;
+        c.http.opening_wait_ms = 500;
+        // The trickling client keeps its place for the whole test.
+        c.http.header_timeout_secs = 60;
+    });
+    server.ready().await;
+    let address = server.base.trim_start_matches("http://");
+    let mut trickling = TcpStream::connect(address).await.unwrap();
+    trickling
+        .write_all(b"GET /v1/events HTTP/1.1\r\nHost: relay\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (mut stream, _) = tokio::time::timeout(
+        DEADLINE,
+        server.subscribe(&token("alice", "org-1", json!({})), None, ""),
+    )
+    .await
+    .expect("a well-behaved client is served while the place is held");
+    // It did wait for the place: the trickling client held it.
+    assert!(
+        started.elapsed() >= Duration::from_millis(450),
+        "served after {:?}: the trickling client held no place",
+        started.elapsed()
+    );
+    db.emit(NewEvent::durable("served", "org-1", json!({})))
+        .await;
+    assert_eq!(stream.events(1).await[0].event.as_deref(), Some("served"));
+    drop(trickling);
 }
 
 #[tokio::test]
