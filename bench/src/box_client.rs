@@ -347,26 +347,22 @@ impl Stream {
             let ended = self
                 .attempt(&shared, &tally, &mut stop, &mut first_permit)
                 .await;
-            let wait = match ended {
-                Ended::ByServer => {
-                    failures = 0;
-                    policy.after_end()
-                }
+            // Counts how the attempt failed; the wait before the next one
+            // follows from the reconnect policy.
+            let fixed = match ended {
+                Ended::ByServer => None,
                 Ended::Stopped => break,
                 Ended::Down => {
                     tally.refused_while_down.fetch_add(1, Ordering::Relaxed);
-                    failures += 1;
-                    policy.after_failure(failures, RETRY_WHILE_DOWN)
+                    Some(RETRY_WHILE_DOWN)
                 }
                 Ended::NoDescriptor => {
                     tally.out_of_descriptors.fetch_add(1, Ordering::Relaxed);
-                    failures += 1;
-                    policy.after_failure(failures, RETRY_WHILE_DOWN)
+                    Some(RETRY_WHILE_DOWN)
                 }
                 Ended::NoPort => {
                     tally.out_of_ports.fetch_add(1, Ordering::Relaxed);
-                    failures += 1;
-                    policy.after_failure(failures, RETRY_WHILE_DOWN)
+                    Some(RETRY_WHILE_DOWN)
                 }
                 Ended::Refused(status) => {
                     let counter = match status {
@@ -375,16 +371,24 @@ impl Stream {
                         _ => &tally.other_refusals,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
-                    failures += 1;
-                    policy.after_failure(failures, RETRY_AFTER_REFUSAL)
+                    Some(RETRY_AFTER_REFUSAL)
                 }
                 Ended::Broken(how) => {
                     tally.resets.fetch_add(1, Ordering::Relaxed);
                     if let Ok(mut reasons) = tally.reset_reasons.lock() {
                         *reasons.entry(how).or_default() += 1;
                     }
+                    Some(RETRY_WHILE_DOWN)
+                }
+            };
+            let wait = match fixed {
+                None => {
+                    failures = 0;
+                    policy.after_end()
+                }
+                Some(fixed) => {
                     failures += 1;
-                    policy.after_failure(failures, RETRY_WHILE_DOWN)
+                    policy.after_failure(failures, fixed)
                 }
             };
             if !wait.is_zero() {
