@@ -31,11 +31,12 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use eventrelay_publisher::{BatchError, EventEnvelope, NewEvent, PublishError, Publisher};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::latency::Stage;
 use crate::metrics::Metrics;
 use crate::store::{Database, StatementKey, StoreError};
 
@@ -74,6 +75,8 @@ pub struct Publishing {
 struct Job {
     events: Vec<NewEvent>,
     reply: oneshot::Sender<Result<Vec<EventEnvelope>, GroupError>>,
+    /// When it was handed over, for its `group_wait` stage.
+    queued: Instant,
 }
 
 /// How groups are formed.
@@ -101,6 +104,7 @@ impl Publishing {
             db,
             publisher,
             known_statements: std::sync::Mutex::new(Vec::new()),
+            metrics: Arc::clone(&metrics),
         });
         let committer = (!settings.window.is_zero()).then(|| {
             let (jobs, queue) = mpsc::channel(4096);
@@ -126,7 +130,11 @@ impl Publishing {
         };
         let (reply, answer) = oneshot::channel();
         committer
-            .send(Job { events, reply })
+            .send(Job {
+                events,
+                reply,
+                queued: Instant::now(),
+            })
             .await
             .map_err(|_| GroupError::Stopping)?;
         answer.await.map_err(|_| GroupError::Stopping)?
@@ -140,6 +148,8 @@ struct Writer {
     /// The statements requests are written with, prepared on each
     /// connection before its pipeline (learnt from the first writes).
     known_statements: std::sync::Mutex<Vec<StatementKey>>,
+    /// For the `commit` stage, and the marks that time `notify`.
+    metrics: Arc<Metrics>,
 }
 
 impl Writer {
@@ -185,6 +195,21 @@ impl Writer {
     /// events asked for again (the caller keeps its own copy for the
     /// one-by-one fallback, so the events are copied once per attempt).
     async fn write_committed(
+        &self,
+        events: impl Fn() -> Vec<NewEvent>,
+    ) -> Result<Vec<EventEnvelope>, Together> {
+        let writing = Instant::now();
+        let written = self.write_committed_untimed(events).await;
+        if let Ok(envelopes) = &written {
+            let committed = Instant::now();
+            let stages = &self.metrics.stages;
+            stages.observe(Stage::Commit, committed - writing);
+            stages.committed(envelopes.iter().map(|envelope| envelope.id), committed);
+        }
+        written
+    }
+
+    async fn write_committed_untimed(
         &self,
         events: impl Fn() -> Vec<NewEvent>,
     ) -> Result<Vec<EventEnvelope>, Together> {
@@ -256,6 +281,12 @@ impl Committer {
             self.metrics
                 .publish_group_requests
                 .observe(group.len() as f64);
+            let writing = Instant::now();
+            for job in &group {
+                self.metrics
+                    .stages
+                    .observe(Stage::GroupWait, writing - job.queued);
+            }
             self.commit(group).await;
         }
     }

@@ -19,7 +19,8 @@
 //!   snapshots, the embedded database, and the store's one error.
 //! - [`auth`]: who a subscriber is (JWT or forward auth) and what it may see.
 //! - [`config`]: the settings, layered and validated; [`group_commit`]: the
-//!   publish API's shared transactions; [`metrics`]: `/metrics`;
+//!   publish API's shared transactions; [`metrics`]: `/metrics`, with
+//!   [`latency`]'s per-stage histograms;
 //!   [`memory`]: returning departed connections' memory to the system;
 //!   [`secret`]: values that never print; [`server`]: start and stop.
 //!
@@ -34,6 +35,7 @@ pub mod auth;
 pub mod config;
 pub mod group_commit;
 pub mod http;
+pub mod latency;
 pub mod memory;
 pub mod metrics;
 pub mod reload;

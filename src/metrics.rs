@@ -18,6 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::latency::Stages;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     /// An [`AttemptOutcome`](crate::webhooks::AttemptOutcome)'s name.
@@ -174,6 +176,8 @@ pub struct Metrics {
     pub tails_bytes: Gauge,
     pub tails_shrunk: Counter,
     pub commit_to_send_seconds: Histogram,
+    /// Where an event's time goes, stage by stage (see [`crate::latency`]).
+    pub stages: Stages,
     pub events_published: Counter,
     pub publish_group_requests: Histogram,
     pub outbox_rows_pruned: Counter,
@@ -232,6 +236,7 @@ impl Metrics {
             commit_to_send_seconds: Histogram::new([
                 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
             ]),
+            stages: Stages::default(),
             events_published: Counter::default(),
             publish_group_requests: Histogram::new([
                 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0,
@@ -363,6 +368,11 @@ impl Metrics {
             "commit_to_send_seconds",
             "Time from an event's emit to its fan-out",
             metrics.commit_to_send_seconds.clone(),
+        );
+        registry.register(
+            "latency_stage_seconds",
+            "Time events spend in each stage between a publish request and the subscribers' sockets",
+            metrics.stages.family(),
         );
         registry.register(
             "events_published",

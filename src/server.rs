@@ -274,6 +274,11 @@ pub async fn run_with(
     let mut publisher = Publisher::new(schema.as_str())?
         .announcing_rows()
         .with_ephemeral_max_bytes(config.publish.ephemeral_max_bytes);
+    if config.database.wakeup == WakeupMode::Notify {
+        // A publish request of ephemeral events only writes nothing
+        // durable: its notifications need no flush to be delivered.
+        publisher = publisher.unflushed_ephemeral_commits();
+    }
     if let Some(dir) = &config.publish.schemas_dir {
         publisher = publisher.with_registry(load_schemas(Path::new(dir))?);
     }

@@ -20,6 +20,7 @@ use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 use eventrelay_bench::report::{Table, median, ms, size, verdict};
 use eventrelay_bench::scenarios::emit_cost::WriteKind;
 use eventrelay_bench::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
+use eventrelay_bench::scenarios::floor;
 use eventrelay_bench::scenarios::paired_fanout::{self, PairedPlan};
 use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
@@ -72,7 +73,7 @@ struct Args {
     #[arg(long)]
     standby_primary_data: Option<PathBuf>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
-    /// wakeup, fanout, pools, http2, scopes, replay, webhooks,
+    /// wakeup, fanout, floor, pools, http2, scopes, replay, webhooks,
     /// storm, memory, streams, streams-box, seal, standby, outage;
     /// wakeup-latency is the wake-up modes' commit-to-receive rows without
     /// their emit-cost rounds; box, 100,000 streams over 6 relays, runs only
@@ -80,6 +81,10 @@ struct Args {
     /// scenario's child process, started by it.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Rounds of the floor scenario (each side once per round, the order
+    /// turning from round to round).
+    #[arg(long, default_value_t = 3)]
+    floor_rounds: usize,
     /// Streams of the box scenario (default 100,000; 12,000 with --quick).
     #[arg(long)]
     box_streams: Option<usize>,
@@ -227,6 +232,9 @@ async fn run_scenarios(
     }
     if wanted("fanout") {
         fanout_rows(args, schema, &scale, table).await?;
+    }
+    if wanted("floor") {
+        floor_rows(args, schema, &scale, table).await?;
     }
     if wanted("pools") {
         pool_rows(args, schema, &scale, table).await?;
@@ -575,6 +583,46 @@ async fn fanout_rows(
             }
         }
     }
+    Ok(())
+}
+
+/// Latency at the floor: both lanes of HTTP publish against nchan, at
+/// four loads, in alternating rounds, with the machine's commit time and
+/// the relay's stage breakdown (see `scenarios::floor`).
+async fn floor_rows(
+    args: &Args,
+    schema: &str,
+    scale: &Scale,
+    table: &mut Table,
+) -> BenchResult<()> {
+    let nchan = match (args.nchan_address, args.nchan_pid) {
+        (Some(address), Some(master)) => {
+            let mut pids = proc_stats::children_of(master);
+            pids.push(master);
+            Some((
+                Server::Nchan { address, pids },
+                format!("http://{address}/pub"),
+            ))
+        }
+        _ => None,
+    };
+    let plan = floor::FloorPlan {
+        relay_bin: &args.relay_bin,
+        work_dir: &args.work_dir,
+        database_url: &args.database_url,
+        schema,
+        nchan,
+        loads: vec![
+            (scale.small_fanout, 100.0),
+            (scale.small_fanout, 20.0),
+            (scale.large_fanout, 10.0),
+            (scale.large_fanout, 2.0),
+        ],
+        duration: scale.fixed_run,
+        rounds: args.floor_rounds,
+    };
+    let figures = floor::run(&plan).await?;
+    floor::report(&figures, table);
     Ok(())
 }
 

@@ -321,22 +321,30 @@ impl RelayProcess {
     /// A metric from `/metrics` whose name (with labels) is or ends with
     /// `name`; 0 when absent.
     pub async fn metric(&self, name: &str) -> f64 {
-        let Ok(client) = reqwest::Client::builder()
-            .danger_accept_invalid_certs(true)
-            .build()
-        else {
-            return 0.0;
-        };
-        let Ok(response) = client.get(format!("{}/metrics", self.base)).send().await else {
-            return 0.0;
-        };
-        let text = response.text().await.unwrap_or_default();
-        text.lines()
+        self.metrics_text()
+            .await
+            .lines()
             .find_map(|line| {
                 let (key, value) = line.rsplit_once(' ')?;
                 (key == name || key.ends_with(name)).then(|| value.parse().ok())?
             })
             .unwrap_or(0.0)
+    }
+}
+
+impl RelayProcess {
+    /// Everything `/metrics` serves; empty when it cannot be read.
+    pub async fn metrics_text(&self) -> String {
+        let Ok(client) = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()
+        else {
+            return String::new();
+        };
+        let Ok(response) = client.get(format!("{}/metrics", self.base)).send().await else {
+            return String::new();
+        };
+        response.text().await.unwrap_or_default()
     }
 }
 

@@ -10,6 +10,8 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use eventrelay_wire::{Audience, EventEnvelope, Subscriber, is_permitted, sse};
 
+use crate::latency::Stamp;
+
 #[derive(Debug)]
 pub struct EncodedEvent {
     seq: Option<i64>,
@@ -22,6 +24,8 @@ pub struct EncodedEvent {
     scope_key: Box<str>,
     audience: Option<Box<Audience>>,
     pub frame: Bytes,
+    /// When its hub began fanning it out, for sessions' latency stage.
+    pub fan_out_started: Stamp,
 }
 
 impl EncodedEvent {
@@ -44,6 +48,7 @@ impl EncodedEvent {
             scope_key: envelope.scope_key.into_boxed_str(),
             audience: envelope.audience.map(Box::new),
             frame,
+            fan_out_started: Stamp::default(),
         }
     }
 

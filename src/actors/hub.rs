@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
 use chrono::Utc;
@@ -15,6 +16,7 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use super::encoded::EncodedEvent;
 use super::tail::{Bound, Tail};
 use super::tail_budget::{ShrinkTail, TailBudget};
+use crate::latency::Stage;
 use crate::metrics::{ActorKind, Handling, Metrics};
 use crate::store::Snapshot;
 use prometheus_client::metrics::counter::Counter;
@@ -89,6 +91,8 @@ impl Hub {
     }
 
     fn fan_out(&mut self, event: &Arc<EncodedEvent>) {
+        let started = Instant::now();
+        event.fan_out_started.set(started);
         let metrics = &self.metrics;
         let scope_key = &self.scope_key;
         // Counted locally and added once: one atomic update per event, not
@@ -125,6 +129,7 @@ impl Hub {
         });
         metrics.events_delivered.inc_by(delivered);
         metrics.events_filtered.inc_by(filtered);
+        metrics.stages.since(Stage::FanOut, started);
         let latency = (Utc::now() - event.occurred_at())
             .to_std()
             .unwrap_or_default();
@@ -185,6 +190,9 @@ impl Handler<ShrinkTail> for Hub {
 pub struct PublishDurable {
     pub read_after: i64,
     pub events: Vec<Arc<EncodedEvent>>,
+    /// When the listener heard them; `None` for rows read back from the
+    /// outbox.
+    pub heard_at: Option<Instant>,
 }
 
 impl Handler<PublishDurable> for Hub {
@@ -192,6 +200,9 @@ impl Handler<PublishDurable> for Hub {
 
     fn handle(&mut self, msg: PublishDurable, _: &mut Context<Self>) {
         let _handling = self.handling();
+        if let Some(heard_at) = msg.heard_at {
+            self.metrics.stages.since(Stage::Relay, heard_at);
+        }
         self.supervised(|hub| {
             hub.tail.publish(msg.read_after, &msg.events);
             for event in &msg.events {
@@ -204,14 +215,21 @@ impl Handler<PublishDurable> for Hub {
 /// An ephemeral event: fanned out, never kept.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct PublishEphemeral(pub Arc<EncodedEvent>);
+pub struct PublishEphemeral {
+    pub event: Arc<EncodedEvent>,
+    /// When the listener heard it; `None` when it did not come that way.
+    pub heard_at: Option<Instant>,
+}
 
 impl Handler<PublishEphemeral> for Hub {
     type Result = ();
 
     fn handle(&mut self, msg: PublishEphemeral, _: &mut Context<Self>) {
         let _handling = self.handling();
-        self.supervised(|hub| hub.fan_out(&msg.0));
+        if let Some(heard_at) = msg.heard_at {
+            self.metrics.stages.since(Stage::Relay, heard_at);
+        }
+        self.supervised(|hub| hub.fan_out(&msg.event));
     }
 }
 

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::{
     Actor, ActorContext, Addr, ArbiterHandle, AsyncContext, Context, Handler, Message,
@@ -152,6 +152,7 @@ impl Relay {
                     scope.hub.do_send(PublishDurable {
                         read_after: batch.read_after,
                         events: batch.events,
+                        heard_at: None,
                     });
                 }
                 if let Some(after) = read.more_after {
@@ -282,6 +283,8 @@ pub struct Pointer {
     /// here, once the scope is known to have subscribers, not by the
     /// listener: a relay drops the rows of every other scope unread.
     pub carried: Option<DeferredPointer>,
+    /// When the listener heard it, for the latency stages.
+    pub heard_at: Instant,
 }
 
 impl Handler<Pointer> for Relay {
@@ -295,12 +298,15 @@ impl Handler<Pointer> for Relay {
         match msg.carried.map(|pointer| pointer.decode_rows()) {
             Some(Ok(rows)) => {
                 let txid = rows.txid;
-                let stored = rows
+                let stored: Vec<StoredEvent> = rows
                     .events
                     .into_iter()
                     .map(|envelope| StoredEvent { envelope, txid })
                     .collect();
-                self.supervised(|relay| relay.decoded(stored));
+                if let Some(first) = stored.first() {
+                    self.metrics.stages.heard(first.envelope.id, msg.heard_at);
+                }
+                self.supervised(|relay| relay.decoded(stored, msg.heard_at));
             }
             unread => {
                 if let Some(Err(reason)) = unread {
@@ -330,6 +336,8 @@ pub(super) fn count_unreadable_rows(metrics: &Metrics, scope_key: &str, seq: i64
 #[rtype(result = "()")]
 pub struct Decoded {
     pub rows: Vec<StoredEvent>,
+    /// When the listener read the transaction's commit.
+    pub heard_at: Instant,
 }
 
 impl Handler<Decoded> for Relay {
@@ -337,14 +345,17 @@ impl Handler<Decoded> for Relay {
 
     fn handle(&mut self, msg: Decoded, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        self.supervised(|relay| relay.decoded(msg.rows));
+        if let Some(first) = msg.rows.first() {
+            self.metrics.stages.heard(first.envelope.id, msg.heard_at);
+        }
+        self.supervised(|relay| relay.decoded(msg.rows, msg.heard_at));
     }
 }
 
 impl Relay {
     /// Hands each active scope its new rows. A scope whose read is running
     /// leaves them to the read after it, which that read's end starts.
-    fn decoded(&mut self, rows: Vec<StoredEvent>) {
+    fn decoded(&mut self, rows: Vec<StoredEvent>, heard_at: Instant) {
         let mut by_scope: HashMap<String, Vec<StoredEvent>> = HashMap::new();
         for row in rows {
             if self.scopes.contains_key(&row.envelope.scope_key) {
@@ -362,6 +373,7 @@ impl Relay {
                 scope.hub.do_send(PublishDurable {
                     read_after: batch.read_after,
                     events: batch.events,
+                    heard_at: Some(heard_at),
                 });
             }
         }
@@ -371,17 +383,23 @@ impl Relay {
 /// An ephemeral event from the channel.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Ephemeral(pub EventEnvelope);
+pub struct Ephemeral {
+    pub envelope: EventEnvelope,
+    /// When the listener heard it, for the latency stages.
+    pub heard_at: Instant,
+}
 
 impl Handler<Ephemeral> for Relay {
     type Result = ();
 
     fn handle(&mut self, msg: Ephemeral, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        if let Some(scope) = self.scopes.get(&msg.0.scope_key) {
-            scope
-                .hub
-                .do_send(PublishEphemeral(Arc::new(EncodedEvent::new(msg.0))));
+        self.metrics.stages.heard(msg.envelope.id, msg.heard_at);
+        if let Some(scope) = self.scopes.get(&msg.envelope.scope_key) {
+            scope.hub.do_send(PublishEphemeral {
+                event: Arc::new(EncodedEvent::new(msg.envelope)),
+                heard_at: Some(msg.heard_at),
+            });
         }
     }
 }

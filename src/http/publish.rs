@@ -20,6 +20,7 @@ use super::error::{ApiError, ErrorCode};
 use super::json_numbers::{MAX_EXACT_INTEGER, inexact_integer};
 use super::token::Guard;
 use crate::group_commit::GroupError;
+use crate::latency::Stage;
 
 const PUBLISH: Guard = Guard {
     setting: "publish.token",
@@ -158,9 +159,11 @@ pub async fn publish_events(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    let received = std::time::Instant::now();
     PUBLISH.check(&request, state.config().publish.token.as_deref())?;
     let body = read_body(payload, &state.config().http).await?;
     let events = parse_events(&body, state.config().publish.max_batch)?;
+    state.metrics.stages.since(Stage::Parse, received);
     let envelopes = state
         .publishing
         .publish(events)

@@ -13,6 +13,8 @@
 //! reading a first request of (`http.opening_per_worker`, waited for at
 //! most `http.opening_wait_ms`): a surge is read a few hundred at a time.
 //!
+//! Every connection is set `TCP_NODELAY` (see [`send_at_once`]).
+//!
 //! Plain connections are served by actix-http's HTTP/1.1 service alone,
 //! not by `HttpService`: each connection's task holds `HttpService`'s
 //! state for every protocol it could speak, and the HTTP/2 variant (an h2
@@ -108,6 +110,7 @@ where
             (move |tcp: TcpStream| {
                 let opening = Arc::clone(&opening);
                 async move {
+                    send_at_once(&tcp);
                     first_bytes(&tcp, header_timeout).await?;
                     let permit = tokio::time::timeout(opening_wait, opening.acquire_owned())
                         .await
@@ -136,6 +139,7 @@ where
                             Some(b"h2") => Protocol::Http2,
                             _ => Protocol::Http1,
                         };
+                        send_at_once(tls.get_ref().0);
                         let peer = tls.get_ref().0.peer_addr().ok();
                         let first_timed = protocol == Protocol::Http1;
                         let stream = Deadlined::new(tls, header_timeout, first_timed);
@@ -148,6 +152,18 @@ where
         }
     };
     Ok(builder.run())
+}
+
+/// Turns Nagle's algorithm off on a new connection: an event frame is
+/// small and must leave as soon as it is written, not wait for the
+/// client's acknowledgement of the one before (which a client may hold
+/// back for up to 40 ms). Neither actix-server nor actix-http does this.
+/// Frames a session has ready at once still leave together: it joins
+/// them into one write.
+fn send_at_once(tcp: &TcpStream) {
+    if let Err(error) = tcp.set_nodelay(true) {
+        tracing::debug!(%error, "could not set TCP_NODELAY on a new connection");
+    }
 }
 
 /// Waits until a new connection has something to read (or is closed), at

@@ -23,6 +23,7 @@ use super::shared_reads::SharedReads;
 use crate::actors::EncodedEvent;
 use crate::actors::mailbox::Counted;
 use crate::actors::relay::{Relay, Unsubscribe};
+use crate::latency::Stage;
 use crate::metrics::{Metrics, SourceLabel};
 use crate::store::StoreError;
 
@@ -348,14 +349,19 @@ impl Session {
                         self.phase = Phase::Finished;
                         return None;
                     };
+                    let fan_out_started = first.fan_out_started.get();
                     let mut batch = std::mem::take(&mut self.live_batch);
                     batch.push(first);
                     // How full the queue was when this write began: near 1,
                     // the subscriber is about to be dropped as too slow.
                     if self.live_writes.is_multiple_of(FILL_SAMPLE_EVERY) {
+                        let metrics = &self.registration.metrics;
                         let fill =
                             (self.queue.len() + 1) as f64 / self.queue.max_capacity() as f64;
-                        self.registration.metrics.session_queue_fill_ratio.observe(fill);
+                        metrics.session_queue_fill_ratio.observe(fill);
+                        if let Some(started) = fan_out_started {
+                            metrics.stages.since(Stage::Session, started);
+                        }
                     }
                     self.live_writes = self.live_writes.wrapping_add(1);
                     while batch.len() < MAX_FRAMES_PER_CHUNK {

@@ -5,6 +5,7 @@ pub mod box_scale;
 pub mod connection_heap;
 pub mod emit_cost;
 pub mod fanout;
+pub mod floor;
 pub mod outage;
 pub mod paired_fanout;
 pub mod pools;

@@ -77,6 +77,7 @@ pub fn measure(scopes: usize, budget_bytes: usize) -> BudgetFigures {
                 hub.send(PublishDurable {
                     read_after: seq - 1,
                     events: vec![event],
+                    heard_at: None,
                 })
                 .await
                 // A hub only stops with the runtime; there is no answer to wait for then.

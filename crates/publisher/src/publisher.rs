@@ -75,6 +75,12 @@ pub struct Publisher {
     /// Whether batches announce their own rows (see [`Self::announcing_rows`]).
     announce_rows: bool,
     notify_sql: Arc<str>,
+    /// The same, also turning the flush at COMMIT off for the transaction
+    /// (see [`Self::unflushed_ephemeral_commits`]).
+    notify_unflushed_sql: Arc<str>,
+    /// Whether a batch of nothing but ephemeral events commits without
+    /// waiting for its WAL to reach disk.
+    unflushed_ephemeral: bool,
     /// Largest encoded ephemeral payload: under the NOTIFY limit unless the
     /// schema's relays are woken by logical decoding.
     ephemeral_max_bytes: usize,
@@ -118,6 +124,15 @@ impl Publisher {
             )
             .into(),
             notify_sql: format!("SELECT {schema}.notify_inline($1)").into(),
+            // `synchronous_commit` is read at COMMIT, so setting it anywhere
+            // in the transaction applies; in the same statement it costs
+            // nothing more on the wire.
+            notify_unflushed_sql: format!(
+                "SELECT {schema}.notify_inline($1), \
+                 set_config('synchronous_commit', 'off', true)"
+            )
+            .into(),
+            unflushed_ephemeral: false,
             #[cfg(feature = "sqlx")]
             sqlx_emit_sql: format!(
                 "SELECT {schema}.emit($1, $2, $3::text::jsonb, $4::text::jsonb, $5, \
@@ -138,6 +153,20 @@ impl Publisher {
     /// it announce rows as anything it likes.
     pub fn announcing_rows(mut self) -> Self {
         self.announce_rows = true;
+        self
+    }
+
+    /// Makes [`emit_batch_committed`](Self::emit_batch_committed) commit a
+    /// batch of nothing but ephemeral events without waiting for the
+    /// commit's WAL flush (`synchronous_commit = off` for that transaction
+    /// only). Such a transaction writes nothing that must outlive a crash,
+    /// and its notifications are delivered at COMMIT either way, so the
+    /// flush only added its time to every ephemeral event. Only for the
+    /// notify wake-up mode: in logical mode relays read a message once its
+    /// WAL is flushed, which an unflushed commit leaves to the WAL writer's
+    /// next round (up to `wal_writer_delay`).
+    pub fn unflushed_ephemeral_commits(mut self) -> Self {
+        self.unflushed_ephemeral = true;
         self
     }
 
@@ -210,7 +239,7 @@ impl Publisher {
         events: Vec<NewEvent>,
     ) -> Result<Vec<EventEnvelope>, BatchError> {
         let batch = self.batch(events)?;
-        self.write(client, batch).await
+        self.write(client, batch, false).await
     }
 
     /// Like [`emit_batch`](Self::emit_batch), in a transaction of its own
@@ -228,6 +257,7 @@ impl Publisher {
         events: Vec<NewEvent>,
     ) -> Result<Vec<EventEnvelope>, BatchError> {
         let batch = self.batch(events)?;
+        let unflushed = self.unflushed_ephemeral && batch.envelopes.iter().all(|e| !e.is_durable());
         let database = |error: tokio_postgres::Error| BatchError {
             index: 0,
             error: error.into(),
@@ -235,7 +265,7 @@ impl Publisher {
         // `join3` polls its futures in this order, every time.
         let (begun, written, committed) = futures_util::future::join3(
             client.query_typed("BEGIN", &[]),
-            self.write(client, batch),
+            self.write(client, batch, unflushed),
             client.query_typed("COMMIT", &[]),
         )
         .await;
@@ -282,10 +312,15 @@ impl Publisher {
     /// Sends a batch's statements (the durable events' one `INSERT`, then
     /// the ephemeral events' notifications) all at once, in that order, and
     /// fills in the seqs the database assigned.
+    ///
+    /// With `unflushed`, the first notification also turns the commit's
+    /// flush off: only for a transaction of the publisher's own holding
+    /// nothing durable.
     async fn write<C: PgExecutor>(
         &self,
         client: &C,
         batch: Batch,
+        unflushed: bool,
     ) -> Result<Vec<EventEnvelope>, BatchError> {
         let Batch {
             mut envelopes,
@@ -338,8 +373,13 @@ impl Publisher {
                 None => client.query_typed(&self.emit_batch_sql, &insert_params),
             });
         }
-        for params in &notify_params {
-            statements.push(client.query_typed(&self.notify_sql, params));
+        for (index, params) in notify_params.iter().enumerate() {
+            let sql = if unflushed && index == 0 {
+                &self.notify_unflushed_sql
+            } else {
+                &self.notify_sql
+            };
+            statements.push(client.query_typed(sql, params));
         }
         let mut results = in_order(statements).await.into_iter();
         let inserted = if durable.is_empty() {

@@ -9,6 +9,7 @@
 //! does not decode, as malformed.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::{Addr, Recipient};
 use eventrelay_wire::{
@@ -72,6 +73,7 @@ const FAULT_PREFIX: &str = "eventrelay-fault:";
 /// Decodes one notification and hands it to the relay: the listener's
 /// unit of work, timed as its handling.
 fn forward(payload: &str, limit: usize, targets: &Targets) {
+    let heard_at = Instant::now();
     let Targets { relay, metrics, .. } = targets;
     let _handling = metrics.actor(ActorKind::Listener).timed();
     #[cfg(feature = "fault-injection")]
@@ -113,10 +115,12 @@ fn forward(payload: &str, limit: usize, targets: &Targets) {
     if origin == Origin::Emitter {
         // An emitter chose every byte: only ephemeral events may come this way.
         match decode_notification_within(payload.as_bytes(), limit) {
-            Ok(EventNotification::Inline { envelope }) => relay.do_send(Ephemeral(envelope)),
+            Ok(EventNotification::Inline { envelope }) => {
+                relay.do_send(Ephemeral { envelope, heard_at })
+            }
             Ok(EventNotification::InlineBatch { envelopes, .. }) => {
                 for envelope in envelopes {
-                    relay.do_send(Ephemeral(envelope));
+                    relay.do_send(Ephemeral { envelope, heard_at });
                 }
             }
             Ok(_) => reject(metrics, "emitter_kind", payload),
@@ -131,6 +135,7 @@ fn forward(payload: &str, limit: usize, targets: &Targets) {
             scope_key: pointer.scope_key.clone(),
             seq: pointer.seq,
             carried: Some(pointer),
+            heard_at,
         });
         return;
     }
@@ -142,14 +147,15 @@ fn forward(payload: &str, limit: usize, targets: &Targets) {
                 scope_key,
                 seq,
                 carried: None,
+                heard_at,
             });
         }
         Ok(EventNotification::Inline { envelope }) => {
-            relay.do_send(Ephemeral(envelope));
+            relay.do_send(Ephemeral { envelope, heard_at });
         }
         Ok(EventNotification::InlineBatch { envelopes, .. }) => {
             for envelope in envelopes {
-                relay.do_send(Ephemeral(envelope));
+                relay.do_send(Ephemeral { envelope, heard_at });
             }
         }
         Ok(EventNotification::DeliveriesQueued) => targets.deliveries_queued(),
@@ -164,6 +170,7 @@ fn forward(payload: &str, limit: usize, targets: &Targets) {
                 scope_key,
                 seq,
                 carried: None,
+                heard_at,
             });
         }
         Err(error) => malformed(metrics, &error, payload),

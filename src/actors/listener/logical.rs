@@ -347,7 +347,10 @@ impl Link<'_> {
             self.targets.deliveries_queued();
         }
         if !rows.is_empty() {
-            self.targets.relay.do_send(Decoded { rows });
+            self.targets.relay.do_send(Decoded {
+                rows,
+                heard_at: std::time::Instant::now(),
+            });
         }
     }
 

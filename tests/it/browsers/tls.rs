@@ -205,6 +205,30 @@ async fn streams_over_http2_behave_as_over_http1() {
 }
 
 #[tokio::test]
+async fn https_connections_are_sent_on_without_waiting_for_acknowledgements() {
+    let db = TestDb::new().await;
+    let (server, ca, _folder) = tls_server(&db, |_| {});
+    let base = https(&server);
+    let alice = token("alice", "org-1", json!({}));
+    // One client speaks HTTP/2, the other HTTP/1.1: a stream each.
+    let http1 = ca.client_builder().http1_only().build().unwrap();
+    let mut streams = Vec::new();
+    for client in [ca.client(), http1] {
+        wait_ready(&client, &base).await;
+        let mut stream = Stream::open(&client, &base, &alice, None).await.unwrap();
+        stream.ready().await;
+        streams.push(stream);
+    }
+    let accepted = crate::support::sockets::accepted_nodelay(crate::support::sockets::address_of(
+        &server.base,
+    ));
+    assert!(
+        accepted.len() >= 2 && accepted.iter().all(|nodelay| *nodelay),
+        "the relay's side of both streams has TCP_NODELAY: {accepted:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_client_closing_an_https_stream_is_released_at_once() {
     let db = TestDb::new().await;
     // The default 20 s heartbeat: only the peek can notice the close.

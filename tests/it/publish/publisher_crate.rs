@@ -859,3 +859,79 @@ async fn a_committed_batch_the_database_refuses_writes_nothing_and_leaves_no_tra
         .unwrap();
     assert_eq!(read_all(&db, "org-1").await.len(), 2);
 }
+
+/// A real client that, just before sending `COMMIT`, asks the open
+/// transaction whether its commit will wait for the WAL flush.
+struct SeesFlush<'a> {
+    client: &'a tokio_postgres::Client,
+    at_commit: std::sync::Mutex<Option<String>>,
+}
+
+impl eventrelay::publisher::PgExecutor for SeesFlush<'_> {
+    async fn query_typed(
+        &self,
+        sql: &str,
+        params: &[(
+            &(dyn tokio_postgres::types::ToSql + Sync),
+            tokio_postgres::types::Type,
+        )],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        if sql == "COMMIT" {
+            let row = self
+                .client
+                .query_one("SHOW synchronous_commit", &[])
+                .await?;
+            *self.at_commit.lock().unwrap() = Some(row.get(0));
+        }
+        self.client.query_typed(sql, params).await
+    }
+}
+
+#[tokio::test]
+async fn only_a_batch_of_ephemeral_events_commits_without_waiting_for_the_flush() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let client = db.connect().await;
+    let typing = || NewEvent::ephemeral("typing", "org-1", json!({}));
+    let unflushed = publisher(&db).unflushed_ephemeral_commits();
+    let cases = [
+        (&unflushed, vec![typing(), typing()], "off"),
+        (&unflushed, vec![typing(), order_created()], "on"),
+        (&unflushed, vec![order_created()], "on"),
+        (&publisher(&db), vec![typing()], "on"),
+    ];
+    for (publisher, events, expected) in cases {
+        let sees = SeesFlush {
+            client: &client,
+            at_commit: std::sync::Mutex::new(None),
+        };
+        publisher.emit_batch_committed(&sees, events).await.unwrap();
+        assert_eq!(
+            sees.at_commit.lock().unwrap().as_deref(),
+            Some(expected),
+            "synchronous_commit at COMMIT"
+        );
+        assert!(!in_open_transaction(&client).await, "nothing left open");
+    }
+    // The setting was the transaction's own: the session keeps its default.
+    let after: String = client
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(after, "on");
+    // Every ephemeral event was still announced.
+    let inline: usize = listener
+        .drain(&db)
+        .await
+        .iter()
+        .map(
+            |payload| match decode_notification(payload.as_bytes()).unwrap() {
+                EventNotification::Inline { .. } => 1,
+                EventNotification::InlineBatch { envelopes, .. } => envelopes.len(),
+                _ => 0,
+            },
+        )
+        .sum();
+    assert_eq!(inline, 4);
+}

@@ -6,3 +6,4 @@ mod ends_on_time;
 mod reauth;
 mod revocation;
 mod slow_clients;
+mod socket_options;

@@ -13,6 +13,7 @@ pub mod process;
 pub mod raw_http;
 pub mod receiver;
 pub mod server;
+pub mod sockets;
 pub mod tls;
 
 use std::time::Duration;

@@ -1,0 +1,574 @@
+//! Latency at the floor: eventrelay's two lanes of HTTP publish (durable
+//! and ephemeral) against nchan, an in-memory broker, at the same loads
+//! and in rounds of alternating order (nchan's own figures swing from
+//! run to run, so each side meets every stretch of the machine's time).
+//! Also measured in the same run: what one commit costs on this machine
+//! (a one-row commit loop, with and without waiting for the flush), and
+//! where eventrelay's time goes, stage by stage, from the relay's
+//! `eventrelay_latency_stage_seconds` histograms.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::BenchResult;
+use crate::clock::Percentiles;
+use crate::publish::{Pace, Source};
+use crate::relay_process::{RelayProcess, RelaySettings};
+use crate::report::{Table, median, ms, verdict};
+use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
+
+/// One-row commits per measurement of the commit time.
+const COMMITS: usize = 400;
+
+/// The three sides, in the order of the first round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Nchan,
+    Durable,
+    Ephemeral,
+}
+
+impl Side {
+    pub const ALL: [Side; 3] = [Side::Nchan, Side::Durable, Side::Ephemeral];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Side::Nchan => "nchan",
+            Side::Durable => "eventrelay durable",
+            Side::Ephemeral => "eventrelay ephemeral",
+        }
+    }
+}
+
+/// The sides of round `round`, each round starting one later than the one
+/// before (N D E, D E N, E N D, ...).
+pub fn round_order(round: usize) -> [Side; 3] {
+    let mut order = Side::ALL;
+    order.rotate_left(round % Side::ALL.len());
+    order
+}
+
+pub struct FloorPlan<'a> {
+    pub relay_bin: &'a Path,
+    pub work_dir: &'a Path,
+    pub database_url: &'a str,
+    pub schema: &'a str,
+    /// nchan's subscriber side and its publisher URL; without them the
+    /// rounds hold eventrelay's lanes only.
+    pub nchan: Option<(Server, String)>,
+    /// Subscribers and events per second of each load.
+    pub loads: Vec<(usize, f64)>,
+    pub duration: Duration,
+    pub rounds: usize,
+}
+
+/// One load's runs.
+pub struct LoadFigures {
+    pub subscribers: usize,
+    pub per_second: f64,
+    /// Each run's figures, by side, in round order.
+    pub runs: Vec<(Side, FanoutFigures)>,
+    /// The relay's stage histograms over all runs of a lane.
+    pub stages: Vec<(Side, Stages)>,
+}
+
+impl LoadFigures {
+    /// The figures of one side's runs, in round order.
+    pub fn of(&self, side: Side) -> Vec<&FanoutFigures> {
+        self.runs
+            .iter()
+            .filter(|(s, _)| *s == side)
+            .map(|(_, f)| f)
+            .collect()
+    }
+}
+
+/// One-row commits on this machine: the whole statement round trip with
+/// the flush (`synchronous_commit = on`) and without it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CommitTime {
+    pub flushed: Percentiles,
+    pub unflushed: Percentiles,
+}
+
+impl CommitTime {
+    /// The flush's own share, at the median.
+    pub fn flush_p50(&self) -> Duration {
+        self.flushed.p50.saturating_sub(self.unflushed.p50)
+    }
+}
+
+pub struct FloorFigures {
+    /// Measured before the loads and after them.
+    pub commit: [CommitTime; 2],
+    pub loads: Vec<LoadFigures>,
+}
+
+pub async fn run(plan: &FloorPlan<'_>) -> BenchResult<FloorFigures> {
+    let before = commit_time(plan.database_url).await?;
+    let mut loads = Vec::new();
+    for (index, &(subscribers, per_second)) in plan.loads.iter().enumerate() {
+        loads.push(run_load(plan, index, subscribers, per_second).await?);
+    }
+    let after = commit_time(plan.database_url).await?;
+    Ok(FloorFigures {
+        commit: [before, after],
+        loads,
+    })
+}
+
+async fn run_load(
+    plan: &FloorPlan<'_>,
+    index: usize,
+    subscribers: usize,
+    per_second: f64,
+) -> BenchResult<LoadFigures> {
+    // One relay serves both lanes; the stage histograms are read around
+    // each run, so each lane's stages are its own.
+    let relay = RelayProcess::start(
+        plan.relay_bin,
+        plan.work_dir,
+        &RelaySettings::new(plan.database_url, plan.schema),
+    )
+    .await?;
+    let ours = Server::Eventrelay {
+        address: relay.address(),
+        pids: vec![relay.pid()],
+    };
+    let mut runs = Vec::new();
+    let mut stages: Vec<(Side, Stages)> = vec![
+        (Side::Durable, Stages::default()),
+        (Side::Ephemeral, Stages::default()),
+    ];
+    for round in 0..plan.rounds {
+        for side in round_order(round) {
+            let (server, source) = match side {
+                Side::Nchan => match &plan.nchan {
+                    Some((server, url)) => (server, Source::Nchan { url: url.clone() }),
+                    None => continue,
+                },
+                Side::Durable => (
+                    &ours,
+                    Source::HttpPublish {
+                        base: relay.base.clone(),
+                    },
+                ),
+                Side::Ephemeral => (
+                    &ours,
+                    Source::HttpPublishEphemeral {
+                        base: relay.base.clone(),
+                    },
+                ),
+            };
+            eprintln!(
+                "floor: {subscribers} subs × {per_second} ev/s, round {}, {}",
+                round + 1,
+                side.label()
+            );
+            let before = Stages::parse(&relay.metrics_text().await);
+            let fanout_plan = FanoutPlan {
+                subscribers,
+                scopes: 1,
+                scope_prefix: format!("floor-{index}-{round}-{side:?}"),
+                pace: Pace::PerSecond(per_second),
+                duration: plan.duration,
+                writers: 4,
+                source,
+            };
+            let figures = fanout::run(&fanout_plan, server).await?;
+            if let Some((_, total)) = stages.iter_mut().find(|(s, _)| *s == side) {
+                let after = Stages::parse(&relay.metrics_text().await);
+                total.add(&after.minus(&before));
+            }
+            runs.push((side, figures));
+        }
+    }
+    Ok(LoadFigures {
+        subscribers,
+        per_second,
+        runs,
+        stages,
+    })
+}
+
+/// The scenario's rows: the commit time, each side's runs per load, the
+/// targets, and eventrelay's stage breakdown per lane.
+pub fn report(figures: &FloorFigures, table: &mut Table) {
+    let [before, after] = figures.commit;
+    table.add(
+        "floor: one-row commit on this machine, before / after the loads",
+        format!(
+            "flushed p50 {} / {} · p99 {} / {} · without the flush p50 {} / {} · the flush p50 {} / {}",
+            ms(before.flushed.p50),
+            ms(after.flushed.p50),
+            ms(before.flushed.p99),
+            ms(after.flushed.p99),
+            ms(before.unflushed.p50),
+            ms(after.unflushed.p50),
+            ms(before.flush_p50()),
+            ms(after.flush_p50()),
+        ),
+        "–",
+    );
+    // The smaller of the two measurements: the stricter target.
+    let commit_p50 = before.flushed.p50.min(after.flushed.p50);
+    let commit_p99 = before.flushed.p99.min(after.flushed.p99);
+    for load in &figures.loads {
+        let name = format!(
+            "{} subs × {:.0} ev/s",
+            thousands(load.subscribers),
+            load.per_second
+        );
+        let mut medians = Vec::new();
+        for side in Side::ALL {
+            let runs = load.of(side);
+            if runs.is_empty() {
+                continue;
+            }
+            let p50s: Vec<f64> = runs.iter().map(|f| millis(f.latency.p50)).collect();
+            let p99s: Vec<f64> = runs.iter().map(|f| millis(f.latency.p99)).collect();
+            let cpu: Vec<f64> = runs.iter().map(|f| f.cpu_seconds_per_1000).collect();
+            let all = runs.iter().all(|f| f.delivered == f.expected);
+            let (p50, p99) = (median(&p50s), median(&p99s));
+            medians.push((side, p50, p99));
+            table.add(
+                format!("floor {name}, {} (send-to-receive), {} rounds", side.label(), runs.len()),
+                format!(
+                    "p50 {} ms (median {p50:.2}) · p99 {} ms (median {p99:.2}) · CPU s/1k {:.3} · {}",
+                    joined(&p50s),
+                    joined(&p99s),
+                    median(&cpu),
+                    if all { "all received" } else { "some not received" }
+                ),
+                format!("all received: {}", verdict(all)),
+            );
+        }
+        let of = |side| {
+            medians
+                .iter()
+                .find(|(s, ..)| *s == side)
+                .map(|&(_, p50, p99)| (p50, p99))
+        };
+        if let (Some(nchan), Some(durable), Some(ephemeral)) =
+            (of(Side::Nchan), of(Side::Durable), of(Side::Ephemeral))
+        {
+            let large = load.subscribers >= 10_000;
+            let ephemeral_met = ephemeral.1 <= nchan.1 && (large || ephemeral.0 <= nchan.0);
+            let (commit50, commit99) = (millis(commit_p50), millis(commit_p99));
+            let durable_met = durable.0 <= nchan.0 + commit50 && durable.1 <= nchan.1 + commit99;
+            table.add(
+                format!("floor {name}: targets on the medians"),
+                format!(
+                    "ephemeral p50 {:.2} / p99 {:.2} against nchan's {:.2} / {:.2} · durable {:.2} / {:.2} against nchan + one commit {:.2} / {:.2}",
+                    ephemeral.0, ephemeral.1, nchan.0, nchan.1, durable.0, durable.1,
+                    nchan.0 + commit50, nchan.1 + commit99
+                ),
+                format!(
+                    "ephemeral {} nchan's: {} · durable ≤ nchan's + one commit: {}",
+                    if large { "p99 ≤" } else { "p50 and p99 ≤" },
+                    verdict(ephemeral_met),
+                    verdict(durable_met)
+                ),
+            );
+        }
+        for (side, stages) in &load.stages {
+            table.add(
+                format!(
+                    "floor {name}, {}: where the time goes (relay stages, p50 / mean)",
+                    side.label()
+                ),
+                breakdown(stages),
+                "–",
+            );
+        }
+    }
+}
+
+/// Each stage's median and mean, in the order an event passes them.
+fn breakdown(stages: &Stages) -> String {
+    let parts: Vec<String> = STAGE_ORDER
+        .iter()
+        .filter_map(|name| {
+            let stage = stages.stage(name)?;
+            Some(format!(
+                "{name} {:.3} / {:.3}",
+                millis(stage.quantile(0.5)),
+                millis(stage.mean())
+            ))
+        })
+        .collect();
+    if parts.is_empty() {
+        return "no stage observed".to_owned();
+    }
+    format!("{} ms", parts.join(" · "))
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+fn joined(values: &[f64]) -> String {
+    let shown: Vec<String> = values.iter().map(|v| format!("{v:.2}")).collect();
+    shown.join(", ")
+}
+
+fn thousands(n: usize) -> String {
+    if n >= 1000 && n % 1000 == 0 {
+        format!("{},000", n / 1000)
+    } else {
+        n.to_string()
+    }
+}
+
+/// Times [`COMMITS`] one-row commits each way, on a table of its own.
+pub async fn commit_time(database_url: &str) -> BenchResult<CommitTime> {
+    let client = eventrelay::connect(database_url).await?;
+    client
+        .batch_execute("CREATE TEMP TABLE floor_commits (n int)")
+        .await?;
+    let measure = async |setting: &str| -> BenchResult<Percentiles> {
+        client
+            .batch_execute(&format!("SET synchronous_commit = {setting}"))
+            .await?;
+        let statement = client
+            .prepare("INSERT INTO floor_commits VALUES ($1)")
+            .await?;
+        let mut samples = Vec::with_capacity(COMMITS);
+        for n in 0..COMMITS as i32 {
+            let started = Instant::now();
+            client.execute(&statement, &[&n]).await?;
+            samples.push(started.elapsed().as_nanos() as u64);
+        }
+        Ok(Percentiles::of(&mut samples))
+    };
+    let flushed = measure("on").await?;
+    let unflushed = measure("off").await?;
+    Ok(CommitTime { flushed, unflushed })
+}
+
+/// The stages of the relay's latency histograms, as `/metrics` serves
+/// them (cumulative counts per bucket).
+#[derive(Debug, Clone, Default)]
+pub struct Stages {
+    by_stage: BTreeMap<String, StageHistogram>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct StageHistogram {
+    /// (upper bound in seconds, observations at or below it), ascending.
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+/// The stages in the order an event passes them.
+pub const STAGE_ORDER: [&str; 7] = [
+    "parse",
+    "group_wait",
+    "commit",
+    "notify",
+    "relay",
+    "fan_out",
+    "session",
+];
+
+const METRIC: &str = "eventrelay_latency_stage_seconds";
+
+impl Stages {
+    pub fn parse(text: &str) -> Stages {
+        let mut stages = Stages::default();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(METRIC) else {
+                continue;
+            };
+            let Some((name_labels, value)) = rest.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            let Some((kind, labels)) = name_labels.split_once('{') else {
+                continue;
+            };
+            let Some(stage) = label(labels, "stage") else {
+                continue;
+            };
+            let histogram = stages.by_stage.entry(stage.to_owned()).or_default();
+            match kind {
+                "_sum" => histogram.sum = value,
+                "_count" => histogram.count = value,
+                "_bucket" => {
+                    let bound = match label(labels, "le") {
+                        Some("+Inf") => f64::INFINITY,
+                        Some(le) => le.parse().unwrap_or(f64::INFINITY),
+                        None => continue,
+                    };
+                    histogram.buckets.push((bound, value));
+                }
+                _ => {}
+            }
+        }
+        for histogram in stages.by_stage.values_mut() {
+            histogram.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        stages
+    }
+
+    /// What was observed between `earlier` and this.
+    pub fn minus(&self, earlier: &Stages) -> Stages {
+        let mut by_stage = BTreeMap::new();
+        for (stage, now) in &self.by_stage {
+            let then = earlier.by_stage.get(stage).cloned().unwrap_or_default();
+            by_stage.insert(stage.clone(), now.combined(&then, -1.0));
+        }
+        Stages { by_stage }
+    }
+
+    /// Adds `other`'s observations to these.
+    pub fn add(&mut self, other: &Stages) {
+        for (stage, more) in &other.by_stage {
+            let entry = self.by_stage.entry(stage.clone()).or_default();
+            *entry = entry.combined(more, 1.0);
+        }
+    }
+
+    pub fn stage(&self, name: &str) -> Option<&StageHistogram> {
+        self.by_stage.get(name).filter(|h| h.count > 0.0)
+    }
+}
+
+impl StageHistogram {
+    /// `self + sign × other`, bucket by bucket (the same bounds, or none).
+    fn combined(&self, other: &StageHistogram, sign: f64) -> StageHistogram {
+        let buckets = if self.buckets.is_empty() {
+            other
+                .buckets
+                .iter()
+                .map(|(bound, n)| (*bound, sign * n))
+                .collect()
+        } else {
+            self.buckets
+                .iter()
+                .map(|(bound, n)| {
+                    let theirs = other
+                        .buckets
+                        .iter()
+                        .find(|(b, _)| b == bound)
+                        .map_or(0.0, |(_, n)| *n);
+                    (*bound, n + sign * theirs)
+                })
+                .collect()
+        };
+        StageHistogram {
+            buckets,
+            sum: self.sum + sign * other.sum,
+            count: self.count + sign * other.count,
+        }
+    }
+
+    pub fn count(&self) -> f64 {
+        self.count
+    }
+
+    pub fn mean(&self) -> Duration {
+        if self.count <= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64((self.sum / self.count).max(0.0))
+    }
+
+    /// The `q` quantile, interpolated inside its bucket (as Prometheus's
+    /// `histogram_quantile` does); past the last finite bound, that bound.
+    pub fn quantile(&self, q: f64) -> Duration {
+        let rank = q * self.count;
+        let mut lower = (0.0, 0.0);
+        for &(bound, cumulative) in &self.buckets {
+            if cumulative >= rank && cumulative > 0.0 {
+                if bound.is_infinite() {
+                    return Duration::from_secs_f64(lower.0);
+                }
+                let inside = cumulative - lower.1;
+                let fraction = if inside > 0.0 {
+                    (rank - lower.1) / inside
+                } else {
+                    1.0
+                };
+                return Duration::from_secs_f64(lower.0 + (bound - lower.0) * fraction);
+            }
+            lower = (bound, cumulative);
+        }
+        Duration::from_secs_f64(lower.0)
+    }
+}
+
+/// A label's value in a Prometheus label set (`a="x",b="y"}`).
+fn label<'t>(labels: &'t str, name: &str) -> Option<&'t str> {
+    let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
+    let end = labels[start..].find('"')? + start;
+    Some(&labels[start..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "\
+# HELP eventrelay_latency_stage_seconds Time events spend in each stage.
+eventrelay_latency_stage_seconds_sum{stage=\"commit\"} 0.03
+eventrelay_latency_stage_seconds_count{stage=\"commit\"} 20
+eventrelay_latency_stage_seconds_bucket{le=\"0.001\",stage=\"commit\"} 0
+eventrelay_latency_stage_seconds_bucket{le=\"0.002\",stage=\"commit\"} 10
+eventrelay_latency_stage_seconds_bucket{le=\"0.005\",stage=\"commit\"} 20
+eventrelay_latency_stage_seconds_bucket{le=\"+Inf\",stage=\"commit\"} 20
+eventrelay_events_delivered_total 5
+";
+
+    #[test]
+    fn quantiles_are_interpolated_inside_their_bucket() {
+        let stages = Stages::parse(TEXT);
+        let commit = stages.stage("commit").unwrap();
+        assert_eq!(commit.count(), 20.0);
+        let mean = commit.mean().as_secs_f64();
+        assert!((mean - 0.0015).abs() < 1e-9, "{mean}");
+        // Half of the 20 are at or below 2 ms, all of them by 5 ms.
+        assert_eq!(commit.quantile(0.5), Duration::from_millis(2));
+        assert_eq!(commit.quantile(0.75), Duration::from_micros(3500));
+        assert!(stages.stage("parse").is_none());
+    }
+
+    #[test]
+    fn a_difference_holds_only_what_was_observed_in_between() {
+        let before = Stages::parse(TEXT);
+        let after = Stages::parse(
+            &TEXT
+                .replace("} 10\n", "} 14\n")
+                .replace("} 20\n", "} 24\n")
+                .replace("0.03\n", "0.034\n"),
+        );
+        let between = after.minus(&before);
+        let commit = between.stage("commit").unwrap();
+        assert_eq!(commit.count(), 4.0);
+        assert_eq!(commit.quantile(0.5), Duration::from_micros(1500));
+        let mut total = Stages::default();
+        total.add(&between);
+        total.add(&between);
+        assert_eq!(total.stage("commit").unwrap().count(), 8.0);
+    }
+
+    #[test]
+    fn each_round_starts_with_the_next_side() {
+        assert_eq!(
+            round_order(0),
+            [Side::Nchan, Side::Durable, Side::Ephemeral]
+        );
+        assert_eq!(
+            round_order(1),
+            [Side::Durable, Side::Ephemeral, Side::Nchan]
+        );
+        assert_eq!(
+            round_order(2),
+            [Side::Ephemeral, Side::Nchan, Side::Durable]
+        );
+    }
+}
