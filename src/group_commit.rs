@@ -33,7 +33,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use eventrelay_publisher::{BatchError, EventEnvelope, NewEvent, PublishError, Publisher};
+use eventrelay_publisher::{
+    BatchError, EventEnvelope, NewEvent, PreparedBatch, PublishError, Publisher,
+};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::latency::Stage;
@@ -73,7 +75,7 @@ pub struct Publishing {
 }
 
 struct Job {
-    events: Vec<NewEvent>,
+    events: PreparedBatch,
     reply: oneshot::Sender<Result<Vec<EventEnvelope>, GroupError>>,
     /// When it was handed over, for its `group_wait` stage.
     queued: Instant,
@@ -123,8 +125,17 @@ impl Publishing {
         Publishing { writer, committer }
     }
 
+    /// Validates `events` and gives each its id and time: what a request
+    /// is refused for before anything is written.
+    pub fn prepare(&self, events: Vec<NewEvent>) -> Result<PreparedBatch, GroupError> {
+        self.writer
+            .publisher
+            .prepare_batch(events)
+            .map_err(|BatchError { index, error }| GroupError::Refused { index, error })
+    }
+
     /// Writes `events` atomically and answers once they are committed.
-    pub async fn publish(&self, events: Vec<NewEvent>) -> Result<Vec<EventEnvelope>, GroupError> {
+    pub async fn publish(&self, events: PreparedBatch) -> Result<Vec<EventEnvelope>, GroupError> {
         let Some(committer) = &self.committer else {
             return self.writer.publish_alone(events).await;
         };
@@ -157,7 +168,7 @@ impl Writer {
     /// statement. When the database refuses one of them, the statement
     /// cannot say which, so the request is written again one event at a
     /// time to name it.
-    async fn publish_alone(&self, events: Vec<NewEvent>) -> Result<Vec<EventEnvelope>, GroupError> {
+    async fn publish_alone(&self, events: PreparedBatch) -> Result<Vec<EventEnvelope>, GroupError> {
         match self.write_committed(|| events.clone()).await {
             Ok(envelopes) => Ok(envelopes),
             Err(Together::Refused { index, error }) => Err(GroupError::Refused { index, error }),
@@ -170,18 +181,18 @@ impl Writer {
     /// name the exact event.
     async fn publish_one_by_one(
         &self,
-        events: Vec<NewEvent>,
+        events: PreparedBatch,
     ) -> Result<Vec<EventEnvelope>, GroupError> {
         let mut client = self.db.get().await.map_err(unavailable)?;
         let tx = client.begin().await.map_err(unavailable)?;
         let mut envelopes = Vec::with_capacity(events.len());
-        for (index, event) in events.into_iter().enumerate() {
-            let envelope = self
+        for (index, event) in events.split().enumerate() {
+            let written = self
                 .publisher
-                .emit(&tx, event)
+                .emit_prepared(&tx, event)
                 .await
-                .map_err(|error| GroupError::Refused { index, error })?;
-            envelopes.push(envelope);
+                .map_err(|BatchError { error, .. }| GroupError::Refused { index, error })?;
+            envelopes.extend(written);
         }
         tx.commit().await.map_err(unavailable)?;
         Ok(envelopes)
@@ -196,7 +207,7 @@ impl Writer {
     /// one-by-one fallback, so the events are copied once per attempt).
     async fn write_committed(
         &self,
-        events: impl Fn() -> Vec<NewEvent>,
+        events: impl Fn() -> PreparedBatch,
     ) -> Result<Vec<EventEnvelope>, Together> {
         let writing = Instant::now();
         let written = self.write_committed_untimed(events).await;
@@ -211,7 +222,7 @@ impl Writer {
 
     async fn write_committed_untimed(
         &self,
-        events: impl Fn() -> Vec<NewEvent>,
+        events: impl Fn() -> PreparedBatch,
     ) -> Result<Vec<EventEnvelope>, Together> {
         let client = self.db.get().await.map_err(Together::unavailable)?;
         let mut retried = false;
@@ -223,7 +234,7 @@ impl Writer {
                 .map_err(Together::unavailable)?;
             let written = self
                 .publisher
-                .emit_batch_committed(&pipeline, events())
+                .emit_prepared_committed(&pipeline, events())
                 .await;
             self.learn(pipeline.unprepared());
             match written {
@@ -338,12 +349,7 @@ impl Committer {
             let _ = job.reply.send(result);
             return;
         }
-        let all = || -> Vec<NewEvent> {
-            group
-                .iter()
-                .flat_map(|job| job.events.iter().cloned())
-                .collect()
-        };
+        let all = || PreparedBatch::concat(group.iter().map(|job| &job.events));
         match self.writer.write_committed(all).await {
             Ok(mut envelopes) => {
                 for job in group {

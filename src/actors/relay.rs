@@ -7,8 +7,8 @@
 //! starts, whether it may start yet, and which rows it found are new is the
 //! scope state's to decide; the relay does the reading and the sending.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +35,11 @@ const PAGE: i64 = 500;
 /// notification can cost, whatever it points at.
 const READ_MAX_ROWS: usize = 4 * PAGE as usize;
 const READ_MAX_BYTES: i64 = 8 << 20;
+/// Ephemeral events remembered as delivered before their commit: far more
+/// than are ever between a publish and its notification's return, so only
+/// an event whose transaction failed (its notification never comes) is
+/// forgotten, by being pushed out.
+const DELIVERED_HERE: usize = 16_384;
 /// Wait before retrying a failed outbox read.
 const READ_RETRY: Duration = Duration::from_secs(1);
 
@@ -56,6 +61,9 @@ pub struct Relay {
     metrics: Arc<Metrics>,
     scopes: HashMap<String, ActiveScope>,
     next_session: u64,
+    /// Ephemeral events this relay delivered before their commit, whose
+    /// notification is still to come back.
+    delivered_here: RecentIds,
     /// Dropped with the relay once it has stopped: shutdown waits for that.
     _running: tokio::sync::mpsc::Sender<()>,
 }
@@ -89,6 +97,7 @@ impl Relay {
             metrics,
             scopes: HashMap::new(),
             next_session: 0,
+            delivered_here: RecentIds::new(DELIVERED_HERE),
             _running: running,
         }
     }
@@ -207,6 +216,41 @@ impl Relay {
                 result,
             });
         });
+    }
+}
+
+/// A set of event ids that forgets its oldest past a capacity.
+struct RecentIds {
+    ids: HashSet<uuid::Uuid>,
+    order: VecDeque<uuid::Uuid>,
+    capacity: usize,
+}
+
+impl RecentIds {
+    fn new(capacity: usize) -> Self {
+        RecentIds {
+            ids: HashSet::new(),
+            order: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    fn insert(&mut self, id: uuid::Uuid) {
+        if !self.ids.insert(id) {
+            return;
+        }
+        self.order.push_back(id);
+        while self.order.len() > self.capacity {
+            if let Some(oldest) = self.order.pop_front() {
+                self.ids.remove(&oldest);
+            }
+        }
+    }
+
+    /// Whether `id` was there; it is not any more. (Its place in the
+    /// order goes when it reaches the front.)
+    fn remove(&mut self, id: &uuid::Uuid) -> bool {
+        self.ids.remove(id)
     }
 }
 
@@ -395,11 +439,45 @@ impl Handler<Ephemeral> for Relay {
     fn handle(&mut self, msg: Ephemeral, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
         self.metrics.stages.heard(msg.envelope.id, msg.heard_at);
+        if self.delivered_here.remove(&msg.envelope.id) {
+            // Published here and delivered before its commit.
+            return;
+        }
         if let Some(scope) = self.scopes.get(&msg.envelope.scope_key) {
             scope.hub.do_send(PublishEphemeral {
                 event: Arc::new(EncodedEvent::new(msg.envelope)),
                 heard_at: Some(msg.heard_at),
             });
+        }
+    }
+}
+
+/// Ephemeral events published through this relay's own HTTP API, handed
+/// to its hubs before their transaction commits. Their notification (or
+/// logical message) comes back to this relay after the commit, and is then
+/// skipped: it is sent before the transaction starts, so it is always
+/// handled first.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LocalEphemeral {
+    pub envelopes: Vec<EventEnvelope>,
+    /// When the request was parsed, for the latency stages.
+    pub at: Instant,
+}
+
+impl Handler<LocalEphemeral> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, msg: LocalEphemeral, _: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
+        for envelope in msg.envelopes {
+            self.delivered_here.insert(envelope.id);
+            if let Some(scope) = self.scopes.get(&envelope.scope_key) {
+                scope.hub.do_send(PublishEphemeral {
+                    event: Arc::new(EncodedEvent::new(envelope)),
+                    heard_at: Some(msg.at),
+                });
+            }
         }
     }
 }
@@ -570,5 +648,24 @@ impl Handler<InjectFault> for Relay {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_ids_forget_the_oldest_past_their_capacity() {
+        let ids: Vec<uuid::Uuid> = (0..4).map(|_| uuid::Uuid::new_v4()).collect();
+        let mut recent = RecentIds::new(2);
+        for id in &ids[..3] {
+            recent.insert(*id);
+        }
+        assert!(!recent.remove(&ids[0]), "pushed out by the third");
+        assert!(recent.remove(&ids[1]));
+        assert!(!recent.remove(&ids[1]), "removed once");
+        assert!(recent.remove(&ids[2]));
+        assert!(!recent.remove(&ids[3]), "never inserted");
     }
 }

@@ -4,11 +4,13 @@
 //! This is not atomic with the application's own writes: the event commits
 //! in a transaction of its own. A batch is one transaction: every durable
 //! event in it commits together (with its notification) or none does;
-//! ephemeral events in it are sent at that same commit.
+//! ephemeral events in it are sent at that same commit. A request of
+//! ephemeral events only is also handed to this relay's own subscribers at
+//! once, before the commit (see [`LocalEphemeral`]).
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use eventrelay_publisher::{EventEnvelope, NewEvent, PublishError};
+use eventrelay_publisher::{EventEnvelope, Lane, NewEvent, PublishError};
 use eventrelay_wire::EncodeError;
 use serde::Serialize;
 use serde_json::Value;
@@ -19,6 +21,7 @@ use super::body::read_body;
 use super::error::{ApiError, ErrorCode};
 use super::json_numbers::{MAX_EXACT_INTEGER, inexact_integer};
 use super::token::Guard;
+use crate::actors::relay::LocalEphemeral;
 use crate::group_commit::GroupError;
 use crate::latency::Stage;
 
@@ -163,21 +166,40 @@ pub async fn publish_events(
     PUBLISH.check(&request, state.config().publish.token.as_deref())?;
     let body = read_body(payload, &state.config().http).await?;
     let events = parse_events(&body, state.config().publish.max_batch)?;
+    let prepared = state.publishing.prepare(events).map_err(group_error)?;
     state.metrics.stages.since(Stage::Parse, received);
+    if prepared
+        .envelopes()
+        .iter()
+        .all(|e| e.lane == Lane::Ephemeral)
+    {
+        // Nothing durable to commit with: this relay's own subscribers
+        // need not wait for the transaction, nor for its notification to
+        // come back (which the relay then skips). Other relays get the
+        // events at the commit, as always.
+        state.relay.do_send(LocalEphemeral {
+            envelopes: prepared.envelopes().to_vec(),
+            at: std::time::Instant::now(),
+        });
+    }
     let envelopes = state
         .publishing
-        .publish(events)
+        .publish(prepared)
         .await
-        .map_err(|error| match error {
-            GroupError::Refused { index, error } => publish_error(index, error),
-            GroupError::Unavailable(cause) => ApiError::failed(WRITE_FAILED, &*cause),
-            GroupError::Stopping => ApiError::unavailable("the relay is stopping; publish again"),
-        })?;
+        .map_err(group_error)?;
     state
         .metrics
         .events_published
         .inc_by(envelopes.len() as u64);
     Ok(HttpResponse::Ok().json(Published { events: &envelopes }))
+}
+
+fn group_error(error: GroupError) -> ApiError {
+    match error {
+        GroupError::Refused { index, error } => publish_error(index, error),
+        GroupError::Unavailable(cause) => ApiError::failed(WRITE_FAILED, &*cause),
+        GroupError::Stopping => ApiError::unavailable("the relay is stopping; publish again"),
+    }
 }
 
 /// The answer to a publish: the events as written, in request order.

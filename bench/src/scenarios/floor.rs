@@ -106,12 +106,12 @@ pub struct FloorFigures {
 }
 
 pub async fn run(plan: &FloorPlan<'_>) -> BenchResult<FloorFigures> {
-    let before = commit_time(plan.database_url).await?;
+    let before = commit_time(plan.database_url, plan.schema).await?;
     let mut loads = Vec::new();
     for (index, &(subscribers, per_second)) in plan.loads.iter().enumerate() {
         loads.push(run_load(plan, index, subscribers, per_second).await?);
     }
-    let after = commit_time(plan.database_url).await?;
+    let after = commit_time(plan.database_url, plan.schema).await?;
     Ok(FloorFigures {
         commit: [before, after],
         loads,
@@ -321,18 +321,22 @@ fn thousands(n: usize) -> String {
     }
 }
 
-/// Times [`COMMITS`] one-row commits each way, on a table of its own.
-pub async fn commit_time(database_url: &str) -> BenchResult<CommitTime> {
+/// Times [`COMMITS`] one-row commits each way, on a table of its own in
+/// `schema`. Not a temporary table: its changes are not written to the
+/// WAL, so its commits would have nothing to flush.
+pub async fn commit_time(database_url: &str, schema: &str) -> BenchResult<CommitTime> {
     let client = eventrelay::connect(database_url).await?;
     client
-        .batch_execute("CREATE TEMP TABLE floor_commits (n int)")
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {schema}.floor_commits (n int)"
+        ))
         .await?;
     let measure = async |setting: &str| -> BenchResult<Percentiles> {
         client
             .batch_execute(&format!("SET synchronous_commit = {setting}"))
             .await?;
         let statement = client
-            .prepare("INSERT INTO floor_commits VALUES ($1)")
+            .prepare(&format!("INSERT INTO {schema}.floor_commits VALUES ($1)"))
             .await?;
         let mut samples = Vec::with_capacity(COMMITS);
         for n in 0..COMMITS as i32 {

@@ -51,5 +51,5 @@ pub use eventrelay_wire::{Audience, EventEnvelope, Lane, NewEvent};
 pub use executor::PgExecutor;
 pub use identifier::{Identifier, IdentifierError};
 pub use listen::{HealthCheck, ListenConnection, ListenError, ListenTls};
-pub use publisher::{BatchError, DEFAULT_SCHEMA, PublishError, Publisher};
+pub use publisher::{BatchError, DEFAULT_SCHEMA, PreparedBatch, PublishError, Publisher};
 pub use registry::{SchemaError, SchemaRegistry};

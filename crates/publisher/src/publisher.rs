@@ -238,8 +238,8 @@ impl Publisher {
         client: &C,
         events: Vec<NewEvent>,
     ) -> Result<Vec<EventEnvelope>, BatchError> {
-        let batch = self.batch(events)?;
-        self.write(client, batch, false).await
+        let prepared = self.prepare_batch(events)?;
+        self.emit_prepared(client, prepared).await
     }
 
     /// Like [`emit_batch`](Self::emit_batch), in a transaction of its own
@@ -256,7 +256,47 @@ impl Publisher {
         client: &C,
         events: Vec<NewEvent>,
     ) -> Result<Vec<EventEnvelope>, BatchError> {
-        let batch = self.batch(events)?;
+        let prepared = self.prepare_batch(events)?;
+        self.emit_prepared_committed(client, prepared).await
+    }
+
+    /// Validates `events` and gives each its id and time, without writing
+    /// anything: what [`emit_batch`](Self::emit_batch) does first. The
+    /// envelopes are final, so a caller may act on them (deliver them to
+    /// its own subscribers, say) before it writes them with
+    /// [`emit_prepared`](Self::emit_prepared) or
+    /// [`emit_prepared_committed`](Self::emit_prepared_committed). The
+    /// first invalid event fails the whole call with its index.
+    pub fn prepare_batch(&self, events: Vec<NewEvent>) -> Result<PreparedBatch, BatchError> {
+        let mut envelopes = Vec::with_capacity(events.len());
+        for (index, event) in events.into_iter().enumerate() {
+            envelopes.push(
+                self.prepare(event)
+                    .map_err(|error| BatchError { index, error })?,
+            );
+        }
+        Ok(PreparedBatch { envelopes })
+    }
+
+    /// [`emit_batch`](Self::emit_batch) for a prepared batch, on `client`'s
+    /// transaction.
+    pub async fn emit_prepared<C: PgExecutor>(
+        &self,
+        client: &C,
+        prepared: PreparedBatch,
+    ) -> Result<Vec<EventEnvelope>, BatchError> {
+        let batch = self.batch(prepared)?;
+        self.write(client, batch, false).await
+    }
+
+    /// [`emit_batch_committed`](Self::emit_batch_committed) for a prepared
+    /// batch.
+    pub async fn emit_prepared_committed<C: PgExecutor>(
+        &self,
+        client: &C,
+        prepared: PreparedBatch,
+    ) -> Result<Vec<EventEnvelope>, BatchError> {
+        let batch = self.batch(prepared)?;
         let unflushed = self.unflushed_ephemeral && batch.envelopes.iter().all(|e| !e.is_durable());
         let database = |error: tokio_postgres::Error| BatchError {
             index: 0,
@@ -277,14 +317,8 @@ impl Publisher {
 
     /// Validates and encodes a batch: everything that can fail before the
     /// database is involved.
-    fn batch(&self, events: Vec<NewEvent>) -> Result<Batch, BatchError> {
-        let mut envelopes = Vec::with_capacity(events.len());
-        for (index, event) in events.into_iter().enumerate() {
-            envelopes.push(
-                self.prepare(event)
-                    .map_err(|error| BatchError { index, error })?,
-            );
-        }
+    fn batch(&self, prepared: PreparedBatch) -> Result<Batch, BatchError> {
+        let PreparedBatch { envelopes } = prepared;
         // Ephemeral events share notifications, as many to a payload as fit.
         let first_ephemeral = envelopes
             .iter()
@@ -432,6 +466,46 @@ impl Publisher {
 }
 
 /// A validated, encoded batch, ready to be written.
+/// Events validated and given their ids and times by
+/// [`Publisher::prepare_batch`], not yet written. Only that method makes
+/// one, so whatever is written from it was validated.
+#[derive(Debug, Clone, Default)]
+pub struct PreparedBatch {
+    envelopes: Vec<EventEnvelope>,
+}
+
+impl PreparedBatch {
+    /// The events as they will be written (durable ones without a seq yet).
+    pub fn envelopes(&self) -> &[EventEnvelope] {
+        &self.envelopes
+    }
+
+    pub fn len(&self) -> usize {
+        self.envelopes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.envelopes.is_empty()
+    }
+
+    /// The batches' events one after the other, in order.
+    pub fn concat<'a>(batches: impl IntoIterator<Item = &'a PreparedBatch>) -> PreparedBatch {
+        PreparedBatch {
+            envelopes: batches
+                .into_iter()
+                .flat_map(|batch| batch.envelopes.iter().cloned())
+                .collect(),
+        }
+    }
+
+    /// Each event as a batch of its own, in order.
+    pub fn split(self) -> impl Iterator<Item = PreparedBatch> {
+        self.envelopes.into_iter().map(|envelope| PreparedBatch {
+            envelopes: vec![envelope],
+        })
+    }
+}
+
 struct Batch {
     envelopes: Vec<EventEnvelope>,
     /// The ephemeral events' notification payloads.

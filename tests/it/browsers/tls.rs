@@ -210,15 +210,22 @@ async fn https_connections_are_sent_on_without_waiting_for_acknowledgements() {
     let (server, ca, _folder) = tls_server(&db, |_| {});
     let base = https(&server);
     let alice = token("alice", "org-1", json!({}));
-    // One client speaks HTTP/2, the other HTTP/1.1: a stream each.
+    // One stream over HTTP/2, and one over HTTP/1.1.
+    let client = ca.client();
+    wait_ready(&client, &base).await;
+    let mut http2 = Stream::open(&client, &base, &alice, None).await.unwrap();
+    http2.ready().await;
     let http1 = ca.client_builder().http1_only().build().unwrap();
-    let mut streams = Vec::new();
-    for client in [ca.client(), http1] {
-        wait_ready(&client, &base).await;
-        let mut stream = Stream::open(&client, &base, &alice, None).await.unwrap();
-        stream.ready().await;
-        streams.push(stream);
-    }
+    let response = http1
+        .get(format!("{base}/v1/events"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (response.status(), response.version()),
+        (StatusCode::OK, Version::HTTP_11)
+    );
     let accepted = crate::support::sockets::accepted_nodelay(crate::support::sockets::address_of(
         &server.base,
     ));

@@ -242,3 +242,51 @@ async fn an_oversized_admin_body_is_refused_with_a_named_error() {
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "payload_too_large");
 }
+
+/// A request of ephemeral events only goes to the publishing relay's own
+/// subscribers before its commit, and to every other relay at the commit;
+/// when its notification comes back to the publishing relay, it is not
+/// delivered a second time.
+#[tokio::test]
+async fn ephemeral_events_reach_every_relay_and_the_publishing_one_only_once() {
+    let db = TestDb::new().await;
+    let publishing = TestServer::start(&db, |_| {});
+    let other = TestServer::start(&db, |_| {});
+    publishing.ready().await;
+    other.ready().await;
+    let alice = crate::support::server::token("alice", "org-1", json!({}));
+    let (mut here, _) = publishing.subscribe(&alice, None, "").await;
+    let (mut there, _) = other.subscribe(&alice, None, "").await;
+
+    let typing = |n: u64| json!({"type": "typing", "scopeKey": "org-1", "lane": "ephemeral", "data": {"n": n}});
+    let mut published = Vec::new();
+    for batch in [vec![typing(1)], vec![typing(2), typing(3)]] {
+        let (status, body) = publishing.publish(Value::Array(batch)).await;
+        assert_eq!(status, 200, "{body}");
+        for event in body["events"].as_array().unwrap() {
+            published.push(event["id"].as_str().unwrap().to_owned());
+        }
+    }
+    // A durable event after them: once it has arrived, any second copy of
+    // an ephemeral one would have arrived before it (both relays deliver
+    // their notifications in commit order).
+    let (status, _) = publishing
+        .publish(json!({"type": "marker", "scopeKey": "org-1", "lane": "durable"}))
+        .await;
+    assert_eq!(status, 200);
+    for (name, stream) in [("publishing relay", &mut here), ("other relay", &mut there)] {
+        let mut seen = Vec::new();
+        loop {
+            let frame = stream.next_event().await;
+            if frame.event.as_deref() == Some("marker") {
+                break;
+            }
+            assert_eq!(frame.event.as_deref(), Some("typing"), "{name}");
+            seen.push(frame.json()["id"].as_str().unwrap().to_owned());
+        }
+        assert_eq!(
+            seen, published,
+            "{name}: each ephemeral event once, in order"
+        );
+    }
+}
