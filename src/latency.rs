@@ -11,7 +11,7 @@
 //! | `group_wait` | parsed | its group's transaction is sent |
 //! | `commit` | sent | the `COMMIT` is acknowledged (the flush included) |
 //! | `notify` | acknowledged | the listener hears the event (its notification, or its decoded WAL) |
-//! | `relay` | heard | the scope's hub starts fanning it out |
+//! | `relay` | heard (an ephemeral-only publish here: parsed) | the scope's hub starts fanning it out |
 //! | `fan_out` | the hub starts | the hub has queued it to every subscriber |
 //! | `session` | the hub starts | a subscriber's stream hands it to the HTTP layer |
 //!
@@ -144,7 +144,8 @@ impl Stages {
     }
 }
 
-/// Event ids are random (v4), so their low half spreads over the slots.
+/// An event id's low half is random (in a UUIDv7 as in a v4), so it
+/// spreads over the slots.
 fn key_of(id: uuid::Uuid) -> u64 {
     id.as_u64_pair().1
 }

@@ -217,7 +217,8 @@ impl Handler<PublishDurable> for Hub {
 #[rtype(result = "()")]
 pub struct PublishEphemeral {
     pub event: Arc<EncodedEvent>,
-    /// When the listener heard it; `None` when it did not come that way.
+    /// When the listener heard it, or when this relay's publish API
+    /// parsed it (see `LocalEphemeral`), for the `relay` stage.
     pub heard_at: Option<Instant>,
 }
 
