@@ -204,6 +204,21 @@ async fn streams_over_http2_behave_as_over_http1() {
     }
 }
 
+/// An event stream over HTTP/1.1, answered 200.
+async fn open_http1(client: &reqwest::Client, base: &str, token: &str) -> reqwest::Response {
+    let response = client
+        .get(format!("{base}/v1/events"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (response.status(), response.version()),
+        (StatusCode::OK, Version::HTTP_11)
+    );
+    response
+}
+
 #[tokio::test]
 async fn https_connections_are_sent_on_without_waiting_for_acknowledgements() {
     let db = TestDb::new().await;
@@ -216,16 +231,7 @@ async fn https_connections_are_sent_on_without_waiting_for_acknowledgements() {
     let mut http2 = Stream::open(&client, &base, &alice, None).await.unwrap();
     http2.ready().await;
     let http1 = ca.client_builder().http1_only().build().unwrap();
-    let response = http1
-        .get(format!("{base}/v1/events"))
-        .bearer_auth(&alice)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        (response.status(), response.version()),
-        (StatusCode::OK, Version::HTTP_11)
-    );
+    let _stream = open_http1(&http1, &base, &alice).await;
     let accepted = crate::support::sockets::accepted_nodelay(crate::support::sockets::address_of(
         &server.base,
     ));
@@ -246,16 +252,7 @@ async fn a_client_closing_an_https_stream_is_released_at_once() {
     let http1 = ca.client_builder().http1_only().build().unwrap();
     wait_ready(&http1, &base).await;
 
-    let mut response = http1
-        .get(format!("{base}/v1/events"))
-        .bearer_auth(token("alice", "org-1", json!({})))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        (response.status(), response.version()),
-        (StatusCode::OK, Version::HTTP_11)
-    );
+    let mut response = open_http1(&http1, &base, &token("alice", "org-1", json!({}))).await;
     let mut seen = String::new();
     while !seen.contains("event: ready") {
         let chunk = tokio::time::timeout(DEADLINE, response.chunk())

@@ -725,10 +725,30 @@ async fn reserved_event_types_are_refused_before_anything_is_written() {
 }
 
 /// A real client that notes the order in which its statements are sent
-/// (each is sent when its future is first polled).
+/// (each is sent when its future is first polled) and, when asked to, what
+/// `synchronous_commit` the open transaction has just before its `COMMIT`:
+/// whether the commit will wait for the WAL flush.
 struct SendOrder<'a> {
     client: &'a tokio_postgres::Client,
     sent: std::sync::Mutex<Vec<String>>,
+    flush_at_commit: Option<std::sync::Mutex<Option<String>>>,
+}
+
+impl<'a> SendOrder<'a> {
+    fn new(client: &'a tokio_postgres::Client) -> Self {
+        SendOrder {
+            client,
+            sent: std::sync::Mutex::new(Vec::new()),
+            flush_at_commit: None,
+        }
+    }
+
+    fn asking_flush(client: &'a tokio_postgres::Client) -> Self {
+        SendOrder {
+            flush_at_commit: Some(std::sync::Mutex::new(None)),
+            ..Self::new(client)
+        }
+    }
 }
 
 impl eventrelay::publisher::PgExecutor for SendOrder<'_> {
@@ -741,6 +761,13 @@ impl eventrelay::publisher::PgExecutor for SendOrder<'_> {
         )],
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let word = sql.split_whitespace().next().unwrap_or_default().to_owned();
+        if let (Some(flush), "COMMIT") = (&self.flush_at_commit, word.as_str()) {
+            let row = self
+                .client
+                .query_one("SHOW synchronous_commit", &[])
+                .await?;
+            *flush.lock().unwrap() = Some(row.get(0));
+        }
         self.sent.lock().unwrap().push(word);
         self.client.query_typed(sql, params).await
     }
@@ -757,10 +784,7 @@ async fn a_committed_batch_sends_begin_its_statements_and_commit_together_in_ord
     let db = TestDb::new().await;
     let mut listener = db.listen().await;
     let client = db.connect().await;
-    let sender = SendOrder {
-        client: &client,
-        sent: std::sync::Mutex::new(Vec::new()),
-    };
+    let sender = SendOrder::new(&client);
     let written = publisher(&db)
         .announcing_rows()
         .emit_batch_committed(
@@ -860,33 +884,6 @@ async fn a_committed_batch_the_database_refuses_writes_nothing_and_leaves_no_tra
     assert_eq!(read_all(&db, "org-1").await.len(), 2);
 }
 
-/// A real client that, just before sending `COMMIT`, asks the open
-/// transaction whether its commit will wait for the WAL flush.
-struct SeesFlush<'a> {
-    client: &'a tokio_postgres::Client,
-    at_commit: std::sync::Mutex<Option<String>>,
-}
-
-impl eventrelay::publisher::PgExecutor for SeesFlush<'_> {
-    async fn query_typed(
-        &self,
-        sql: &str,
-        params: &[(
-            &(dyn tokio_postgres::types::ToSql + Sync),
-            tokio_postgres::types::Type,
-        )],
-    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-        if sql == "COMMIT" {
-            let row = self
-                .client
-                .query_one("SHOW synchronous_commit", &[])
-                .await?;
-            *self.at_commit.lock().unwrap() = Some(row.get(0));
-        }
-        self.client.query_typed(sql, params).await
-    }
-}
-
 #[tokio::test]
 async fn only_a_batch_of_ephemeral_events_commits_without_waiting_for_the_flush() {
     let db = TestDb::new().await;
@@ -901,13 +898,11 @@ async fn only_a_batch_of_ephemeral_events_commits_without_waiting_for_the_flush(
         (&publisher(&db), vec![typing()], "on"),
     ];
     for (publisher, events, expected) in cases {
-        let sees = SeesFlush {
-            client: &client,
-            at_commit: std::sync::Mutex::new(None),
-        };
+        let sees = SendOrder::asking_flush(&client);
         publisher.emit_batch_committed(&sees, events).await.unwrap();
+        let flush = sees.flush_at_commit.as_ref().unwrap();
         assert_eq!(
-            sees.at_commit.lock().unwrap().as_deref(),
+            flush.lock().unwrap().as_deref(),
             Some(expected),
             "synchronous_commit at COMMIT"
         );
