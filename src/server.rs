@@ -360,8 +360,8 @@ pub async fn run_with(
         disconnections.clone(),
         streams.clone(),
     ));
+    let closing_streams = streams.clone();
 
-    let closing_streams = tokio::sync::watch::Sender::new(false);
     let publishing = Publishing::start(
         db.clone(),
         publisher,
@@ -407,7 +407,6 @@ pub async fn run_with(
         dispatcher: dispatcher.clone(),
         development_secret: config.development_secret.clone(),
         cors,
-        closing: closing_streams.subscribe(),
         open_streams,
         streams,
         disconnections,
@@ -454,7 +453,9 @@ pub async fn run_with(
     // listening under it; otherwise it reports a failed accept.
     tokio::task::yield_now().await;
     stop_listening(&listening);
-    closing_streams.send_replace(true);
+    // Every stream ends cleanly, so its client reconnects (to another
+    // replica) at once.
+    closing_streams.close_all();
     // Every stream holds a sender; the channel closes when the last ends.
     // Streams whose clients stopped reading get the grace period, no more.
     drop(streams_open);

@@ -57,9 +57,6 @@ pub struct AppState {
     pub development_secret: Option<crate::secret::Secret>,
     /// Which other origins' pages may read `/v1/events`.
     pub cors: Arc<cors::CorsPolicy>,
-    /// Turns true when the service starts stopping: every stream then ends
-    /// cleanly, so clients reconnect (to another replica) at once.
-    pub closing: tokio::sync::watch::Receiver<bool>,
     /// Every stream holds one of these while it is open.
     pub open_streams: OpenStreams,
     /// This relay's open streams, by subscriber: the connection cap, the

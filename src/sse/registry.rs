@@ -8,11 +8,13 @@
 //! closes and when an operator acts: never on the delivery path.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
 use chrono::{DateTime, Utc};
-use tokio::sync::Notify;
+use futures_util::task::AtomicWaker;
 
 use crate::store::disconnections::Disconnection;
 
@@ -43,48 +45,87 @@ struct Denial {
 
 struct Entry {
     stream: OpenStream,
-    /// Set when the stream is to end as revoked.
-    revoke: Revoked,
+    /// Told when the stream is to end (revoked, or the relay closing).
+    end: EndSignal,
 }
 
-/// Whether an operator disconnected a stream, and a wake-up for the
-/// stream when that happens. A flag and one waiter list: every open stream
-/// holds one, and a `watch` channel of a `bool` takes six times the room
-/// (it keeps eight waiter lists for its many receivers).
+/// Why a stream is told to end before its time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// An operator disconnected its subscriber: it ends with a `revoked`
+    /// frame, so the client does not reconnect.
+    Revoked,
+    /// The relay is shutting down: it ends cleanly, and the client
+    /// reconnects elsewhere.
+    Closing,
+}
+
+/// Tells one stream to end. A flag word and one waker slot, touched only by
+/// the stream's own task and by whoever ends it: a live stream checks it
+/// beside its queue on every event, so it must cost no lock and share no
+/// cache line with other streams. (A `Notify` takes a mutex to register
+/// each wait, and one shared by every stream, as a shutdown `watch` is,
+/// has every worker contend on it per delivered event.)
 #[derive(Clone, Default)]
-pub struct Revoked(Arc<RevokedState>);
+pub struct EndSignal(Arc<EndState>);
 
 #[derive(Default)]
-struct RevokedState {
-    revoked: AtomicBool,
-    woken: Notify,
+struct EndState {
+    /// `REVOKED` and `CLOSING` bits.
+    ends: AtomicU8,
+    waker: AtomicWaker,
 }
 
-impl Revoked {
+const REVOKED: u8 = 1;
+const CLOSING: u8 = 2;
+
+impl EndSignal {
     /// True once the stream is revoked.
     pub fn is_revoked(&self) -> bool {
-        self.0.revoked.load(Ordering::Acquire)
+        self.0.ends.load(Ordering::Acquire) & REVOKED != 0
     }
 
-    /// Resolves once the stream is revoked.
-    pub async fn wait(&self) {
-        loop {
-            let woken = self.0.woken.notified();
-            let mut woken = std::pin::pin!(woken);
-            // Registered before the flag is read, so a revocation between
-            // the two still wakes this waiter.
-            woken.as_mut().enable();
-            if self.is_revoked() {
-                return;
-            }
-            woken.await;
+    /// Why the stream must end, if it must; a revocation outranks a
+    /// shutdown, so its client learns not to come back.
+    pub fn ended(&self) -> Option<End> {
+        let ends = self.0.ends.load(Ordering::Acquire);
+        if ends & REVOKED != 0 {
+            Some(End::Revoked)
+        } else if ends & CLOSING != 0 {
+            Some(End::Closing)
+        } else {
+            None
         }
     }
 
-    /// Revokes the stream; false when it was revoked already.
-    fn revoke(&self) -> bool {
-        let first = !self.0.revoked.swap(true, Ordering::AcqRel);
-        self.0.woken.notify_waiters();
+    /// Ready once the stream must end. Only one task may wait on a signal
+    /// (the stream's own): a second waiter takes the first one's place.
+    pub fn poll_ended(&self, cx: &mut Context<'_>) -> Poll<End> {
+        if let Some(end) = self.ended() {
+            return Poll::Ready(end);
+        }
+        // Registered, then read again, so an end between the two still
+        // wakes this task.
+        self.0.waker.register(cx.waker());
+        match self.ended() {
+            Some(end) => Poll::Ready(end),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Resolves once the stream must end (see [`Self::poll_ended`]).
+    pub fn wait(&self) -> impl Future<Output = End> + '_ {
+        std::future::poll_fn(|cx| self.poll_ended(cx))
+    }
+
+    /// Marks the stream's end; false when it was marked so already.
+    fn end(&self, why: End) -> bool {
+        let bit = match why {
+            End::Revoked => REVOKED,
+            End::Closing => CLOSING,
+        };
+        let first = self.0.ends.fetch_or(bit, Ordering::AcqRel) & bit == 0;
+        self.0.waker.wake();
         first
     }
 }
@@ -102,6 +143,9 @@ struct Inner {
     /// every stream.
     per_scope: HashMap<String, usize>,
     denials: HashMap<String, Vec<Denial>>,
+    /// Set once the relay is shutting down: every stream, open or opening,
+    /// is told to end.
+    closing: bool,
 }
 
 /// The registry; cheap to clone (one shared map).
@@ -114,8 +158,8 @@ pub struct StreamRegistry {
 pub struct Ticket {
     registry: StreamRegistry,
     id: u64,
-    /// Set when an operator disconnects the stream.
-    pub revoked: Revoked,
+    /// Told when an operator disconnects the stream or the relay closes.
+    pub end: EndSignal,
 }
 
 impl Drop for Ticket {
@@ -174,7 +218,10 @@ impl StreamRegistry {
         }
         inner.next_id += 1;
         let id = inner.next_id;
-        let revoked = Revoked::default();
+        let end = EndSignal::default();
+        if inner.closing {
+            end.end(End::Closing);
+        }
         inner.streams.insert(
             id,
             Entry {
@@ -184,7 +231,7 @@ impl StreamRegistry {
                     scope_key: scope_key.to_owned(),
                     connected_at: now,
                 },
-                revoke: revoked.clone(),
+                end: end.clone(),
             },
         );
         *inner
@@ -195,7 +242,7 @@ impl StreamRegistry {
         Ok(Ticket {
             registry: self.clone(),
             id,
-            revoked,
+            end,
         })
     }
 
@@ -224,12 +271,22 @@ impl StreamRegistry {
             let stream = &entry.stream;
             if stream.subscriber == subscriber
                 && scope_key.is_none_or(|scope| scope == stream.scope_key)
-                && entry.revoke.revoke()
+                && entry.end.end(End::Revoked)
             {
                 ended += 1;
             }
         }
         ended
+    }
+
+    /// Tells every stream, and every stream opened from now on, that the
+    /// relay is shutting down: each ends cleanly at its next chance.
+    pub fn close_all(&self) {
+        let mut inner = self.lock();
+        inner.closing = true;
+        for entry in inner.streams.values() {
+            entry.end.end(End::Closing);
+        }
     }
 
     /// Applies a recorded disconnection (see [`Self::disconnect`]) unless
@@ -346,8 +403,8 @@ mod tests {
         let other = registry.open("bob", "org-1", 9).unwrap();
         let until = Utc::now() + chrono::Duration::seconds(60);
         assert_eq!(registry.disconnect("alice", Some("org-1"), Some(until)), 1);
-        assert!(one.revoked.is_revoked());
-        assert!(!two.revoked.is_revoked() && !other.revoked.is_revoked());
+        assert!(one.end.is_revoked());
+        assert!(!two.end.is_revoked() && !other.end.is_revoked());
         assert_eq!(
             registry.open("alice", "org-1", 9).err(),
             Some(Refusal::Denied(until))
@@ -370,6 +427,32 @@ mod tests {
         assert!(
             registry.open("bob", "org-1", 9).is_ok(),
             "an expired denial is no denial"
+        );
+    }
+
+    #[tokio::test]
+    async fn closing_ends_every_stream_and_a_revocation_outranks_it() {
+        let registry = StreamRegistry::default();
+        let revoked = registry.open("alice", "org-1", 9).unwrap();
+        let open = registry.open("bob", "org-1", 9).unwrap();
+        assert_eq!(open.end.ended(), None);
+        let waiting = tokio::spawn({
+            let end = open.end.clone();
+            async move { end.wait().await }
+        });
+        registry.disconnect("alice", None, None);
+        registry.close_all();
+        let woken = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting stream is woken")
+            .unwrap();
+        assert_eq!(woken, End::Closing);
+        assert_eq!(revoked.end.wait().await, End::Revoked);
+        let late = registry.open("carol", "org-2", 9).unwrap();
+        assert_eq!(
+            late.end.ended(),
+            Some(End::Closing),
+            "a stream opened while closing is told at once"
         );
     }
 

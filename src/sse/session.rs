@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
 
 use super::peer::{PEEK_EVERY, PeerSocket};
-use super::registry::Ticket;
+use super::registry::{End, Ticket};
 use super::shared_reads::SharedReads;
 use crate::actors::EncodedEvent;
 use crate::actors::mailbox::Counted;
@@ -64,14 +64,13 @@ pub struct SessionParams {
     /// When to warn that the credentials expire, and how many seconds
     /// they have left then: only for a stream its credentials end.
     pub reauth: Option<(Instant, u64)>,
-    /// The stream's place among this relay's streams; its `revoked` turns
-    /// true when an operator disconnects the subscriber.
+    /// The stream's place among this relay's streams; its `end` tells the
+    /// stream when an operator disconnects the subscriber or the relay
+    /// shuts down.
     pub ticket: Ticket,
     pub until: Option<String>,
     pub resync: bool,
     pub replay: Replay,
-    /// True once the service is stopping: the stream then ends cleanly.
-    pub closing: tokio::sync::watch::Receiver<bool>,
     /// The connection's socket, peeked to notice a client that closed it.
     pub peer: Option<PeerSocket>,
     /// Whether the connection carries this stream alone (HTTP/1.x), so it
@@ -210,7 +209,7 @@ impl Session {
             if self.phase != Phase::Finished && Instant::now() >= self.params.ends_at {
                 self.phase = Phase::Finished;
             }
-            if self.phase != Phase::Finished && self.params.ticket.revoked.is_revoked() {
+            if self.phase != Phase::Finished && self.params.ticket.end.is_revoked() {
                 self.phase = Phase::Finished;
                 return Some(Ok(Bytes::from(sse::revoked_frame())));
             }
@@ -288,9 +287,7 @@ impl Session {
 
     async fn next_live(&mut self) -> Option<Bytes> {
         let ends_at = self.params.ends_at;
-        let mut closing = self.params.closing.clone();
         let peer = self.params.peer;
-        let revoked = self.params.ticket.revoked.clone();
         loop {
             let now = Instant::now();
             if now >= ends_at {
@@ -335,13 +332,12 @@ impl Session {
             }
             tokio::select! {
                 biased;
-                () = revoked.wait() => {
+                end = self.params.ticket.end.wait() => {
                     self.phase = Phase::Finished;
-                    return Some(Bytes::from(sse::revoked_frame()));
-                }
-                _ = closing.wait_for(|closing| *closing) => {
-                    self.phase = Phase::Finished;
-                    return None;
+                    return match end {
+                        End::Revoked => Some(Bytes::from(sse::revoked_frame())),
+                        End::Closing => None,
+                    };
                 }
                 received = self.queue.recv() => {
                     let Some(first) = received else {

@@ -212,7 +212,6 @@ pub async fn stream_events(
         until: query.until.clone(),
         resync,
         replay,
-        closing: state.closing.clone(),
         peer: request.conn_data::<PeerSocket>().copied(),
         own_connection: request.version() < actix_web::http::Version::HTTP_2,
     };
