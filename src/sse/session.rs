@@ -109,10 +109,13 @@ pub struct Session {
     timer: Pin<Box<Sleep>>,
     /// Due a heartbeat an interval after the last write.
     next_heartbeat: Instant,
-    /// When an idle stream next peeks at its socket; like the heartbeat,
-    /// due an interval after the last write, since a write to a closed peer
-    /// fails by itself.
-    next_peek: Instant,
+    /// When the stream next peeks at its socket on its timer, if it does;
+    /// like the heartbeat, due an interval after the last write, since a
+    /// write to a closed peer fails by itself. An HTTP/2 stream peeks on
+    /// this timer alone; an HTTP/1.x stream peeks whenever its connection
+    /// wakes it for something else than an event (see [`woken_again`]),
+    /// and once more a moment later.
+    next_peek: Option<Instant>,
     last_write: Instant,
     /// Live writes so far, for sampling the queue's fill ratio.
     live_writes: u32,
@@ -172,7 +175,7 @@ impl Session {
     ) -> Self {
         let now = Instant::now();
         let next_heartbeat = now + params.heartbeat;
-        let next_peek = now + PEEK_EVERY;
+        let next_peek = (!params.own_connection).then(|| now + PEEK_EVERY);
         let timer = Box::pin(tokio::time::sleep_until(params.ends_at));
         Session {
             params,
@@ -288,6 +291,10 @@ impl Session {
     async fn next_live(&mut self) -> Option<Bytes> {
         let ends_at = self.params.ends_at;
         let peer = self.params.peer;
+        let own_connection = self.params.own_connection;
+        // Only an HTTP/1.x connection's reads wake its stream: a client
+        // that closes or resets it wakes the stream at once.
+        let peeks_when_woken = peer.is_some() && own_connection;
         loop {
             let now = Instant::now();
             if now >= ends_at {
@@ -298,17 +305,20 @@ impl Session {
                 return Some(frame);
             }
             if let Some(peer) = peer
-                && now >= self.next_peek
+                && self.next_peek.is_some_and(|at| now >= at)
             {
+                // A second look after a wake, on a connection of its own,
+                // is the last one: its reads wake the stream again.
+                let again = (!own_connection).then_some(now + PEEK_EVERY);
                 if let Some(due) = still_waiting(self.last_write, PEEK_EVERY) {
-                    self.next_peek = due;
+                    self.next_peek = again.map(|_| due);
                 } else if peer.is_closed() {
                     // Nobody is reading: end now, releasing the permit,
                     // the hub's place and the queue.
                     self.phase = Phase::Finished;
                     return None;
                 } else {
-                    self.next_peek = now + PEEK_EVERY;
+                    self.next_peek = again;
                 }
             }
             if now >= self.next_heartbeat {
@@ -324,8 +334,8 @@ impl Session {
             if let Some((at, _)) = self.params.reauth {
                 due = due.min(at);
             }
-            if peer.is_some() {
-                due = due.min(self.next_peek);
+            if let (Some(_), Some(at)) = (peer, self.next_peek) {
+                due = due.min(at);
             }
             if self.timer.deadline() != due {
                 self.timer.as_mut().reset(due);
@@ -372,6 +382,19 @@ impl Session {
                         return Some(chunk);
                     }
                 }
+                // Woken for neither an event nor the end: the connection
+                // was (the client sent something, closed or reset it).
+                () = woken_again(), if peeks_when_woken => {
+                    if peer.is_some_and(PeerSocket::is_closed) {
+                        self.phase = Phase::Finished;
+                        return None;
+                    }
+                    // A TLS client's closing alert may come a moment
+                    // before its TCP end, which then wakes nobody: one
+                    // more look shortly.
+                    let again = Instant::now() + PEEK_EVERY;
+                    self.next_peek = Some(self.next_peek.map_or(again, |at| at.min(again)));
+                }
                 // Whatever came due is handled at the top of the loop.
                 () = self.timer.as_mut() => {}
             }
@@ -390,6 +413,20 @@ impl Session {
         self.last_write = Instant::now();
         Some(chunk)
     }
+}
+
+/// Ready from its second poll on: polled beside a stream's queue and end
+/// signal, after them, it tells a wake that brought neither. The first poll
+/// happens as the stream starts waiting, so it is the next wake that counts.
+fn woken_again() -> impl std::future::Future<Output = ()> {
+    let mut polled = false;
+    std::future::poll_fn(move |_| {
+        if std::mem::replace(&mut polled, true) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
 }
 
 /// How long past its end a replay stalled on its reader may keep its
@@ -531,11 +568,24 @@ impl SentSeqs {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::time::Duration;
 
     use tokio::time::Instant;
 
-    use super::{SentSeqs, still_waiting};
+    use super::{SentSeqs, still_waiting, woken_again};
+
+    #[test]
+    fn only_a_wake_after_the_first_poll_counts() {
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut woken = std::pin::pin!(woken_again());
+        assert!(
+            woken.as_mut().poll(&mut cx).is_pending(),
+            "starting to wait"
+        );
+        assert!(woken.as_mut().poll(&mut cx).is_ready(), "woken again");
+    }
 
     #[test]
     fn a_recent_write_postpones_a_timer_to_an_interval_after_it() {
