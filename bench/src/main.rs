@@ -267,6 +267,18 @@ async fn run_scenarios(
             blocks.join(" · "),
             "–".to_owned(),
         );
+        let carrying = 100;
+        let events = 20_000;
+        eprintln!("heap per stream carrying {events} durable events: {carrying} streams");
+        let carried = connection_heap::measure_carried(db, schema, carrying, events).await?;
+        table.add(
+            format!(
+                "heap a live stream adds carrying {} durable events ({carrying} streams, in-process, after a warm-up)",
+                carried.events
+            ),
+            format!("{} per stream", size(carried.growth)),
+            "–".to_owned(),
+        );
         let surge = connection_heap::measure_surge(db, schema, n).await?;
         let blocks: Vec<String> = surge
             .blocks

@@ -27,7 +27,7 @@ use crate::latency::Stage;
 use crate::metrics::{Metrics, SourceLabel};
 use crate::store::StoreError;
 
-/// Seqs remembered to drop duplicates between replay and live.
+/// Replayed seqs remembered to drop their live duplicates.
 pub(super) const SENT_MEMORY: usize = 16_384;
 /// Frames gathered into one write when several are queued.
 const MAX_FRAMES_PER_CHUNK: usize = 64;
@@ -236,7 +236,7 @@ impl Session {
                 Phase::Replay if !self.replay_left.is_empty() => {
                     let take = self.replay_left.len().min(MAX_FRAMES_PER_CHUNK);
                     let mut batch: Vec<_> = self.replay_left.drain(..take).collect();
-                    if let Some(chunk) = self.frames(&mut batch) {
+                    if let Some(chunk) = self.frames(&mut batch, Source::Replay) {
                         return Some(Ok(chunk));
                     }
                 }
@@ -376,7 +376,7 @@ impl Session {
                             Err(_) => break,
                         }
                     }
-                    let chunk = self.frames(&mut batch);
+                    let chunk = self.frames(&mut batch, Source::Live);
                     self.live_batch = batch;
                     if let Some(chunk) = chunk {
                         return Some(chunk);
@@ -403,9 +403,9 @@ impl Session {
 
     /// The frames of `batch` not yet sent, as one chunk (see
     /// [`join_frames`]); a write also postpones the heartbeat and the peek.
-    fn frames(&mut self, batch: &mut Vec<Arc<EncodedEvent>>) -> Option<Bytes> {
+    fn frames(&mut self, batch: &mut Vec<Arc<EncodedEvent>>, source: Source) -> Option<Bytes> {
         let (chunk, until_reached) =
-            join_frames(&mut self.sent, self.params.until.as_deref(), batch);
+            join_frames(&mut self.sent, source, self.params.until.as_deref(), batch);
         if until_reached {
             self.phase = Phase::Finished;
         }
@@ -488,12 +488,28 @@ pub(super) async fn replay_page(
     }
 }
 
+/// Where a batch of frames comes from, which decides what is remembered of
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Source {
+    /// A replay page: its seqs are remembered, since the same events may
+    /// also be queued live (they committed while the replay was read).
+    Replay,
+    /// The hub's queue: checked against the replay, not remembered. The
+    /// relay hands each scope's events on once (see `actors::scope`), so
+    /// the only duplicates a live event can have are replayed ones.
+    /// Remembering every live seq would cost a long-lived stream a ring of
+    /// `SENT_MEMORY` seqs (128 KiB) and a write to it per event.
+    Live,
+}
+
 /// The frames of `batch` not yet sent, as one chunk, and whether an
 /// `until` event was among them (the frames after it are dropped). Leaves
 /// `batch` empty. A lone frame is shared with every other subscriber rather
 /// than copied.
 pub(super) fn join_frames(
     sent: &mut SentSeqs,
+    source: Source,
     until: Option<&str>,
     batch: &mut Vec<Arc<EncodedEvent>>,
 ) -> (Option<Bytes>, bool) {
@@ -501,10 +517,14 @@ pub(super) fn join_frames(
     let mut joined: Option<BytesMut> = None;
     let mut until_reached = false;
     for event in batch.drain(..) {
-        if let Some(seq) = event.seq()
-            && !sent.insert(seq)
-        {
-            continue;
+        if let Some(seq) = event.seq() {
+            let new = match source {
+                Source::Replay => sent.insert(seq),
+                Source::Live => !sent.contains(seq),
+            };
+            if !new {
+                continue;
+            }
         }
         match (&mut joined, single.take()) {
             (Some(chunk), _) => chunk.extend_from_slice(&event.frame),
@@ -529,14 +549,15 @@ pub fn count_replay(metrics: &Metrics, source: &'static str) {
     metrics.replays.get_or_create(&SourceLabel { source }).inc();
 }
 
-/// The seqs a stream has sent, remembered to drop an event delivered twice
-/// (once by replay and again live, or by a pointer read twice). At most
-/// `capacity` are kept; the lowest are forgotten first.
+/// The seqs a stream has replayed, remembered to drop an event delivered
+/// twice (once by replay and again live). At most `capacity` are kept; the
+/// lowest are forgotten first.
 ///
-/// Kept sorted in a ring rather than a tree: live seqs arrive in ascending
-/// order, so recording one is a push at the back and forgetting one a pop
-/// at the front. Only a seq older than the newest (a late commit) pays for
-/// a search and an insert in place.
+/// Kept sorted in a ring rather than a tree: replayed seqs arrive in
+/// ascending order, so recording one is a push at the back and forgetting
+/// one a pop at the front. Only a seq older than the newest (a late commit)
+/// pays for a search and an insert in place; a live seq above the newest
+/// is told apart without one.
 pub(super) struct SentSeqs {
     seqs: VecDeque<i64>,
     capacity: usize,
@@ -552,17 +573,34 @@ impl SentSeqs {
 
     /// Records `seq`; false when it was sent already.
     pub(super) fn insert(&mut self, seq: i64) -> bool {
-        match self.seqs.back() {
+        let position = match self.seqs.back() {
             Some(&newest) if seq <= newest => match self.seqs.binary_search(&seq) {
                 Ok(_) => return false,
-                Err(position) => self.seqs.insert(position, seq),
+                Err(position) => position,
             },
-            _ => self.seqs.push_back(seq),
-        }
-        if self.seqs.len() > self.capacity {
+            _ => self.seqs.len(),
+        };
+        // Full: the lowest goes first, or `seq` itself when it is lower
+        // still. Making room before inserting keeps the ring within its
+        // capacity (one more would double its allocation).
+        if self.seqs.len() >= self.capacity {
+            if position == 0 {
+                return true;
+            }
             self.seqs.pop_front();
+            self.seqs.insert(position - 1, seq);
+        } else {
+            self.seqs.insert(position, seq);
         }
         true
+    }
+
+    /// Whether `seq` was recorded (and not forgotten since).
+    pub(super) fn contains(&self, seq: i64) -> bool {
+        match self.seqs.back() {
+            Some(&newest) if seq <= newest => self.seqs.binary_search(&seq).is_ok(),
+            _ => false,
+        }
     }
 }
 
@@ -573,7 +611,36 @@ mod tests {
 
     use tokio::time::Instant;
 
-    use super::{SentSeqs, still_waiting, woken_again};
+    use std::sync::Arc;
+
+    use chrono::Utc;
+    use eventrelay_wire::NewEvent;
+    use serde_json::json;
+
+    use super::{SENT_MEMORY, SentSeqs, Source, join_frames, still_waiting, woken_again};
+    use crate::actors::EncodedEvent;
+
+    fn durable(seq: i64) -> Arc<EncodedEvent> {
+        let mut envelope =
+            NewEvent::durable("t", "s", json!({ "marker": seq })).into_envelope(Utc::now());
+        envelope.seq = Some(seq);
+        Arc::new(EncodedEvent::written_by(envelope, 200))
+    }
+
+    /// The seqs whose frames `chunk` holds.
+    fn seqs_in(chunk: Option<bytes::Bytes>) -> Vec<i64> {
+        let text = chunk.map(|c| String::from_utf8(c.to_vec()).unwrap());
+        let text = text.unwrap_or_default();
+        text.match_indices("\"marker\":")
+            .map(|(at, tag)| {
+                let digits: String = text[at + tag.len()..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                digits.parse().unwrap()
+            })
+            .collect()
+    }
 
     #[test]
     fn only_a_wake_after_the_first_poll_counts() {
@@ -608,6 +675,53 @@ mod tests {
         assert!(!sent.insert(5));
         assert!(sent.insert(1));
         assert_eq!(Vec::from(sent.seqs.clone()), [1, 5, 6, 7]);
+    }
+
+    #[test]
+    fn live_frames_are_checked_against_the_replay_and_not_remembered() {
+        let mut sent = SentSeqs::new(SENT_MEMORY);
+        let (chunk, _) = join_frames(
+            &mut sent,
+            Source::Replay,
+            None,
+            &mut vec![durable(1), durable(2)],
+        );
+        assert_eq!(seqs_in(chunk), [1, 2]);
+        // Seq 2 committed while the replay was read: queued live too.
+        let (chunk, _) = join_frames(
+            &mut sent,
+            Source::Live,
+            None,
+            &mut vec![durable(2), durable(3), durable(4)],
+        );
+        assert_eq!(seqs_in(chunk), [3, 4], "the replayed one is dropped");
+        // A late commit below the replay's newest that was not replayed.
+        let (chunk, _) = join_frames(&mut sent, Source::Live, None, &mut vec![durable(0)]);
+        assert_eq!(seqs_in(chunk), [0]);
+        assert_eq!(
+            Vec::from(sent.seqs.clone()),
+            [1, 2],
+            "only replayed seqs are kept"
+        );
+    }
+
+    #[test]
+    fn a_full_ring_keeps_its_allocation() {
+        let mut sent = SentSeqs::new(SENT_MEMORY);
+        for seq in 0..(SENT_MEMORY as i64 + 100) {
+            assert!(sent.insert(seq));
+        }
+        assert_eq!(sent.seqs.len(), SENT_MEMORY);
+        assert!(
+            sent.seqs.capacity() <= SENT_MEMORY,
+            "{} slots for {SENT_MEMORY} seqs",
+            sent.seqs.capacity()
+        );
+        assert!(sent.contains(SENT_MEMORY as i64 + 99));
+        assert!(!sent.contains(99), "the lowest were forgotten");
+        // A late one lower than everything kept is forgotten at once.
+        assert!(sent.insert(50));
+        assert!(!sent.contains(50));
     }
 
     #[test]

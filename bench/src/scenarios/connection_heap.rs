@@ -3,9 +3,16 @@
 //! opened over raw sockets (the client side allocates nothing but its
 //! sockets) and left idle. The live heap per stream is then compared with
 //! the same number of bare TCP connections to a listener that only holds
-//! them, which is what the sockets themselves cost on both ends.
+//! them, which is what the sockets themselves cost on both ends. A third
+//! measurement lets streams carry many durable events and counts what
+//! their heap grew by, which a stream that lives for hours would keep.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use eventrelay_publisher::{NewEvent, Publisher};
+use serde_json::json;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -146,10 +153,133 @@ async fn bare_sockets(n: usize) -> BenchResult<f64> {
     Ok((after - before - vector) as f64 / n as f64)
 }
 
+/// What carrying durable events adds to a live stream's heap.
+#[derive(Debug, Clone)]
+pub struct CarriedHeap {
+    /// Live heap per stream once `events` more events were delivered to
+    /// every stream, less what it held after the warm-up.
+    pub growth: f64,
+    pub events: usize,
+}
+
+/// The scope and event type the carrying streams use.
+const CARRY_SCOPE: &str = "carry";
+const CARRY_TYPE: &str = "bench.carry";
+/// Events per transaction: well under a stream's queue, so fast readers
+/// are never dropped as slow.
+const CARRY_BATCH: usize = 250;
+/// Events before the baseline: past every per-scope memory that fills up
+/// and then stays (the tail, the relay's delivered set).
+const CARRY_WARM_UP: usize = 5_000;
+
+/// Opens `n` streams that read and count every event, delivers
+/// [`CARRY_WARM_UP`] durable events, takes the live heap, delivers
+/// `events` more and takes it again.
+pub async fn measure_carried(
+    database_url: &str,
+    schema: &str,
+    n: usize,
+    events: usize,
+) -> BenchResult<CarriedHeap> {
+    let relay = InProcessRelay::start(database_url, schema).await?;
+    let address = relay.address;
+    let mut received = Vec::with_capacity(n);
+    let mut readers = Vec::with_capacity(n);
+    for index in 0..n {
+        let socket = open_stream_in(address, &format!("carry-{index}"), CARRY_SCOPE).await?;
+        let count = Arc::new(AtomicUsize::new(0));
+        received.push(Arc::clone(&count));
+        readers.push(tokio::spawn(count_events(socket, count)));
+    }
+    let mut client = eventrelay::connect(database_url).await?;
+    let publisher = Publisher::new(schema)?;
+    let mut emitted = 0;
+    let mut emit = async |count: usize| -> BenchResult<()> {
+        for first in (0..count).step_by(CARRY_BATCH) {
+            let batch: Vec<NewEvent> = (first..count.min(first + CARRY_BATCH))
+                .map(|n| NewEvent::durable(CARRY_TYPE, CARRY_SCOPE, json!({ "n": n })))
+                .collect();
+            emitted += batch.len();
+            let tx = client.transaction().await?;
+            publisher.emit_batch(&tx, batch).await?;
+            tx.commit().await?;
+            every_stream_has(&received, emitted).await?;
+        }
+        Ok(())
+    };
+    emit(CARRY_WARM_UP).await?;
+    tokio::time::sleep(SETTLE).await;
+    let before = live_bytes();
+    emit(events).await?;
+    tokio::time::sleep(SETTLE).await;
+    let after = live_bytes();
+    for reader in &readers {
+        reader.abort();
+    }
+    tokio::task::spawn_blocking(move || drop(relay)).await?;
+    Ok(CarriedHeap {
+        growth: (after - before) as f64 / n as f64,
+        events,
+    })
+}
+
+/// Waits until every stream has received `events` events.
+async fn every_stream_has(received: &[Arc<AtomicUsize>], events: usize) -> BenchResult<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received
+        .iter()
+        .any(|count| count.load(Ordering::Relaxed) < events)
+    {
+        if Instant::now() > deadline {
+            let behind = received
+                .iter()
+                .filter(|count| count.load(Ordering::Relaxed) < events)
+                .count();
+            return Err(
+                format!("{behind} streams had not received {events} events in 30 s").into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+/// Reads a stream to its end, counting its event frames into `count`.
+async fn count_events(mut socket: TcpStream, count: Arc<AtomicUsize>) -> BenchResult<()> {
+    let pattern = format!("event: {CARRY_TYPE}\n").into_bytes();
+    let mut buffer = vec![0u8; 16 * 1024];
+    // The end of the previous read, where a frame's line may have begun.
+    let mut carried: Vec<u8> = Vec::with_capacity(buffer.len() + pattern.len());
+    loop {
+        let read = socket.read(&mut buffer).await?;
+        if read == 0 {
+            return Ok(());
+        }
+        carried.extend_from_slice(&buffer[..read]);
+        let found = carried
+            .windows(pattern.len())
+            .filter(|window| *window == pattern.as_slice())
+            .count();
+        count.fetch_add(found, Ordering::Relaxed);
+        let keep = carried.len().min(pattern.len() - 1);
+        carried.drain(..carried.len() - keep);
+    }
+}
+
 /// Opens a stream over a raw socket and reads until its `ready` frame.
 async fn open_stream(address: std::net::SocketAddr, subscriber: &str) -> BenchResult<TcpStream> {
+    open_stream_in(address, subscriber, "heap").await
+}
+
+/// Opens a stream of `scope` over a raw socket and reads until its
+/// `ready` frame.
+async fn open_stream_in(
+    address: std::net::SocketAddr,
+    subscriber: &str,
+    scope: &str,
+) -> BenchResult<TcpStream> {
     let mut socket = TcpStream::connect(address).await?;
-    let token = subscriber_token(subscriber, "heap");
+    let token = subscriber_token(subscriber, scope);
     let authorization = format!("Bearer {token}");
     let request = request_head(address, "/v1/events", Some(&authorization), None);
     socket.write_all(request.as_bytes()).await?;
