@@ -241,7 +241,7 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
         table.add(
             format!("floor {name}: one-row commit at this load's pace"),
             format!(
-                "p50 {} · p99 {} ms, {} commits {:.0} a second",
+                "p50 {} · p99 {}, {} commits {:.0} a second",
                 ms(load.paced_commit.p50),
                 ms(load.paced_commit.p99),
                 paced_commits(load.per_second),
