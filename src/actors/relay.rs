@@ -19,8 +19,9 @@ use actix::{
 };
 use eventrelay_wire::{DeferredPointer, EventEnvelope, Subscriber};
 
+use super::delivery::QueueHandle;
 use super::encoded::EncodedEvent;
-use super::hub::{Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral};
+use super::hub::{Attach, Detach, Hub, PublishDurable, PublishEphemeral};
 use super::mailbox::Counted;
 use super::scope::{History, ScopeState};
 use super::tail::Bound;
@@ -540,7 +541,7 @@ pub enum SubscribeError {
 #[rtype(result = "Result<Attached, SubscribeError>")]
 pub struct Subscribe {
     pub subscriber: Subscriber,
-    pub queue: FrameSender,
+    pub queue: QueueHandle,
     pub replay_after: Option<i64>,
     /// Where the subscriber joined. A subscriber that asked for no replay
     /// is never sent an event its snapshot already saw committed.
