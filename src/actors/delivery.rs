@@ -94,47 +94,67 @@ impl Drop for QueueHandle {
     }
 }
 
-/// One event's batches, one per worker, as a hub gathers them.
-pub struct Batches {
-    event: Arc<EncodedEvent>,
+/// Queues per batch: a hub posts a worker's batch as soon as it has this
+/// many, so with thousands of subscribers the workers start writing while
+/// the hub is still filtering, as they did when it woke each stream itself.
+const BATCH_QUEUES: usize = 128;
+
+/// One event's batches, one per worker at a time, as a hub gathers them.
+pub struct Batches<'a> {
+    event: &'a Arc<EncodedEvent>,
+    hub: &'a Arc<HubLabel>,
     batches: Vec<(Arc<Inbox>, Vec<u64>)>,
-    queued: u64,
 }
 
-impl Batches {
-    pub fn new(event: &Arc<EncodedEvent>) -> Self {
+impl<'a> Batches<'a> {
+    pub fn new(event: &'a Arc<EncodedEvent>, hub: &'a Arc<HubLabel>) -> Self {
         Batches {
-            event: Arc::clone(event),
+            event,
+            hub,
             batches: Vec::new(),
-            queued: 0,
         }
     }
 
-    /// Adds `queue` to its worker's batch.
+    /// Adds `queue` to its worker's batch, posting the batch once full.
     pub fn add(&mut self, queue: &QueueHandle) {
-        self.queued += 1;
         let inbox = queue.inbox();
-        match self
+        let at = match self
             .batches
-            .iter_mut()
-            .find(|(of, _)| Arc::ptr_eq(of, inbox))
+            .iter()
+            .position(|(of, _)| Arc::ptr_eq(of, inbox))
         {
-            Some((_, queues)) => queues.push(queue.id),
-            None => self.batches.push((Arc::clone(inbox), vec![queue.id])),
+            Some(at) => at,
+            None => {
+                let queues = Vec::with_capacity(BATCH_QUEUES);
+                self.batches.push((Arc::clone(inbox), queues));
+                self.batches.len() - 1
+            }
+        };
+        let (inbox, queues) = &mut self.batches[at];
+        queues.push(queue.id);
+        if queues.len() == BATCH_QUEUES {
+            let full = std::mem::replace(queues, Vec::with_capacity(BATCH_QUEUES));
+            post_frames(inbox, self.event, self.hub, full);
         }
     }
+}
 
-    /// Posts every batch and rings each worker once; answers how many
-    /// queues the event was posted to.
-    pub fn post(self, hub: &Arc<HubLabel>) -> u64 {
-        for (inbox, queues) in self.batches {
-            inbox.post(Post::Frames {
-                event: Arc::clone(&self.event),
-                queues,
-                hub: Arc::clone(hub),
-            });
+fn post_frames(inbox: &Inbox, event: &Arc<EncodedEvent>, hub: &Arc<HubLabel>, queues: Vec<u64>) {
+    inbox.post(Post::Frames {
+        event: Arc::clone(event),
+        queues,
+        hub: Arc::clone(hub),
+    });
+}
+
+impl Drop for Batches<'_> {
+    /// Posts what is left of each worker's batch.
+    fn drop(&mut self) {
+        for (inbox, queues) in std::mem::take(&mut self.batches) {
+            if !queues.is_empty() {
+                post_frames(&inbox, self.event, self.hub, queues);
+            }
         }
-        self.queued
     }
 }
 
@@ -188,6 +208,9 @@ impl Worker {
                 let posts = poll_fn(|cx| worker.next_posts(cx)).await;
                 for post in posts {
                     worker.deliver(post);
+                    // The streams just woken write before the next batch
+                    // is handed out.
+                    tokio::task::yield_now().await;
                 }
             }
         });
@@ -211,6 +234,8 @@ impl Worker {
     fn deliver(&self, post: Post) {
         match post {
             Post::Frames { event, queues, hub } => {
+                // Counted locally and added once per batch.
+                let mut pushed = 0u64;
                 for id in queues {
                     let Some(queue) = self.queue(id) else {
                         continue;
@@ -230,9 +255,11 @@ impl Worker {
                         );
                     } else {
                         queue.frames.borrow_mut().push_back(Arc::clone(&event));
+                        pushed += 1;
                     }
                     queue.wake();
                 }
+                hub.metrics.events_delivered.inc_by(pushed);
             }
             Post::Close(id) => {
                 if let Some(queue) = self.queue(id) {
@@ -358,11 +385,10 @@ mod tests {
     /// Posts `event` to `queues` from another thread, as a hub does.
     fn post_from_afar(event: Arc<EncodedEvent>, queues: Vec<Arc<QueueHandle>>, hub: Arc<HubLabel>) {
         std::thread::spawn(move || {
-            let mut batches = Batches::new(&event);
+            let mut batches = Batches::new(&event, &hub);
             for queue in &queues {
                 batches.add(queue);
             }
-            batches.post(&hub);
         })
         .join()
         .unwrap();
@@ -420,6 +446,11 @@ mod tests {
             assert_eq!(next(&mut fast_queue).await.unwrap().seq(), Some(n));
         }
         assert_eq!(hub.metrics.slow_subscribers_dropped.get(), 1);
+        assert_eq!(
+            hub.metrics.events_delivered.get(),
+            5,
+            "three to one, two to the other"
+        );
         assert_eq!(hub.metrics.frames_dropped.get(), 3);
         // What was queued before it filled still goes out, then the end.
         assert_eq!(next(&mut slow_queue).await.unwrap().seq(), Some(1));
@@ -448,12 +479,31 @@ mod tests {
         for n in 0..1000 {
             post_from_afar(event(n), vec![Arc::clone(&handle)], Arc::clone(&hub));
         }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while queue.len() < 1000 {
+            assert!(tokio::time::Instant::now() < deadline, "the burst arrived");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(queue.state.frames.borrow().capacity() >= 1000);
         for n in 0..1000 {
             assert_eq!(next(&mut queue).await.unwrap().seq(), Some(n));
         }
-        assert!(queue.state.frames.borrow().capacity() >= 1000);
         let waiting = tokio::time::timeout(Duration::from_millis(10), queue.recv()).await;
         assert!(waiting.is_err(), "nothing more was posted");
         assert!(queue.state.frames.borrow().capacity() <= IDLE_ROOM);
+    }
+
+    #[actix::test]
+    async fn more_queues_than_a_batch_holds_all_get_the_frame() {
+        let count = BATCH_QUEUES * 2 + 7;
+        let (handles, mut queues): (Vec<_>, Vec<_>) =
+            (0..count).map(|_| FrameQueue::open(4)).unzip();
+        let handles: Vec<_> = handles.into_iter().map(Arc::new).collect();
+        let hub = label();
+        post_from_afar(event(1), handles.clone(), Arc::clone(&hub));
+        for queue in &mut queues {
+            assert_eq!(next(queue).await.unwrap().seq(), Some(1));
+        }
+        assert_eq!(hub.metrics.events_delivered.get(), count as u64);
     }
 }
