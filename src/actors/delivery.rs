@@ -5,11 +5,11 @@
 //! hub's thread costs a cross-thread hand-over per subscriber and event (a
 //! locked push onto the worker's run queue, a locked pop off it, and cache
 //! lines that bounce between the cores), all while the hub holds a core
-//! the workers need for writing. So a hub instead posts each worker one
+//! the workers need for writing. So a hub instead posts each worker a
 //! batch per event (the event and the ids of that worker's queues that get
-//! it) and rings it once; a task on the worker pushes the frame into each
-//! queue and wakes its stream there, where a wake is a plain push onto the
-//! worker's own run queue.
+//! it, up to [`BATCH_QUEUES`] at a time) and rings it; a task on the worker
+//! pushes the frame into each queue and wakes its stream there, where a
+//! wake is a plain push onto the worker's own run queue.
 //!
 //! A stream's queue is bounded: a subscriber whose queue is full is
 //! dropped on the spot (it reconnects and replays), so one slow reader
@@ -205,13 +205,14 @@ impl Worker {
         tokio::task::spawn_local(async move {
             let _running = Running(Rc::clone(&worker));
             loop {
+                // Everything posted so far goes out in one round, then the
+                // streams it woke write before the next round: under load
+                // a stream finds several frames and writes them at once.
                 let posts = poll_fn(|cx| worker.next_posts(cx)).await;
                 for post in posts {
                     worker.deliver(post);
-                    // The streams just woken write before the next batch
-                    // is handed out.
-                    tokio::task::yield_now().await;
                 }
+                tokio::task::yield_now().await;
             }
         });
     }
@@ -505,5 +506,19 @@ mod tests {
             assert_eq!(next(queue).await.unwrap().seq(), Some(1));
         }
         assert_eq!(hub.metrics.events_delivered.get(), count as u64);
+    }
+
+    #[actix::test]
+    async fn what_arrived_meanwhile_is_handed_out_in_one_round() {
+        let (handle, mut queue) = FrameQueue::open(64);
+        let handle = Arc::new(handle);
+        let hub = label();
+        for n in 1..=10 {
+            post_from_afar(event(n), vec![Arc::clone(&handle)], Arc::clone(&hub));
+        }
+        // Woken once for all ten: a stream that finds several frames writes
+        // them in one chunk, which is what keeps up under load.
+        assert_eq!(next(&mut queue).await.unwrap().seq(), Some(1));
+        assert_eq!(queue.len(), 9);
     }
 }
