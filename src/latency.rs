@@ -12,7 +12,7 @@
 //! | `commit` | sent | the `COMMIT` is acknowledged (the flush included) |
 //! | `notify` | acknowledged | the listener hears the event (its notification, or its decoded WAL) |
 //! | `relay` | heard (an ephemeral-only publish here: parsed) | the scope's hub starts fanning it out |
-//! | `fan_out` | the hub starts | the hub has posted it to every HTTP worker with subscribers that get it |
+//! | `fan_out` | the hub starts | the hub has queued it to every subscriber |
 //! | `session` | the hub starts | a subscriber's stream hands it to the HTTP layer |
 //!
 //! The first three are timed in the publish path, per request. `notify`
@@ -24,7 +24,7 @@
 //! with their notification (or their WAL), not for those read back from
 //! the outbox, which `eventrelay_outbox_read_seconds` times. `session` is
 //! sampled (the same writes as `eventrelay_session_queue_fill_ratio`) and
-//! includes the hub's loop and the worker's hand-out up to that subscriber.
+//! includes the hub's loop up to that subscriber.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};

@@ -1,8 +1,8 @@
 //! The hub: one actor per active scope, holding the scope's subscribers and
 //! its bounded tail. Each event arrives encoded once; the hub filters it per
-//! subscriber with the audience predicate and posts the shared frame to the
-//! HTTP workers whose streams get it, one batch per worker (see
-//! [`super::delivery`], which also drops a subscriber whose queue is full).
+//! subscriber with the audience predicate and queues the shared frame. A
+//! subscriber whose queue is full is dropped on the spot (it reconnects and
+//! replays), so one slow reader never stalls the others.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,8 +11,8 @@ use std::time::Instant;
 use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
 use chrono::Utc;
 use eventrelay_wire::Subscriber;
+use tokio::sync::mpsc::{self, error::TrySendError};
 
-use super::delivery::{Batches, HubLabel, QueueHandle};
 use super::encoded::EncodedEvent;
 use super::tail::{Bound, Tail};
 use super::tail_budget::{ShrinkTail, TailBudget};
@@ -22,11 +22,11 @@ use crate::store::Snapshot;
 use prometheus_client::metrics::counter::Counter;
 use std::sync::atomic::AtomicU64;
 
+/// A subscriber's outgoing queue, as the hub sees it.
+pub type FrameSender = mpsc::Sender<Arc<EncodedEvent>>;
+
 pub struct Hub {
     scope_key: String,
-    /// The scope and the metrics, as the workers delivering its batches
-    /// see them.
-    label: Arc<HubLabel>,
     tail: Tail,
     budget: Arc<TailBudget>,
     members: HashMap<u64, Member>,
@@ -39,7 +39,7 @@ pub struct Hub {
 
 struct Member {
     subscriber: Subscriber,
-    queue: QueueHandle,
+    queue: FrameSender,
     /// For a subscriber that asked for no replay: the snapshot taken when
     /// it joined. A durable event whose transaction it saw committed is
     /// history to this subscriber, though it may be new to the scope (its
@@ -65,10 +65,6 @@ impl Hub {
         metrics: Arc<Metrics>,
     ) -> Self {
         Hub {
-            label: Arc::new(HubLabel {
-                scope_key: scope_key.clone(),
-                metrics: Arc::clone(&metrics),
-            }),
             scope_key,
             tail: Tail::new(max_events, max_bytes),
             budget,
@@ -98,19 +94,40 @@ impl Hub {
         let started = Instant::now();
         event.fan_out_started.set(started);
         let metrics = &self.metrics;
+        let scope_key = &self.scope_key;
         // Counted locally and added once: one atomic update per event, not
         // one per subscriber.
+        let mut delivered = 0u64;
         let mut filtered = 0u64;
-        let mut batches = Batches::new(event, &self.label);
-        for member in self.members.values() {
+        self.members.retain(|id, member| {
             if !event.is_permitted_for(&member.subscriber) {
                 filtered += 1;
-            } else if member.wants(event) {
-                batches.add(&member.queue);
+                return true;
             }
-        }
-        // Posts the last batches.
-        drop(batches);
+            if !member.wants(event) {
+                return true;
+            }
+            match member.queue.try_send(Arc::clone(event)) {
+                Ok(()) => {
+                    delivered += 1;
+                    true
+                }
+                Err(TrySendError::Full(_)) => {
+                    metrics.slow_subscribers_dropped.inc();
+                    // Its queued frames go with it, and this one.
+                    let queued = member.queue.max_capacity() - member.queue.capacity();
+                    metrics.frames_dropped.inc_by(queued as u64 + 1);
+                    tracing::info!(
+                        scope_key,
+                        session = id,
+                        "subscriber too slow for its queue; disconnecting"
+                    );
+                    false
+                }
+                Err(TrySendError::Closed(_)) => false,
+            }
+        });
+        metrics.events_delivered.inc_by(delivered);
         metrics.events_filtered.inc_by(filtered);
         metrics.stages.since(Stage::FanOut, started);
         let latency = (Utc::now() - event.occurred_at())
@@ -226,7 +243,7 @@ impl Handler<PublishEphemeral> for Hub {
 pub struct Attach {
     pub session: u64,
     pub subscriber: Subscriber,
-    pub queue: QueueHandle,
+    pub queue: FrameSender,
     pub replay_after: Option<i64>,
     pub hide_committed_before: Option<Arc<Snapshot>>,
 }

@@ -3,7 +3,6 @@
 //! the outbox for active scopes, and one hub per scope fans out to its
 //! subscribers. Messages are typed next to the actor that handles them.
 
-pub mod delivery;
 pub mod encoded;
 pub mod hub;
 pub mod listener;

@@ -19,9 +19,8 @@ use actix::{
 };
 use eventrelay_wire::{DeferredPointer, EventEnvelope, Subscriber};
 
-use super::delivery::QueueHandle;
 use super::encoded::EncodedEvent;
-use super::hub::{Attach, Detach, Hub, PublishDurable, PublishEphemeral};
+use super::hub::{Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral};
 use super::mailbox::Counted;
 use super::scope::{History, ScopeState};
 use super::tail::Bound;
@@ -541,7 +540,7 @@ pub enum SubscribeError {
 #[rtype(result = "Result<Attached, SubscribeError>")]
 pub struct Subscribe {
     pub subscriber: Subscriber,
-    pub queue: QueueHandle,
+    pub queue: FrameSender,
     pub replay_after: Option<i64>,
     /// Where the subscriber joined. A subscriber that asked for no replay
     /// is never sent an event its snapshot already saw committed.

@@ -11,11 +11,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::actors::delivery::FrameQueue;
 use actix::Addr;
 use bytes::{Bytes, BytesMut};
 use eventrelay_wire::{Subscriber, sse};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
 
 use super::peer::{PEEK_EVERY, PeerSocket};
@@ -91,7 +90,7 @@ enum Phase {
 pub struct Session {
     params: SessionParams,
     subscriber: Subscriber,
-    queue: FrameQueue,
+    queue: mpsc::Receiver<Arc<EncodedEvent>>,
     phase: Phase,
     sent: SentSeqs,
     /// Frames taken from the queue for one write; kept to reuse its buffer.
@@ -171,7 +170,7 @@ impl Session {
     pub fn new(
         params: SessionParams,
         subscriber: Subscriber,
-        queue: FrameQueue,
+        queue: mpsc::Receiver<Arc<EncodedEvent>>,
         registration: Registration,
     ) -> Self {
         let now = Instant::now();
@@ -364,7 +363,7 @@ impl Session {
                     if self.live_writes.is_multiple_of(FILL_SAMPLE_EVERY) {
                         let metrics = &self.registration.metrics;
                         let fill =
-                            (self.queue.len() + 1) as f64 / self.queue.capacity() as f64;
+                            (self.queue.len() + 1) as f64 / self.queue.max_capacity() as f64;
                         metrics.session_queue_fill_ratio.observe(fill);
                         if let Some(started) = fan_out_started {
                             metrics.stages.since(Stage::Session, started);
@@ -373,8 +372,8 @@ impl Session {
                     self.live_writes = self.live_writes.wrapping_add(1);
                     while batch.len() < MAX_FRAMES_PER_CHUNK {
                         match self.queue.try_recv() {
-                            Some(event) => batch.push(event),
-                            None => break,
+                            Ok(event) => batch.push(event),
+                            Err(_) => break,
                         }
                     }
                     let chunk = self.frames(&mut batch, Source::Live);

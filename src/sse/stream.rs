@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::actors::delivery::FrameQueue;
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::Utc;
 use serde::Deserialize;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::peer::PeerSocket;
@@ -148,7 +148,7 @@ pub async fn stream_events(
         .map_err(|error| {
             ApiError::failed("the stream could not start (the database failed)", &*error)
         })?;
-    let (queue, receiver) = FrameQueue::open(sse.queue_capacity);
+    let (queue, receiver) = mpsc::channel(sse.queue_capacity);
     let attached = Box::pin(state.relay.send(Subscribe {
         subscriber: subscriber.clone(),
         queue,
