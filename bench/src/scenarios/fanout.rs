@@ -3,6 +3,7 @@
 //! deliveries per second, commit-to-receive latency, server CPU per 1,000
 //! deliveries, server RSS, and the RSS of the idle connections.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,6 +108,10 @@ pub struct FanoutFigures {
     pub delivered: u64,
     pub deliveries_per_second: f64,
     pub latency: Percentiles,
+    /// Per event, the latency of its first receipt: how long the server
+    /// took to start writing it, apart from how long writing it to every
+    /// subscriber took.
+    pub first_arrival: Percentiles,
     pub cpu_seconds_per_1000: f64,
     pub rss_bytes: u64,
     /// (RSS with every subscriber connected and idle − RSS before) / N.
@@ -159,15 +164,20 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
     let outcomes = subscribers.finish().await;
 
     let mut latencies = Vec::with_capacity(expected as usize);
+    let mut first_arrivals = HashMap::with_capacity(published);
     let mut last_receipt = 0u64;
     for outcome in &outcomes {
         for receipt in &outcome.receipts {
             if let Some(committed) = log.committed_at(receipt.number as usize) {
-                latencies.push(receipt.at.saturating_sub(committed));
+                let latency = receipt.at.saturating_sub(committed);
+                latencies.push(latency);
+                let first = first_arrivals.entry(receipt.number).or_insert(latency);
+                *first = (*first).min(latency);
                 last_receipt = last_receipt.max(receipt.at);
             }
         }
     }
+    let mut first_arrivals: Vec<u64> = first_arrivals.into_values().collect();
     let delivered = latencies.len() as u64;
     let (_, first_commit) = log.committed_count();
     let span = last_receipt.saturating_sub(first_commit.unwrap_or(0)) as f64 / 1e9;
@@ -181,6 +191,7 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
             0.0
         },
         latency: Percentiles::of(&mut latencies),
+        first_arrival: Percentiles::of(&mut first_arrivals),
         cpu_seconds_per_1000: cpu_per_1000(idle, after, delivered),
         rss_bytes: after.rss_bytes,
         idle_rss_per_connection: (idle.rss_bytes as f64 - before_connect.rss_bytes as f64)

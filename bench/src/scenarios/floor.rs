@@ -258,15 +258,17 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
             let p50s: Vec<f64> = runs.iter().map(|f| millis(f.latency.p50)).collect();
             let p99s: Vec<f64> = runs.iter().map(|f| millis(f.latency.p99)).collect();
             let cpu: Vec<f64> = runs.iter().map(|f| f.cpu_seconds_per_1000).collect();
+            let firsts: Vec<f64> = runs.iter().map(|f| millis(f.first_arrival.p50)).collect();
             let all = runs.iter().all(|f| f.delivered == f.expected);
             let (p50, p99) = (median(&p50s), median(&p99s));
             medians.push((side, p50, p99));
             table.add(
                 format!("floor {name}, {} (send-to-receive), {} rounds", side.label(), runs.len()),
                 format!(
-                    "p50 {} ms (median {p50:.2}) · p99 {} ms (median {p99:.2}) · CPU s/1k {:.3} · {}",
+                    "p50 {} ms (median {p50:.2}) · p99 {} ms (median {p99:.2}) · first subscriber p50 {} ms · CPU s/1k {:.3} · {}",
                     joined(&p50s),
                     joined(&p99s),
+                    joined(&firsts),
                     median(&cpu),
                     if all { "all received" } else { "some not received" }
                 ),

@@ -43,4 +43,15 @@ async fn a_short_fan_out_reaches_every_subscriber() {
     assert!(figures.published >= 10, "{figures:?}");
     assert_eq!(figures.delivered, figures.expected, "{figures:?}");
     assert!(figures.deliveries_per_second > 0.0, "{figures:?}");
+    // Each event's first receipt is one of its receipts: no later than
+    // the median of them all, and never before its commit.
+    assert!(figures.first_arrival.p50 > Duration::ZERO, "{figures:?}");
+    assert!(
+        figures.first_arrival.p50 <= figures.latency.p50,
+        "{figures:?}"
+    );
+    assert!(
+        figures.first_arrival.max <= figures.latency.max,
+        "{figures:?}"
+    );
 }
