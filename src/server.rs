@@ -15,7 +15,7 @@ use crate::actors::listener::{LogicalSource, NotificationSource, StopListener, T
 use crate::actors::mailbox::Counted;
 use crate::actors::relay::{StopRelay, TailSettings};
 use crate::actors::tail_budget::TailBudget;
-use crate::actors::{Listener, Relay};
+use crate::actors::{HubDirectory, Listener, Relay};
 use crate::auth::SubscriberResolver;
 use crate::config::Config;
 use crate::group_commit::{GroupSettings, Publishing};
@@ -317,6 +317,7 @@ pub async fn run_with(
     } else {
         None
     };
+    let hubs = HubDirectory::default();
     let relay = Relay::new(
         db.clone(),
         outbox.clone(),
@@ -327,6 +328,7 @@ pub async fn run_with(
             budget: TailBudget::new(config.hub.tails_max_bytes, metrics.tails_bytes.clone()),
         },
         Arc::clone(&metrics),
+        hubs.clone(),
         actors_running.clone(),
     )
     .start();
@@ -396,6 +398,7 @@ pub async fn run_with(
         config: live,
         reload: reload_handle,
         relay: relay.clone(),
+        hubs,
         resolver,
         reads: crate::sse::shared_reads::SharedReads::new(db.clone(), outbox.clone()),
         db,

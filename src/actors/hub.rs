@@ -218,7 +218,7 @@ impl Handler<PublishDurable> for Hub {
 pub struct PublishEphemeral {
     pub event: Arc<EncodedEvent>,
     /// When the listener heard it, or when this relay's publish API
-    /// parsed it (see `LocalEphemeral`), for the `relay` stage.
+    /// parsed it (see `DeliveredHere`), for the `relay` stage.
     pub heard_at: Option<Instant>,
 }
 

@@ -3,6 +3,7 @@
 //! the outbox for active scopes, and one hub per scope fans out to its
 //! subscribers. Messages are typed next to the actor that handles them.
 
+pub mod directory;
 pub mod encoded;
 pub mod hub;
 pub mod listener;
@@ -12,6 +13,7 @@ pub mod scope;
 pub mod tail;
 pub mod tail_budget;
 
+pub use directory::HubDirectory;
 pub use encoded::EncodedEvent;
 pub use listener::Listener;
 pub use relay::Relay;

@@ -19,6 +19,7 @@ use actix::{
 };
 use eventrelay_wire::{DeferredPointer, EventEnvelope, Subscriber};
 
+use super::directory::HubDirectory;
 use super::encoded::EncodedEvent;
 use super::hub::{Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral};
 use super::mailbox::Counted;
@@ -60,6 +61,8 @@ pub struct Relay {
     tails: TailSettings,
     metrics: Arc<Metrics>,
     scopes: HashMap<String, ActiveScope>,
+    /// The same hubs, for the publish handlers (see [`HubDirectory`]).
+    directory: HubDirectory,
     next_session: u64,
     /// Ephemeral events this relay delivered before their commit, whose
     /// notification is still to come back.
@@ -83,6 +86,7 @@ impl Relay {
         arbiters: Vec<ArbiterHandle>,
         tails: TailSettings,
         metrics: Arc<Metrics>,
+        directory: HubDirectory,
         running: tokio::sync::mpsc::Sender<()>,
     ) -> Self {
         assert!(
@@ -96,6 +100,7 @@ impl Relay {
             tails,
             metrics,
             scopes: HashMap::new(),
+            directory,
             next_session: 0,
             delivered_here: RecentIds::new(DELIVERED_HERE),
             _running: running,
@@ -116,10 +121,9 @@ impl Relay {
                     Arc::clone(&self.metrics),
                 )
                 .on_arbiter(arbiter);
-                let hub = Counted::new(
-                    Hub::start_in_arbiter(&self.arbiters[arbiter], |_| hub),
-                    self.metrics.actor(ActorKind::Hub).clone(),
-                );
+                let hub = Hub::start_in_arbiter(&self.arbiters[arbiter], |_| hub);
+                self.directory.insert(scope_key, &hub);
+                let hub = Counted::new(hub, self.metrics.actor(ActorKind::Hub).clone());
                 self.metrics.active_scopes.set(active as i64 + 1);
                 entry.insert(ActiveScope {
                     hub,
@@ -146,6 +150,7 @@ impl Relay {
                 "the relay failed; restarting it: every stream ends and its client reconnects"
             );
             self.scopes.clear();
+            self.directory.clear();
             self.metrics.active_scopes.set(0);
         }
     }
@@ -452,32 +457,24 @@ impl Handler<Ephemeral> for Relay {
     }
 }
 
-/// Ephemeral events published through this relay's own HTTP API, handed
-/// to its hubs before their transaction commits. Their notification (or
-/// logical message) comes back to this relay after the commit, and is then
-/// skipped: it is sent before the transaction starts, so it is always
-/// handled first.
+/// Ephemeral events published through this relay's own HTTP API, which the
+/// publish handler has handed straight to their hubs before their
+/// transaction commits. Their notification (or logical message) comes back
+/// to this relay after the commit and is then skipped: this message is sent
+/// before the transaction starts, so it is always handled first.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct LocalEphemeral {
-    pub envelopes: Vec<EventEnvelope>,
-    /// When the request was parsed, for the latency stages.
-    pub at: Instant,
+pub struct DeliveredHere {
+    pub ids: Vec<uuid::Uuid>,
 }
 
-impl Handler<LocalEphemeral> for Relay {
+impl Handler<DeliveredHere> for Relay {
     type Result = ();
 
-    fn handle(&mut self, msg: LocalEphemeral, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: DeliveredHere, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        for envelope in msg.envelopes {
-            self.delivered_here.insert(envelope.id);
-            if let Some(scope) = self.scopes.get(&envelope.scope_key) {
-                scope.hub.do_send(PublishEphemeral {
-                    event: Arc::new(EncodedEvent::new(envelope)),
-                    heard_at: Some(msg.at),
-                });
-            }
+        for id in msg.ids {
+            self.delivered_here.insert(id);
         }
     }
 }
@@ -607,6 +604,7 @@ impl Handler<Unsubscribe> for Relay {
         if scope.sessions.is_empty() {
             // Dropping the last address stops the hub once its mailbox drains.
             self.scopes.remove(&msg.scope_key);
+            self.directory.remove(&msg.scope_key);
             self.metrics.active_scopes.set(self.scopes.len() as i64);
         }
     }

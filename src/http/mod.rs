@@ -39,6 +39,8 @@ pub struct AppState {
     /// Asks the service to reload its configuration, when it can.
     pub reload: Option<crate::reload::ReloadHandle>,
     pub relay: Counted<Addr<Relay>>,
+    /// Each scope's hub, for handing ephemeral events straight to it.
+    pub hubs: crate::actors::HubDirectory,
     pub resolver: Arc<dyn SubscriberResolver>,
     pub db: Database,
     pub outbox: Outbox,

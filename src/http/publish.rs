@@ -5,8 +5,11 @@
 //! in a transaction of its own. A batch is one transaction: every durable
 //! event in it commits together (with its notification) or none does;
 //! ephemeral events in it are sent at that same commit. A request of
-//! ephemeral events only is also handed to this relay's own subscribers at
-//! once, before the commit (see [`LocalEphemeral`]).
+//! ephemeral events only is also handed to this relay's own hubs at once,
+//! before the commit and without a stop at the relay actor (see
+//! [`DeliveredHere`]).
+
+use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -21,9 +24,13 @@ use super::body::read_body;
 use super::error::{ApiError, ErrorCode};
 use super::json_numbers::{MAX_EXACT_INTEGER, inexact_integer};
 use super::token::Guard;
-use crate::actors::relay::LocalEphemeral;
+use crate::actors::EncodedEvent;
+use crate::actors::hub::PublishEphemeral;
+use crate::actors::mailbox::Counted;
+use crate::actors::relay::DeliveredHere;
 use crate::group_commit::GroupError;
 use crate::latency::Stage;
+use crate::metrics::ActorKind;
 
 const PUBLISH: Guard = Guard {
     setting: "publish.token",
@@ -177,10 +184,7 @@ pub async fn publish_events(
         // need not wait for the transaction, nor for its notification to
         // come back (which the relay then skips). Other relays get the
         // events at the commit, as always.
-        state.relay.do_send(LocalEphemeral {
-            envelopes: prepared.envelopes().to_vec(),
-            at: std::time::Instant::now(),
-        });
+        hand_to_hubs(&state, prepared.envelopes());
     }
     let envelopes = state
         .publishing
@@ -192,6 +196,26 @@ pub async fn publish_events(
         .events_published
         .inc_by(envelopes.len() as u64);
     Ok(HttpResponse::Ok().json(Published { events: &envelopes }))
+}
+
+/// Hands ephemeral events to this relay's hubs of their scopes (a scope
+/// with no subscriber here has none), and tells the relay to skip their
+/// notifications when they come back. The relay hears of them first, as
+/// the transaction has not started yet.
+fn hand_to_hubs(state: &AppState, envelopes: &[EventEnvelope]) {
+    let at = std::time::Instant::now();
+    state.relay.do_send(DeliveredHere {
+        ids: envelopes.iter().map(|e| e.id).collect(),
+    });
+    for envelope in envelopes {
+        if let Some(hub) = state.hubs.get(&envelope.scope_key) {
+            let hub = Counted::new(hub, state.metrics.actor(ActorKind::Hub).clone());
+            hub.do_send(PublishEphemeral {
+                event: Arc::new(EncodedEvent::new(envelope.clone())),
+                heard_at: Some(at),
+            });
+        }
+    }
 }
 
 fn group_error(error: GroupError) -> ApiError {
