@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Where one published event's first microseconds go, seen by the kernel.
+
+Records a few seconds of the scheduler's and the socket system calls'
+tracepoints with `perf` (root, or perf_event_paranoid <= -1), while a load
+tool publishes over HTTP to a server that writes SSE frames to the same
+load tool's subscribers (the floor scenario, say). Then, for each publish,
+prints when the server read the request, which of its threads ran before
+the first frame was written, when that frame's writer and the load tool's
+reader were woken and when they got a CPU, and when the first frame was
+read: medians and 90th percentiles over the recorded events, in ms after
+the publish request was written.
+
+    trace_event.py --server-pid 1234 --client-pid 5678 [--seconds 2]
+
+`--server-pid` takes a comma-separated list (nginx's worker processes).
+Tracing every socket call costs CPU: figures under it are slower than
+without, so compare two servers traced the same way, not a traced server
+with an untraced run.
+"""
+
+import argparse
+import bisect
+import collections
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+WRITES = ("sendto", "writev", "write")
+READS = ("recvfrom", "read", "readv")
+# Publish requests closer together than this are one publish.
+PUBLISH_GAP_S = 0.002
+# How long after a publish its first frame is looked for.
+WINDOW_S = 0.02
+# A publish this soon after the server's last frame is left out: the
+# frames after it may still be the last event's.
+QUIET_S = 0.001
+
+LINE = re.compile(r"^\s*(.+?)\s+(\d+)/(\d+)\s+\[(\d+)\]\s+([\d.]+):\s+(\S+):\s*(.*)$")
+
+
+def record(seconds, data):
+    """Runs perf system-wide for `seconds`, leaving out perf's own calls
+    (tracing them would fill a CPU with perf reading its own buffers)."""
+    events = ["sched:sched_switch", "sched:sched_wakeup"]
+    syscalls = [f"syscalls:sys_enter_{c}" for c in WRITES + READS]
+    syscalls += [f"syscalls:sys_exit_{c}" for c in READS]
+    script = "f=\"common_pid != $$\"; exec perf record -q -a -m 1024 -o \"$0\""
+    for event in events:
+        script += f" -e {event}"
+    for event in syscalls:
+        script += f" -e {event} --filter \"$f\""
+    script += f" -- sleep {seconds}"
+    subprocess.run(["bash", "-c", script, data], check=True)
+    out = subprocess.run(
+        ["perf", "script", "--ns", "-i", data, "-F", "comm,pid,tid,cpu,time,event,trace"],
+        check=True,
+        capture_output=True,
+        text=True,
+        errors="replace",
+    )
+    return out.stdout.splitlines()
+
+
+def hex_field(rest, name):
+    match = re.search(name + r": (0x[0-9a-f]+)", rest)
+    return int(match.group(1), 16) if match else None
+
+
+class Call:
+    """A system call, a wake-up or a switch, in time order."""
+
+    __slots__ = ("t", "kind", "pid", "tid", "fd", "size")
+
+    def __init__(self, t, kind, pid, tid, fd=None, size=None):
+        self.t, self.kind, self.pid, self.tid, self.fd, self.size = t, kind, pid, tid, fd, size
+
+
+def parse(lines):
+    calls, names, process_of, entered = [], {}, {}, {}
+    for line in lines:
+        match = LINE.match(line)
+        if not match:
+            continue
+        comm, pid, tid, _cpu, t, event, rest = match.groups()
+        pid, tid, t = int(pid), int(tid), float(t)
+        names[tid], process_of[tid] = comm, pid
+        if event.startswith("syscalls:sys_enter_"):
+            call = event[len("syscalls:sys_enter_"):]
+            fd = hex_field(rest, "fd")
+            entered[tid] = fd
+            if call in WRITES:
+                size = hex_field(rest, "len") or hex_field(rest, "count") or hex_field(rest, "vlen")
+                calls.append(Call(t, "write", pid, tid, fd, size))
+        elif event.startswith("syscalls:sys_exit_"):
+            fd = entered.pop(tid, None)
+            value = re.search(r"(0x[0-9a-f]+)\s*$", rest)
+            if value:
+                size = int(value.group(1), 16)
+                if size < 1 << 63:
+                    calls.append(Call(t, "read", pid, tid, fd, size))
+        elif event == "sched:sched_switch":
+            next_pid = re.search(r"next_pid=(\d+)", rest)
+            calls.append(Call(t, "on_cpu", None, int(next_pid.group(1))))
+        elif event == "sched:sched_wakeup":
+            woken = re.search(r" pid=(\d+)", rest)
+            calls.append(Call(t, "woken", None, int(woken.group(1))))
+    calls.sort(key=lambda c: c.t)
+    for call in calls:
+        if call.pid is None:
+            call.pid = process_of.get(call.tid)
+    return calls, names
+
+
+def last_before(window, kind, tid, t):
+    found = [c.t for c in window if c.kind == kind and c.tid == tid and c.t <= t]
+    return found[-1] if found else None
+
+
+def timeline(calls, names, servers, client):
+    publishes = [c for c in calls if c.kind == "write" and c.pid == client]
+    publishing_fds = {c.fd for c in publishes}
+    starts = []
+    for call in publishes:
+        if not starts or call.t - starts[-1] > PUBLISH_GAP_S:
+            starts.append(call.t)
+    frame_sizes = collections.Counter(
+        c.size for c in calls if c.kind == "write" and c.pid in servers
+    )
+    if not frame_sizes or not starts:
+        sys.exit("no publish or no frame in the trace: are the pids right, and was a load running?")
+    frame_size = frame_sizes.most_common(1)[0][0]
+    times = [c.t for c in calls]
+    frame_times = [c.t for c in calls if c.kind == "write" and c.pid in servers and c.size == frame_size]
+    rows = collections.defaultdict(list)
+    skipped = 0
+    # The first and last few may be cut by the recording's edges.
+    for t0 in starts[3:-3]:
+        before = bisect.bisect_left(frame_times, t0)
+        if before and t0 - frame_times[before - 1] < QUIET_S:
+            skipped += 1
+            continue
+        window = calls[bisect.bisect_left(times, t0):bisect.bisect_left(times, t0 + WINDOW_S)]
+
+        def first(test):
+            return next((c for c in window if test(c)), None)
+
+        request = first(lambda c: c.kind == "read" and c.pid in servers and c.size > 0)
+        frame = first(lambda c: c.kind == "write" and c.pid in servers and c.size == frame_size)
+        if not (request and frame):
+            continue
+        received = first(
+            lambda c: c.kind == "read" and c.pid == client and c.size > 0
+            and c.fd not in publishing_fds and c.t >= frame.t
+        )
+        if not received:
+            continue
+        rows["server reads the request"].append(request.t - t0)
+        rows["first frame written"].append(frame.t - t0)
+        rows["first frame read by the client"].append(received.t - t0)
+        for label, tid, until in (
+            ("frame's writer", frame.tid, frame.t),
+            ("client's reader", received.tid, received.t),
+        ):
+            woken = last_before(window, "woken", tid, until)
+            running = last_before(window, "on_cpu", tid, until)
+            if woken is not None:
+                rows[f"{label} woken"].append(woken - t0)
+            if running is not None:
+                rows[f"{label} gets a CPU"].append(running - t0)
+        seen = set()
+        for call in window:
+            if call.t > frame.t:
+                break
+            if call.kind == "on_cpu" and call.pid in servers and call.tid not in seen:
+                seen.add(call.tid)
+                rows[f"server thread {names.get(call.tid, '?')} ({call.tid}) gets a CPU"].append(
+                    call.t - t0
+                )
+        rows["#frames written before the client's first read"].append(
+            sum(1 for c in window if c.kind == "write" and c.pid in servers
+                and c.size == frame_size and c.t < received.t)
+        )
+    return rows, len(starts), skipped
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server-pid", required=True)
+    parser.add_argument("--client-pid", required=True, type=int)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--keep", help="write perf's decoded trace to this file too")
+    args = parser.parse_args()
+    servers = {int(p) for p in args.server_pid.split(",")}
+    with tempfile.TemporaryDirectory() as work:
+        lines = record(args.seconds, os.path.join(work, "perf.data"))
+    if args.keep:
+        with open(args.keep, "w") as kept:
+            kept.write("\n".join(lines))
+    calls, names = parse(lines)
+    rows, publishes, skipped = timeline(calls, names, servers, args.client_pid)
+    print(
+        f"{publishes} publishes, {skipped} left out (the server was still writing the one before);"
+        " ms after the publish request was written (p50 / p90):"
+    )
+    for label, values in sorted(rows.items(), key=lambda kv: statistics.median(kv[1])):
+        ordered = sorted(values)
+        p90 = ordered[int(len(ordered) * 0.9)]
+        if label.startswith("#"):
+            print(f"  {label[1:]:58} {statistics.median(values):8.0f} / {p90:.0f}  (n={len(values)})")
+        else:
+            print(f"  {label:58} {statistics.median(values) * 1e3:8.3f} / {p90 * 1e3:.3f}  (n={len(values)})")
+
+
+if __name__ == "__main__":
+    main()
