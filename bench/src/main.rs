@@ -467,7 +467,7 @@ async fn fanout_rows(
         };
         let mut eventrelay_http = None;
         for http in [false, true] {
-            let relay = start_relay(args, RelaySettings::new(db, schema)).await?;
+            let relay = start_relay(args, RelaySettings::new(db, schema).in_own_session()).await?;
             let source = if http {
                 Source::HttpPublish {
                     base: relay.base.clone(),
@@ -536,7 +536,7 @@ async fn fanout_rows(
             // The ephemeral lane too: no outbox row, one notification per
             // group commit.
             let mut ours_by_lane = vec![("HTTP publish", eventrelay_http)];
-            let relay = start_relay(args, RelaySettings::new(db, schema)).await?;
+            let relay = start_relay(args, RelaySettings::new(db, schema).in_own_session()).await?;
             let source = Source::HttpPublishEphemeral {
                 base: relay.base.clone(),
             };

@@ -1,6 +1,7 @@
 //! Starts the eventrelay binary as a separate process with a generated
 //! configuration file, waits until it is ready, and stops it when dropped.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -38,6 +39,13 @@ pub struct RelaySettings {
     /// Write only the settings every release has had, for an earlier
     /// binary run side by side (its configuration refuses unknown keys).
     pub baseline: bool,
+    /// Start the relay in a session of its own, as a service manager
+    /// would, and as nginx is (it daemonizes). Linux's autogroup
+    /// scheduling shares CPU time between sessions before it shares it
+    /// between their threads: a relay left in the load tool's session
+    /// competes with the load tool's readers as one group, where nginx is
+    /// a group apart, so side-by-side runs with nchan set this.
+    pub own_session: bool,
 }
 
 impl RelaySettings {
@@ -59,7 +67,14 @@ impl RelaySettings {
             listen_url: None,
             header_timeout_secs: None,
             baseline: false,
+            own_session: false,
         }
+    }
+
+    /// In a session of its own (see [`RelaySettings::own_session`]).
+    pub fn in_own_session(mut self) -> Self {
+        self.own_session = true;
+        self
     }
 
     /// Serves TLS with a self-signed certificate for 127.0.0.1, written to
@@ -236,14 +251,35 @@ impl RelayProcess {
             .create(true)
             .append(true)
             .open(work_dir.join(format!("relay-{port}.log")))?;
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
             .env_remove("DATABASE_URL")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log)
+            .stderr(log);
+        if settings.own_session {
+            // Out of the load tool's process group, Ctrl-C no longer
+            // reaches the relay: it is told to stop when the thread that
+            // started it ends instead.
+            //
+            // SAFETY: runs in the child between fork and exec, where only
+            // async-signal-safe calls are allowed; setsid and prctl are,
+            // and nothing else is touched.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::setsid() == -1
+                        || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == -1
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
         let scheme = if settings.tls.is_some() {

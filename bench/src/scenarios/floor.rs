@@ -146,7 +146,7 @@ async fn run_load(
     let relay = RelayProcess::start(
         plan.relay_bin,
         plan.work_dir,
-        &RelaySettings::new(plan.database_url, plan.schema),
+        &RelaySettings::new(plan.database_url, plan.schema).in_own_session(),
     )
     .await?;
     let ours = Server::Eventrelay {

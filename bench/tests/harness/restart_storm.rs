@@ -7,33 +7,16 @@
 //! asserted (see the assertion). `bench/run --only storm` runs it with
 //! 10,000.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use eventrelay_bench::database::{create_schema, drop_schema, test_database_url, unique_schema};
 use eventrelay_bench::relay_process::RelaySettings;
 use eventrelay_bench::scenarios::storm::{self, StormPlan};
 
+use crate::relay_binary;
+
 /// Subscribers in the storm, and in each wave.
 const SUBSCRIBERS: usize = 1_000;
-
-/// The relay binary the workspace's test build made, next to this test's
-/// own directory (`target/<profile>/eventrelay`), or `EVENTRELAY_BIN`.
-fn relay_binary() -> PathBuf {
-    if let Ok(path) = std::env::var("EVENTRELAY_BIN") {
-        return PathBuf::from(path);
-    }
-    let test = std::env::current_exe().unwrap();
-    let profile_dir = test.parent().and_then(|deps| deps.parent()).unwrap();
-    let binary = profile_dir.join("eventrelay");
-    assert!(
-        binary.exists(),
-        "no relay binary at {}: build the workspace's tests (`cargo nextest run --workspace`) \
-         or set EVENTRELAY_BIN",
-        binary.display()
-    );
-    binary
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_subscribers_ride_out_a_restart_and_a_second_wave() {
