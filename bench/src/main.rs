@@ -85,6 +85,11 @@ struct Args {
     /// turning from round to round).
     #[arg(long, default_value_t = 3)]
     floor_rounds: usize,
+    /// The floor scenario's loads, as subscribers `x` events per second
+    /// (comma separated, e.g. `1000x100,10000x2`); by default its four
+    /// rows, scaled down with --quick.
+    #[arg(long, value_delimiter = ',', value_parser = parse_load)]
+    floor_loads: Vec<(usize, f64)>,
     /// Streams of the box scenario (default 100,000; 12,000 with --quick).
     #[arg(long)]
     box_streams: Option<usize>,
@@ -598,6 +603,20 @@ async fn fanout_rows(
     Ok(())
 }
 
+/// One load of `--floor-loads`: `1000x100` is 1,000 subscribers and 100
+/// events per second.
+fn parse_load(text: &str) -> Result<(usize, f64), String> {
+    let invalid =
+        || format!("`{text}` is not a load: write subscribers x events per second, as `1000x100`");
+    let (subscribers, rate) = text.split_once(['x', '×']).ok_or_else(invalid)?;
+    let subscribers: usize = subscribers.trim().parse().map_err(|_| invalid())?;
+    let rate: f64 = rate.trim().parse().map_err(|_| invalid())?;
+    if subscribers == 0 || !(rate > 0.0 && rate.is_finite()) {
+        return Err(invalid());
+    }
+    Ok((subscribers, rate))
+}
+
 /// Latency at the floor: both lanes of HTTP publish against nchan, at
 /// four loads, in alternating rounds, with the machine's commit time and
 /// the relay's stage breakdown (see `scenarios::floor`).
@@ -624,12 +643,16 @@ async fn floor_rows(
         database_url: &args.database_url,
         schema,
         nchan,
-        loads: vec![
-            (scale.small_fanout, 100.0),
-            (scale.small_fanout, 20.0),
-            (scale.large_fanout, 10.0),
-            (scale.large_fanout, 2.0),
-        ],
+        loads: if args.floor_loads.is_empty() {
+            vec![
+                (scale.small_fanout, 100.0),
+                (scale.small_fanout, 20.0),
+                (scale.large_fanout, 10.0),
+                (scale.large_fanout, 2.0),
+            ]
+        } else {
+            args.floor_loads.clone()
+        },
         duration: scale.fixed_run,
         rounds: args.floor_rounds,
     };
@@ -1888,4 +1911,20 @@ async fn seal_rows(args: &Args, schema: &str, table: &mut Table) -> BenchResult<
         "–",
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_load;
+
+    #[test]
+    fn a_floor_load_is_subscribers_times_a_rate() {
+        assert_eq!(parse_load("1000x100"), Ok((1000, 100.0)));
+        assert_eq!(parse_load("10000×2.5"), Ok((10000, 2.5)));
+        for bad in [
+            "1000", "x100", "1000x", "0x100", "1000x0", "1000x-1", "ax1", "1000xinf",
+        ] {
+            assert!(parse_load(bad).is_err(), "{bad} was taken as a load");
+        }
+    }
 }
