@@ -136,13 +136,18 @@ impl Link<'_> {
             .unwrap_or(health);
         let mut connection = ListenConnection::connect_options(options, limit).await?;
         connection.listen(channel, None).await?;
+        // The relay hears of the new connection before any notification
+        // it brings, the probe's wait included: its re-read of every scope
+        // is then running when the first one arrives, and rows carried by
+        // notifications wait for that read instead of going out ahead of
+        // older rows that only the read finds.
+        targets.connected();
         prove_delivery(&mut connection, probe_via, health, targets).await?;
         connected.store(true, Ordering::Relaxed);
         if !first {
             metrics.listener_reconnects.inc();
         }
         tracing::info!(%channel, "listening for notifications");
-        targets.connected();
         let check = HealthCheck::new(health, (health / 2).max(Duration::from_millis(100)));
         loop {
             let notification = match connection.next(Some(check)).await {
@@ -177,7 +182,8 @@ const PROBE_CHANNEL: &str = "eventrelay_listener_probe";
 /// transaction-mode pooler a `LISTEN` succeeds but nothing is ever
 /// delivered, which would leave the relay deaf while it looks healthy; the
 /// probe turns that into an error that names the cause. Notifications of
-/// the events' channel that arrive meanwhile are forwarded as usual.
+/// the events' channel that arrive meanwhile are forwarded as usual (the
+/// relay was told of the connection before the probe).
 async fn prove_delivery(
     connection: &mut ListenConnection,
     probe_via: &Database,
