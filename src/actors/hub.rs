@@ -35,10 +35,11 @@ const YIELD_AFTER: u64 = 64;
 
 /// How long a hub must have had no event to fan out for its next one to
 /// yield (see [`YIELD_AFTER`]). Events that come back to back are left to
-/// queue up in the streams, which then write several in one chunk: handing
-/// the CPU to the writers after every event would make each frame a write
-/// of its own, and under a flood of publishes the streams would fall
-/// behind and be dropped as too slow.
+/// queue up in the streams, which then write several in one chunk. Yielding
+/// after every event handed the CPU, under a flood of publishes, to the
+/// HTTP workers that also read the publish requests: they took events
+/// faster than the streams could write them, and subscribers were dropped
+/// as too slow.
 const IDLE_BEFORE_YIELD: Duration = Duration::from_millis(1);
 
 pub struct Hub {
