@@ -4,17 +4,25 @@
 //! run to run, so each side meets every stretch of the machine's time).
 //! Also measured in the same run: what one commit costs on this machine
 //! (a one-row commit loop, with and without waiting for the flush, back to
-//! back and at each load's pace), and where eventrelay's time goes, stage
-//! by stage, from the relay's `eventrelay_latency_stage_seconds`
-//! histograms.
+//! back and at each load's pace), what the relay's own publishing
+//! statement costs at each load's pace with no relay running (until its
+//! commit is answered, and until a listening connection hears it: the
+//! database's part of the durable lane, which no relay in the notify
+//! wake-up mode can go under), and where eventrelay's time goes, stage by
+//! stage, from the relay's `eventrelay_latency_stage_seconds` histograms.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use eventrelay::publisher::{
+    Identifier, ListenConnection, NewEvent, PgConnectOptions, Publisher, TcpSettings,
+};
+use eventrelay::store::Database;
+
 use crate::BenchResult;
 use crate::clock::Percentiles;
-use crate::publish::{Pace, Source};
+use crate::publish::{Pace, Source, TICK_TYPE, event_data};
 use crate::relay_process::{RelayProcess, RelaySettings};
 use crate::report::{Table, median, ms, verdict};
 use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
@@ -81,6 +89,9 @@ pub struct LoadFigures {
     /// One-row commits (with the flush) made as often as this load's
     /// events, before its runs.
     pub paced_commit: Percentiles,
+    /// The relay's publishing statement, as often as this load's events,
+    /// before its runs.
+    pub announced: AnnouncedCommit,
 }
 
 impl LoadFigures {
@@ -135,6 +146,13 @@ async fn run_load(
     per_second: f64,
 ) -> BenchResult<LoadFigures> {
     let paced_commit = paced_commit_time(
+        plan.database_url,
+        plan.schema,
+        per_second,
+        paced_commits(per_second),
+    )
+    .await?;
+    let announced = announced_commit_time(
         plan.database_url,
         plan.schema,
         per_second,
@@ -207,6 +225,7 @@ async fn run_load(
         runs,
         stages,
         paced_commit,
+        announced,
     })
 }
 
@@ -244,6 +263,19 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
                 "p50 {} · p99 {}, {} commits {:.0} a second",
                 ms(load.paced_commit.p50),
                 ms(load.paced_commit.p99),
+                paced_commits(load.per_second),
+                load.per_second
+            ),
+            "–",
+        );
+        table.add(
+            format!("floor {name}: the relay's publishing statement at this load's pace, no relay running"),
+            format!(
+                "committed p50 {} · p99 {} · heard through LISTEN p50 {} · p99 {}, {} transactions {:.0} a second",
+                ms(load.announced.committed.p50),
+                ms(load.announced.committed.p99),
+                ms(load.announced.heard.p50),
+                ms(load.announced.heard.p99),
                 paced_commits(load.per_second),
                 load.per_second
             ),
@@ -295,14 +327,20 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
             let (paced50, paced99) = (millis(load.paced_commit.p50), millis(load.paced_commit.p99));
             let durable_met_at_pace =
                 durable.0 <= nchan.0 + paced50 && durable.1 <= nchan.1 + paced99;
+            // The durable lane's distance from nchan at the median, and how
+            // much of it the database alone takes to announce a commit at
+            // this pace: what is left is the relay's own.
+            let heard50 = millis(load.announced.heard.p50);
             table.add(
                 format!("floor {name}: targets on the medians"),
                 format!(
-                    "ephemeral p50 {:.2} / p99 {:.2} against nchan's {:.2} / {:.2} · durable {:.2} / {:.2} against nchan + one commit {:.2} / {:.2} (+ one commit at this pace {:.2} / {:.2}: {})",
+                    "ephemeral p50 {:.2} / p99 {:.2} against nchan's {:.2} / {:.2} · durable {:.2} / {:.2} against nchan + one commit {:.2} / {:.2} (+ one commit at this pace {:.2} / {:.2}: {}) · durable p50 − nchan's {:.2}, of which the statement heard at this pace {:.2}",
                     ephemeral.0, ephemeral.1, nchan.0, nchan.1, durable.0, durable.1,
                     nchan.0 + commit50, nchan.1 + commit99,
                     nchan.0 + paced50, nchan.1 + paced99,
-                    if durable_met_at_pace { "under" } else { "over" }
+                    if durable_met_at_pace { "under" } else { "over" },
+                    durable.0 - nchan.0,
+                    heard50,
                 ),
                 format!(
                     "ephemeral {} nchan's: {} · durable ≤ nchan's + one commit: {}",
@@ -381,6 +419,83 @@ pub async fn paced_commit_time(
     let client = commit_client(database_url, schema).await?;
     let every = Duration::from_secs_f64(1.0 / per_second.max(0.001));
     timed_commits(&client, schema, "on", commits, Some(every)).await
+}
+
+/// The relay's publishing statement timed at a load's pace: from sending
+/// its transaction to the answer to its `COMMIT`, and to a second
+/// connection, `LISTEN`ing on the relay's channel, hearing its
+/// notification.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AnnouncedCommit {
+    pub committed: Percentiles,
+    pub heard: Percentiles,
+}
+
+/// Writes `commits` durable events one at a time, one every
+/// `1 / per_second` seconds, exactly as the relay writes a publish request
+/// of one event: the relay's publisher, announcing its own rows, on a
+/// connection of the relay's pool with its statements prepared, `BEGIN`,
+/// the statement and `COMMIT` in one round trip. No relay runs meanwhile,
+/// so the notification is heard by this connection only. The time until it
+/// is heard is the least a relay in the notify wake-up mode can take from
+/// a publish to its first write: everything after is the relay's own.
+pub async fn announced_commit_time(
+    database_url: &str,
+    schema: &str,
+    per_second: f64,
+    commits: usize,
+) -> BenchResult<AnnouncedCommit> {
+    const STARTUP: Duration = Duration::from_secs(10);
+    let options = PgConnectOptions::parse(database_url)?.with_tcp(TcpSettings::default());
+    let db = Database::pool(&options, 1, STARTUP)?.with_prepared_statements(true);
+    let publisher = Publisher::new(schema)?.announcing_rows();
+    let mut listener = ListenConnection::connect_options(&options, STARTUP).await?;
+    listener
+        .listen(&Identifier::new(schema)?, Some(STARTUP))
+        .await?;
+    let connection = db.get().await?;
+    let event = |number: usize| {
+        publisher.prepare_batch(vec![NewEvent::durable(
+            TICK_TYPE,
+            "floor-announced",
+            event_data(number),
+        )])
+    };
+    // A first write teaches the pipeline its statements, prepared from
+    // then on, as the relay's committers learn them.
+    let pipeline = connection.pipeline(&[]).await?;
+    publisher
+        .emit_prepared_committed(&pipeline, event(0)?)
+        .await?;
+    let known = pipeline.unprepared();
+    drop(pipeline);
+    tokio::time::timeout(STARTUP, listener.next(None)).await??;
+
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second.max(0.001)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut committed = Vec::with_capacity(commits);
+    let mut heard = Vec::with_capacity(commits);
+    for number in 1..=commits {
+        ticks.tick().await;
+        let batch = event(number)?;
+        let pipeline = connection.pipeline(&known).await?;
+        let started = Instant::now();
+        let write = async {
+            let written = publisher.emit_prepared_committed(&pipeline, batch).await;
+            written.map(|_| started.elapsed())
+        };
+        let hear = async {
+            let notification = tokio::time::timeout(STARTUP, listener.next(None)).await;
+            notification.map(|received| received.map(|_| started.elapsed()))
+        };
+        let (written, notified) = tokio::join!(write, hear);
+        committed.push(written?.as_nanos() as u64);
+        heard.push(notified??.as_nanos() as u64);
+    }
+    Ok(AnnouncedCommit {
+        committed: Percentiles::of(&mut committed),
+        heard: Percentiles::of(&mut heard),
+    })
 }
 
 /// A connection with the commits' table in `schema`. Not a temporary

@@ -1,9 +1,11 @@
 //! The floor scenario's commit timings against a real Postgres: the paced
-//! loop keeps its pace, so a load's commits are timed as seldom as its
-//! events come, and every commit is timed.
+//! loops keep their pace, so a load's commits are timed as seldom as its
+//! events come, and every commit is timed; the relay's publishing
+//! statement writes each event and is heard once per transaction.
 
 use std::time::{Duration, Instant};
 
+use eventrelay_bench::clock::Percentiles;
 use eventrelay_bench::database::{create_schema, drop_schema, test_database_url, unique_schema};
 use eventrelay_bench::scenarios::floor;
 
@@ -25,10 +27,46 @@ async fn paced_commits_keep_their_pace_and_each_is_timed() {
         "10 commits at 20 a second took only {took:?}"
     );
     for figures in [paced, back_to_back.flushed, back_to_back.unflushed] {
-        assert!(figures.p50 > Duration::ZERO, "{figures:?}");
-        assert!(
-            figures.p50 <= figures.p99 && figures.p99 <= figures.max,
-            "{figures:?}"
-        );
+        assert_timed(figures);
     }
+}
+
+/// Every sample took some time, and the percentiles are in order.
+fn assert_timed(figures: Percentiles) {
+    assert!(figures.p50 > Duration::ZERO, "{figures:?}");
+    assert!(
+        figures.p50 <= figures.p99 && figures.p99 <= figures.max,
+        "{figures:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_publishing_statement_writes_and_is_heard_once_per_transaction() {
+    let url = test_database_url();
+    let schema = unique_schema("bench_floor_announced");
+    create_schema(&url, &schema).await.expect("schema migrates");
+    let started = Instant::now();
+    let announced = floor::announced_commit_time(&url, &schema, 20.0, 5).await;
+    let took = started.elapsed();
+    let client = eventrelay::connect(&url).await.expect("connects");
+    let written: i64 = client
+        .query_one(
+            &format!("SELECT count(*) FROM {schema}.outbox WHERE scope_key = 'floor-announced'"),
+            &[],
+        )
+        .await
+        .expect("counts the rows")
+        .get(0);
+    drop_schema(&url, &schema).await;
+    // Each transaction's notification was awaited (a missing one fails the
+    // call after ten seconds), so each was heard.
+    let announced = announced.expect("every transaction commits and is heard");
+    // The first write, which prepares the statements, and the five timed.
+    assert_eq!(written, 6);
+    assert!(
+        took >= Duration::from_millis(4 * 50),
+        "5 transactions at 20 a second took only {took:?}"
+    );
+    assert_timed(announced.committed);
+    assert_timed(announced.heard);
 }
