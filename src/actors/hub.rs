@@ -28,8 +28,8 @@ pub type FrameSender = mpsc::Sender<Arc<EncodedEvent>>;
 /// After queuing an event to this many subscribers, a hub that had been
 /// idle lets its thread's CPU go once. Those subscribers' streams have just
 /// been woken, and an HTTP worker woken onto the hub's CPU would otherwise
-/// wait for the whole loop (about 0.2 ms at 1,000 subscribers, 10 ms at
-/// 10,000) before writing the event's first frame. Smaller scopes never
+/// wait for the whole loop (0.2–0.9 ms at 1,000 subscribers, about 10 ms
+/// at 10,000) before writing the event's first frame. Smaller scopes never
 /// get here, and when nothing else wants the CPU the yield returns at once.
 const YIELD_AFTER: u64 = 64;
 
