@@ -101,7 +101,7 @@ pub struct FanoutPlan {
     pub source: Source,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct FanoutFigures {
     pub published: usize,
     pub expected: u64,

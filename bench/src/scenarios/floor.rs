@@ -350,6 +350,13 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
                 ),
             );
         }
+        if let Some(row) = against_nchan_by_round(load) {
+            table.add(
+                format!("floor {name}: each round's p50 / p99 over nchan's of the same round"),
+                row,
+                "–",
+            );
+        }
         for (side, stages) in &load.stages {
             table.add(
                 format!(
@@ -361,6 +368,49 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
             );
         }
     }
+}
+
+/// Each lane's p50 and p99 divided by nchan's of the same round, per
+/// round, with their medians: nchan's own figures swing from round to
+/// round with the machine, and a round's three runs are minutes apart, so
+/// these quotients move less between runs than the figures themselves.
+/// `None` without nchan.
+fn against_nchan_by_round(load: &LoadFigures) -> Option<String> {
+    let nchan = load.of(Side::Nchan);
+    if nchan.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = [Side::Ephemeral, Side::Durable]
+        .into_iter()
+        .map(|side| {
+            let runs = load.of(side);
+            let p50 = quotients(&runs, &nchan, |f| f.latency.p50);
+            let p99 = quotients(&runs, &nchan, |f| f.latency.p99);
+            format!(
+                "{} p50 × {} (median {:.2}) · p99 × {} (median {:.2})",
+                side.label(),
+                joined(&p50),
+                median(&p50),
+                joined(&p99),
+                median(&p99)
+            )
+        })
+        .collect();
+    Some(parts.join(" · "))
+}
+
+/// `ours` over `theirs`, round by round, of the figure `of`; a round with
+/// a zero figure on nchan's side is left out.
+fn quotients(
+    ours: &[&FanoutFigures],
+    theirs: &[&FanoutFigures],
+    of: impl Fn(&FanoutFigures) -> Duration,
+) -> Vec<f64> {
+    ours.iter()
+        .zip(theirs)
+        .filter(|(_, theirs)| !of(theirs).is_zero())
+        .map(|(ours, theirs)| of(ours).as_secs_f64() / of(theirs).as_secs_f64())
+        .collect()
 }
 
 /// Each stage's median and mean, in the order an event passes them.
@@ -750,6 +800,64 @@ eventrelay_events_delivered_total 5
         total.add(&between);
         total.add(&between);
         assert_eq!(total.stage("commit").unwrap().count(), 8.0);
+    }
+
+    fn figures(p50_ms: u64, p99_ms: u64) -> FanoutFigures {
+        FanoutFigures {
+            latency: Percentiles {
+                p50: Duration::from_millis(p50_ms),
+                p99: Duration::from_millis(p99_ms),
+                max: Duration::from_millis(p99_ms),
+            },
+            ..FanoutFigures::default()
+        }
+    }
+
+    #[test]
+    fn each_round_is_set_against_nchan_of_the_same_round() {
+        let load = LoadFigures {
+            subscribers: 1000,
+            per_second: 100.0,
+            runs: vec![
+                (Side::Nchan, figures(4, 8)),
+                (Side::Durable, figures(6, 16)),
+                (Side::Ephemeral, figures(5, 8)),
+                (Side::Durable, figures(4, 12)),
+                (Side::Ephemeral, figures(2, 4)),
+                (Side::Nchan, figures(2, 4)),
+                (Side::Ephemeral, figures(3, 9)),
+                (Side::Nchan, figures(3, 6)),
+                (Side::Durable, figures(3, 12)),
+            ],
+            stages: Vec::new(),
+            paced_commit: Percentiles::default(),
+            announced: AnnouncedCommit::default(),
+        };
+        let row = against_nchan_by_round(&load).unwrap();
+        assert_eq!(
+            row,
+            "eventrelay ephemeral p50 × 1.25, 1.00, 1.00 (median 1.00) · p99 × 1.00, 1.00, 1.50 (median 1.00) \
+             · eventrelay durable p50 × 1.50, 2.00, 1.00 (median 1.50) · p99 × 2.00, 3.00, 2.00 (median 2.00)"
+        );
+        let alone = LoadFigures {
+            runs: load
+                .runs
+                .iter()
+                .filter(|(side, _)| *side != Side::Nchan)
+                .cloned()
+                .collect(),
+            ..load
+        };
+        assert!(against_nchan_by_round(&alone).is_none());
+    }
+
+    #[test]
+    fn a_round_without_a_figure_from_nchan_is_left_out() {
+        let ours = [figures(3, 6), figures(4, 8)];
+        let theirs = [figures(0, 4), figures(2, 4)];
+        let (ours, theirs): (Vec<_>, Vec<_>) = (ours.iter().collect(), theirs.iter().collect());
+        assert_eq!(quotients(&ours, &theirs, |f| f.latency.p50), vec![2.0]);
+        assert_eq!(quotients(&ours, &theirs, |f| f.latency.p99), vec![1.5, 2.0]);
     }
 
     #[test]
