@@ -5,11 +5,11 @@ Records a few seconds of the scheduler's and the socket system calls'
 tracepoints with `perf` (root, or perf_event_paranoid <= -1), while a load
 tool publishes over HTTP to a server that writes SSE frames to the same
 load tool's subscribers (the floor scenario, say). Then, for each publish,
-prints when the server read the request, which of its threads ran before
-the first frame was written, when that frame's writer and the load tool's
-reader were woken and when they got a CPU, and when the first frame was
-read: medians and 90th percentiles over the recorded events, in ms after
-the publish request was written.
+prints when the server read the request, which of its threads were woken
+and ran before the first frame was written, when that frame's writer and
+the load tool's reader were woken and when they got a CPU, and when the
+first frame was read: medians and 90th percentiles over the recorded
+events, in ms after the publish request was written.
 
     trace_event.py --server-pid 1234 --client-pid 5678 [--seconds 2]
 
@@ -171,15 +171,20 @@ def timeline(calls, names, servers, client):
                 rows[f"{label} woken"].append(woken - t0)
             if running is not None:
                 rows[f"{label} gets a CPU"].append(running - t0)
-        seen = set()
+        seen, woken_at = set(), {}
         for call in window:
             if call.t > frame.t:
                 break
+            if call.kind == "woken" and call.pid in servers:
+                woken_at.setdefault(call.tid, call.t)
             if call.kind == "on_cpu" and call.pid in servers and call.tid not in seen:
                 seen.add(call.tid)
-                rows[f"server thread {names.get(call.tid, '?')} ({call.tid}) gets a CPU"].append(
-                    call.t - t0
-                )
+                name = f"server thread {names.get(call.tid, '?')} ({call.tid})"
+                rows[f"{name} gets a CPU"].append(call.t - t0)
+                # The wake-up that put it on a CPU, when it happened in the
+                # window: how long the thread then waited for the CPU.
+                if call.tid in woken_at:
+                    rows[f"{name} woken"].append(woken_at[call.tid] - t0)
         rows["#frames written before the client's first read"].append(
             sum(1 for c in window if c.kind == "write" and c.pid in servers
                 and c.size == frame_size and c.t < received.t)
