@@ -113,6 +113,8 @@ pub struct FanoutFigures {
     /// subscriber took.
     pub first_arrival: Percentiles,
     pub cpu_seconds_per_1000: f64,
+    /// The part of `cpu_seconds_per_1000` spent in the kernel.
+    pub system_seconds_per_1000: f64,
     pub rss_bytes: u64,
     /// (RSS with every subscriber connected and idle − RSS before) / N.
     pub idle_rss_per_connection: f64,
@@ -193,6 +195,7 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
         latency: Percentiles::of(&mut latencies),
         first_arrival: Percentiles::of(&mut first_arrivals),
         cpu_seconds_per_1000: cpu_per_1000(idle, after, delivered),
+        system_seconds_per_1000: per_1000(after.system_seconds - idle.system_seconds, delivered),
         rss_bytes: after.rss_bytes,
         idle_rss_per_connection: (idle.rss_bytes as f64 - before_connect.rss_bytes as f64)
             / plan.subscribers as f64,
@@ -200,8 +203,13 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
 }
 
 pub(crate) fn cpu_per_1000(before: Usage, after: Usage, delivered: u64) -> f64 {
+    per_1000(after.cpu_seconds - before.cpu_seconds, delivered)
+}
+
+/// `seconds` spent on `delivered` deliveries, per 1,000 of them.
+fn per_1000(seconds: f64, delivered: u64) -> f64 {
     if delivered == 0 {
         return 0.0;
     }
-    (after.cpu_seconds - before.cpu_seconds) / delivered as f64 * 1000.0
+    seconds / delivered as f64 * 1000.0
 }

@@ -289,7 +289,15 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
             }
             let p50s: Vec<f64> = runs.iter().map(|f| millis(f.latency.p50)).collect();
             let p99s: Vec<f64> = runs.iter().map(|f| millis(f.latency.p99)).collect();
-            let cpu: Vec<f64> = runs.iter().map(|f| f.cpu_seconds_per_1000).collect();
+            // Seconds per 1,000 deliveries are milliseconds per delivery.
+            let cpu: Vec<f64> = runs
+                .iter()
+                .map(|f| f.cpu_seconds_per_1000 * 1000.0)
+                .collect();
+            let system: Vec<f64> = runs
+                .iter()
+                .map(|f| f.system_seconds_per_1000 * 1000.0)
+                .collect();
             let firsts: Vec<f64> = runs.iter().map(|f| millis(f.first_arrival.p50)).collect();
             let all = runs.iter().all(|f| f.delivered == f.expected);
             let (p50, p99) = (median(&p50s), median(&p99s));
@@ -297,11 +305,12 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
             table.add(
                 format!("floor {name}, {} (send-to-receive), {} rounds", side.label(), runs.len()),
                 format!(
-                    "p50 {} ms (median {p50:.2}) · p99 {} ms (median {p99:.2}) · first subscriber p50 {} ms · CPU s/1k {:.3} · {}",
+                    "p50 {} ms (median {p50:.2}) · p99 {} ms (median {p99:.2}) · first subscriber p50 {} ms · CPU per delivery {:.2} µs, of it in the kernel {:.2} · {}",
                     joined(&p50s),
                     joined(&p99s),
                     joined(&firsts),
                     median(&cpu),
+                    median(&system),
                     if all { "all received" } else { "some not received" }
                 ),
                 format!("all received: {}", verdict(all)),
