@@ -324,13 +324,9 @@ impl Publisher {
             .iter()
             .position(|e| e.lane == Lane::Ephemeral)
             .unwrap_or(0);
-        let ephemeral: Vec<EventEnvelope> = envelopes
-            .iter()
-            .filter(|e| e.lane == Lane::Ephemeral)
-            .cloned()
-            .collect();
+        let ephemeral = envelopes.iter().filter(|e| e.lane == Lane::Ephemeral);
         let payloads =
-            encode_inline_batch_within(&ephemeral, self.ephemeral_max_bytes).map_err(|error| {
+            encode_inline_batch_within(ephemeral, self.ephemeral_max_bytes).map_err(|error| {
                 BatchError {
                     index: first_ephemeral,
                     error: error.into(),

@@ -222,25 +222,41 @@ pub fn encode_inline(envelope: &EventEnvelope) -> Result<String, EncodeError> {
 /// NOTIFY limit, or a larger cap where ephemeral events travel as logical
 /// replication messages, which have no such limit.
 pub fn encode_inline_within(envelope: &EventEnvelope, max: usize) -> Result<String, EncodeError> {
+    let json = envelope_json(envelope)?;
+    within(inline_payload(&json), max)
+}
+
+/// The one-event form around an envelope's JSON, as serde writes
+/// [`EventNotification::Inline`]: built from the JSON rather than from a
+/// copy of the envelope, so a caller that has the JSON already does not
+/// serialize the event twice.
+fn inline_payload(envelope_json: &str) -> String {
+    let mut payload = String::with_capacity(INLINE_OPEN.len() + envelope_json.len() + 1);
+    payload.push_str(INLINE_OPEN);
+    payload.push_str(envelope_json);
+    payload.push('}');
+    payload
+}
+
+/// What the one-event form puts before the envelope's JSON.
+const INLINE_OPEN: &str = r#"{"k":"evt","e":"#;
+
+/// An ephemeral envelope, validated, as JSON.
+fn envelope_json(envelope: &EventEnvelope) -> Result<String, EncodeError> {
     if envelope.lane != Lane::Ephemeral {
         return Err(EncodeError::NotEphemeral);
     }
     envelope.validate()?;
-    finish_within(
-        &EventNotification::Inline {
-            envelope: envelope.clone(),
-        },
-        max,
-    )
+    serde_json::to_string(envelope).map_err(|e| EncodeError::Json(e.to_string()))
 }
 
 fn finish(notification: &EventNotification) -> Result<String, EncodeError> {
-    finish_within(notification, MAX_NOTIFY_PAYLOAD_BYTES)
-}
-
-fn finish_within(notification: &EventNotification, max: usize) -> Result<String, EncodeError> {
     let payload =
         serde_json::to_string(notification).map_err(|e| EncodeError::Json(e.to_string()))?;
+    within(payload, MAX_NOTIFY_PAYLOAD_BYTES)
+}
+
+fn within(payload: String, max: usize) -> Result<String, EncodeError> {
     if payload.len() > max {
         return Err(EncodeError::TooLarge {
             len: payload.len(),
@@ -258,47 +274,40 @@ pub fn encode_inline_batch(envelopes: &[EventEnvelope]) -> Result<Vec<String>, E
 }
 
 /// [`encode_inline_batch`] with payloads of at most `max` bytes (see
-/// [`encode_inline_within`]).
-pub fn encode_inline_batch_within(
-    envelopes: &[EventEnvelope],
+/// [`encode_inline_within`]). Each event is serialized once.
+pub fn encode_inline_batch_within<'a>(
+    envelopes: impl IntoIterator<Item = &'a EventEnvelope>,
     max: usize,
 ) -> Result<Vec<String>, EncodeError> {
     const OPEN: &str = r#"{"k":"evts","v":1,"e":["#;
     const CLOSE: &str = "]}";
     let mut payloads = Vec::new();
-    let mut pending: Vec<(&EventEnvelope, String)> = Vec::new();
+    let mut pending: Vec<String> = Vec::new();
     let mut pending_len = OPEN.len() + CLOSE.len();
-    let flush = |pending: &mut Vec<(&EventEnvelope, String)>,
-                 payloads: &mut Vec<String>|
-     -> Result<(), EncodeError> {
+    let flush = |pending: &mut Vec<String>, payloads: &mut Vec<String>| {
         match pending.len() {
             0 => {}
-            1 => payloads.push(encode_inline_within(pending[0].0, max)?),
-            _ => {
-                let parts: Vec<&str> = pending.iter().map(|(_, json)| json.as_str()).collect();
-                payloads.push(format!("{OPEN}{}{CLOSE}", parts.join(",")));
-            }
+            1 => payloads.push(inline_payload(&pending[0])),
+            _ => payloads.push(format!("{OPEN}{}{CLOSE}", pending.join(","))),
         }
         pending.clear();
-        Ok(())
     };
     for envelope in envelopes {
-        if envelope.lane != Lane::Ephemeral {
-            return Err(EncodeError::NotEphemeral);
+        let json = envelope_json(envelope)?;
+        // Each one must fit alone, in the one-event form, a little longer.
+        let alone = INLINE_OPEN.len() + json.len() + 1;
+        if alone > max {
+            return Err(EncodeError::TooLarge { len: alone, max });
         }
-        envelope.validate()?;
-        let json = serde_json::to_string(envelope).map_err(|e| EncodeError::Json(e.to_string()))?;
-        // Each one must fit alone; the one-event form is a little longer.
-        encode_inline_within(envelope, max)?;
         let separator = usize::from(!pending.is_empty());
         if pending_len + separator + json.len() > max {
-            flush(&mut pending, &mut payloads)?;
+            flush(&mut pending, &mut payloads);
             pending_len = OPEN.len() + CLOSE.len();
         }
         pending_len += usize::from(!pending.is_empty()) + json.len();
-        pending.push((envelope, json));
+        pending.push(json);
     }
-    flush(&mut pending, &mut payloads)?;
+    flush(&mut pending, &mut payloads);
     Ok(payloads)
 }
 
@@ -714,6 +723,22 @@ mod tests {
         };
         let again = encode_inline(envelope).unwrap();
         assert_eq!(decode_notification(again.as_bytes()).unwrap(), decoded);
+    }
+
+    #[test]
+    fn the_one_event_form_is_what_serde_writes() {
+        for envelope in [
+            ephemeral(1, 0),
+            NewEvent::ephemeral("a.b", "org-1", json!({"s": "}\"\\n", "n": [1.5, null]}))
+                .into_envelope(Utc::now()),
+        ] {
+            let serde_form = serde_json::to_string(&EventNotification::Inline {
+                envelope: envelope.clone(),
+            })
+            .unwrap();
+            assert_eq!(encode_inline(&envelope).unwrap(), serde_form);
+            assert_eq!(encode_inline_batch(&[envelope]).unwrap(), vec![serde_form]);
+        }
     }
 
     #[test]
