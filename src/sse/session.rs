@@ -7,8 +7,10 @@
 //! hub fills, the timers and the de-duplication, with no second hop.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use actix::Addr;
@@ -113,12 +115,16 @@ pub struct Session {
     /// like the heartbeat, due an interval after the last write, since a
     /// write to a closed peer fails by itself. An HTTP/2 stream peeks on
     /// this timer alone; an HTTP/1.x stream peeks whenever its connection
-    /// wakes it for something else than an event (see [`woken_again`]),
-    /// and once more a moment later.
+    /// wakes it for something else than an event (see
+    /// [`Session::poll_live`]), and once more a moment later.
     next_peek: Option<Instant>,
     last_write: Instant,
     /// Live writes so far, for sampling the queue's fill ratio.
     live_writes: u32,
+    /// Whether the live phase last returned while waiting, so that its
+    /// next poll is a wake-up: it goes straight back to the waits, and a
+    /// wake that brought neither an event nor the end was the connection.
+    waiting: bool,
     registration: Registration,
 }
 
@@ -191,18 +197,16 @@ impl Session {
             next_peek,
             last_write: now,
             live_writes: 0,
+            waiting: false,
             registration,
         }
     }
 
-    /// The response body. The session is boxed: the stream keeps its state
-    /// beside the future that has it, so an unboxed session would take its
-    /// room twice in every connection's body.
-    pub fn into_stream(self) -> impl futures_util::Stream<Item = Result<Bytes, StreamError>> {
-        futures_util::stream::unfold(Box::new(self), |mut session| async move {
-            let chunk = session.next_chunk().await?;
-            Some((chunk, session))
-        })
+    /// The response body (see [`SessionBody`]).
+    pub fn into_stream(self) -> SessionBody {
+        SessionBody {
+            state: BodyState::Idle(Box::new(self)),
+        }
     }
 
     async fn next_chunk(&mut self) -> Option<Result<Bytes, StreamError>> {
@@ -288,117 +292,162 @@ impl Session {
         Some(Bytes::from(sse::reauth_frame(expires_in)))
     }
 
+    /// The live phase, as the session's body polls it (see [`SessionBody`]).
     async fn next_live(&mut self) -> Option<Bytes> {
+        std::future::poll_fn(|cx| self.poll_live(cx)).await
+    }
+
+    /// The next live chunk: a heartbeat, a warning or the end when one is
+    /// due, else the frames queued so far, else it waits for the first of
+    /// the stream's end, its queue, its connection and its timer, in that
+    /// order. Polled by hand rather than as a `select!` in a loop, since
+    /// this runs twice per subscriber and event (once to take the frame,
+    /// once to find the queue empty): a poll that finds it waiting goes
+    /// straight back to the waits, without redoing the checks.
+    fn poll_live(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        let peer = self.params.peer;
+        // Only an HTTP/1.x connection's reads wake its stream: a client
+        // that closes or resets it wakes the stream at once.
+        let peeks_when_woken = peer.is_some() && self.params.own_connection;
+        loop {
+            if !self.waiting
+                && let Some(step) = self.live_checks()
+            {
+                return Poll::Ready(step);
+            }
+            if let Poll::Ready(end) = self.params.ticket.end.poll_ended(cx) {
+                self.waiting = false;
+                self.phase = Phase::Finished;
+                return Poll::Ready(match end {
+                    End::Revoked => Some(Bytes::from(sse::revoked_frame())),
+                    End::Closing => None,
+                });
+            }
+            match self.queue.poll_recv(cx) {
+                Poll::Ready(Some(first)) => {
+                    self.waiting = false;
+                    if let Some(chunk) = self.take_live(first) {
+                        return Poll::Ready(Some(chunk));
+                    }
+                    continue;
+                }
+                Poll::Ready(None) => {
+                    // The hub dropped us (queue full) or shut down.
+                    self.waiting = false;
+                    self.phase = Phase::Finished;
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {}
+            }
+            // Woken while waiting, for neither an event nor the end: the
+            // connection was (the client sent something, closed or reset
+            // it).
+            if std::mem::take(&mut self.waiting) && peeks_when_woken {
+                if peer.is_some_and(PeerSocket::is_closed) {
+                    self.phase = Phase::Finished;
+                    return Poll::Ready(None);
+                }
+                // A TLS client's closing alert may come a moment before
+                // its TCP end, which then wakes nobody: one more look
+                // shortly.
+                let again = Instant::now() + PEEK_EVERY;
+                self.next_peek = Some(self.next_peek.map_or(again, |at| at.min(again)));
+                continue;
+            }
+            // Whatever came due is handled by the checks.
+            if self.timer.as_mut().poll(cx).is_ready() {
+                continue;
+            }
+            self.waiting = true;
+            return Poll::Pending;
+        }
+    }
+
+    /// What the live phase checks before it waits: the stream's end, the
+    /// reauth warning, the peek at the socket and the heartbeat, each when
+    /// due; then it sets the timer to the earliest of them. `Some` is the
+    /// step to take now (a frame, or `None` to end).
+    fn live_checks(&mut self) -> Option<Option<Bytes>> {
         let ends_at = self.params.ends_at;
         let peer = self.params.peer;
         let own_connection = self.params.own_connection;
-        // Only an HTTP/1.x connection's reads wake its stream: a client
-        // that closes or resets it wakes the stream at once.
-        let peeks_when_woken = peer.is_some() && own_connection;
-        loop {
-            let now = Instant::now();
-            if now >= ends_at {
+        let now = Instant::now();
+        if now >= ends_at {
+            self.phase = Phase::Finished;
+            return Some(None);
+        }
+        if self.params.ticket.end.is_revoked() {
+            self.phase = Phase::Finished;
+            return Some(Some(Bytes::from(sse::revoked_frame())));
+        }
+        if let Some(frame) = self.reauth_due() {
+            return Some(Some(frame));
+        }
+        if let Some(peer) = peer
+            && self.next_peek.is_some_and(|at| now >= at)
+        {
+            // A second look after a wake, on a connection of its own, is
+            // the last one: its reads wake the stream again.
+            let again = (!own_connection).then_some(now + PEEK_EVERY);
+            if let Some(due) = still_waiting(self.last_write, PEEK_EVERY) {
+                self.next_peek = again.map(|_| due);
+            } else if peer.is_closed() {
+                // Nobody is reading: end now, releasing the permit, the
+                // hub's place and the queue.
                 self.phase = Phase::Finished;
-                return None;
-            }
-            if let Some(frame) = self.reauth_due() {
-                return Some(frame);
-            }
-            if let Some(peer) = peer
-                && self.next_peek.is_some_and(|at| now >= at)
-            {
-                // A second look after a wake, on a connection of its own,
-                // is the last one: its reads wake the stream again.
-                let again = (!own_connection).then_some(now + PEEK_EVERY);
-                if let Some(due) = still_waiting(self.last_write, PEEK_EVERY) {
-                    self.next_peek = again.map(|_| due);
-                } else if peer.is_closed() {
-                    // Nobody is reading: end now, releasing the permit,
-                    // the hub's place and the queue.
-                    self.phase = Phase::Finished;
-                    return None;
-                } else {
-                    self.next_peek = again;
-                }
-            }
-            if now >= self.next_heartbeat {
-                if let Some(due) = still_waiting(self.last_write, self.params.heartbeat) {
-                    self.next_heartbeat = due;
-                } else {
-                    self.last_write = now;
-                    self.next_heartbeat = now + self.params.heartbeat;
-                    return Some(Bytes::from_static(sse::HEARTBEAT_FRAME.as_bytes()));
-                }
-            }
-            let mut due = ends_at.min(self.next_heartbeat);
-            if let Some((at, _)) = self.params.reauth {
-                due = due.min(at);
-            }
-            if let (Some(_), Some(at)) = (peer, self.next_peek) {
-                due = due.min(at);
-            }
-            if self.timer.deadline() != due {
-                self.timer.as_mut().reset(due);
-            }
-            tokio::select! {
-                biased;
-                end = self.params.ticket.end.wait() => {
-                    self.phase = Phase::Finished;
-                    return match end {
-                        End::Revoked => Some(Bytes::from(sse::revoked_frame())),
-                        End::Closing => None,
-                    };
-                }
-                received = self.queue.recv() => {
-                    let Some(first) = received else {
-                        // The hub dropped us (queue full) or shut down.
-                        self.phase = Phase::Finished;
-                        return None;
-                    };
-                    let fan_out_started = first.fan_out_started.get();
-                    let mut batch = std::mem::take(&mut self.live_batch);
-                    batch.push(first);
-                    // How full the queue was when this write began: near 1,
-                    // the subscriber is about to be dropped as too slow.
-                    if self.live_writes.is_multiple_of(FILL_SAMPLE_EVERY) {
-                        let metrics = &self.registration.metrics;
-                        let fill =
-                            (self.queue.len() + 1) as f64 / self.queue.max_capacity() as f64;
-                        metrics.session_queue_fill_ratio.observe(fill);
-                        if let Some(started) = fan_out_started {
-                            metrics.stages.since(Stage::Session, started);
-                        }
-                    }
-                    self.live_writes = self.live_writes.wrapping_add(1);
-                    while batch.len() < MAX_FRAMES_PER_CHUNK {
-                        match self.queue.try_recv() {
-                            Ok(event) => batch.push(event),
-                            Err(_) => break,
-                        }
-                    }
-                    let chunk = self.frames(&mut batch, Source::Live);
-                    self.live_batch = batch;
-                    if let Some(chunk) = chunk {
-                        return Some(chunk);
-                    }
-                }
-                // Woken for neither an event nor the end: the connection
-                // was (the client sent something, closed or reset it).
-                () = woken_again(), if peeks_when_woken => {
-                    if peer.is_some_and(PeerSocket::is_closed) {
-                        self.phase = Phase::Finished;
-                        return None;
-                    }
-                    // A TLS client's closing alert may come a moment
-                    // before its TCP end, which then wakes nobody: one
-                    // more look shortly.
-                    let again = Instant::now() + PEEK_EVERY;
-                    self.next_peek = Some(self.next_peek.map_or(again, |at| at.min(again)));
-                }
-                // Whatever came due is handled at the top of the loop.
-                () = self.timer.as_mut() => {}
+                return Some(None);
+            } else {
+                self.next_peek = again;
             }
         }
+        if now >= self.next_heartbeat {
+            if let Some(due) = still_waiting(self.last_write, self.params.heartbeat) {
+                self.next_heartbeat = due;
+            } else {
+                self.last_write = now;
+                self.next_heartbeat = now + self.params.heartbeat;
+                return Some(Some(Bytes::from_static(sse::HEARTBEAT_FRAME.as_bytes())));
+            }
+        }
+        let mut due = ends_at.min(self.next_heartbeat);
+        if let Some((at, _)) = self.params.reauth {
+            due = due.min(at);
+        }
+        if let (Some(_), Some(at)) = (peer, self.next_peek) {
+            due = due.min(at);
+        }
+        if self.timer.deadline() != due {
+            self.timer.as_mut().reset(due);
+        }
+        None
+    }
+
+    /// The frames queued from `first` on, up to a chunk's worth, not yet
+    /// sent; `None` when the replay sent them all already.
+    fn take_live(&mut self, first: Arc<EncodedEvent>) -> Option<Bytes> {
+        let fan_out_started = first.fan_out_started.get();
+        let mut batch = std::mem::take(&mut self.live_batch);
+        batch.push(first);
+        // How full the queue was when this write began: near 1, the
+        // subscriber is about to be dropped as too slow.
+        if self.live_writes.is_multiple_of(FILL_SAMPLE_EVERY) {
+            let metrics = &self.registration.metrics;
+            let fill = (self.queue.len() + 1) as f64 / self.queue.max_capacity() as f64;
+            metrics.session_queue_fill_ratio.observe(fill);
+            if let Some(started) = fan_out_started {
+                metrics.stages.since(Stage::Session, started);
+            }
+        }
+        self.live_writes = self.live_writes.wrapping_add(1);
+        while batch.len() < MAX_FRAMES_PER_CHUNK {
+            match self.queue.try_recv() {
+                Ok(event) => batch.push(event),
+                Err(_) => break,
+            }
+        }
+        let chunk = self.frames(&mut batch, Source::Live);
+        self.live_batch = batch;
+        chunk
     }
 
     /// The frames of `batch` not yet sent, as one chunk (see
@@ -415,18 +464,64 @@ impl Session {
     }
 }
 
-/// Ready from its second poll on: polled beside a stream's queue and end
-/// signal, after them, it tells a wake that brought neither. The first poll
-/// happens as the stream starts waiting, so it is the next wake that counts.
-fn woken_again() -> impl std::future::Future<Output = ()> {
-    let mut polled = false;
-    std::future::poll_fn(move |_| {
-        if std::mem::replace(&mut polled, true) {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
+/// A session as its response body. The live phase, which every event of
+/// every subscriber goes through, is polled directly on the session; the
+/// phases before it (the `retry:` frame, the replay, the `ready` frame),
+/// which wait on the database, run as a future that holds the session
+/// until it hands it back with each chunk. The session is boxed either way,
+/// so a body is a pointer and a tag.
+pub struct SessionBody {
+    state: BodyState,
+}
+
+/// Where a body stands between polls.
+enum BodyState {
+    Idle(Box<Session>),
+    Working(Pin<Box<dyn Future<Output = NextChunk>>>),
+    Done,
+}
+
+/// A chunk from the phases before the live one, and the session back.
+type NextChunk = (Option<Result<Bytes, StreamError>>, Box<Session>);
+
+impl futures_util::Stream for SessionBody {
+    type Item = Result<Bytes, StreamError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let state = &mut self.get_mut().state;
+        loop {
+            match state {
+                BodyState::Idle(session) if session.phase == Phase::Live => {
+                    let polled = session.poll_live(cx);
+                    if let Poll::Ready(None) = polled {
+                        *state = BodyState::Done;
+                    }
+                    return polled.map(|chunk| chunk.map(Ok));
+                }
+                BodyState::Idle(_) => {
+                    if let BodyState::Idle(mut session) = std::mem::replace(state, BodyState::Done)
+                    {
+                        *state = BodyState::Working(Box::pin(async move {
+                            let chunk = session.next_chunk().await;
+                            (chunk, session)
+                        }));
+                    }
+                }
+                BodyState::Working(work) => {
+                    let Poll::Ready((chunk, session)) = work.as_mut().poll(cx) else {
+                        return Poll::Pending;
+                    };
+                    *state = if chunk.is_some() {
+                        BodyState::Idle(session)
+                    } else {
+                        BodyState::Done
+                    };
+                    return Poll::Ready(chunk);
+                }
+                BodyState::Done => return Poll::Ready(None),
+            }
         }
-    })
+    }
 }
 
 /// How long past its end a replay stalled on its reader may keep its
@@ -606,7 +701,6 @@ impl SentSeqs {
 
 #[cfg(test)]
 mod tests {
-    use std::future::Future;
     use std::time::Duration;
 
     use tokio::time::Instant;
@@ -617,7 +711,7 @@ mod tests {
     use eventrelay_wire::NewEvent;
     use serde_json::json;
 
-    use super::{SENT_MEMORY, SentSeqs, Source, join_frames, still_waiting, woken_again};
+    use super::{SENT_MEMORY, SentSeqs, Source, join_frames, still_waiting};
     use crate::actors::EncodedEvent;
 
     fn durable(seq: i64) -> Arc<EncodedEvent> {
@@ -640,18 +734,6 @@ mod tests {
                 digits.parse().unwrap()
             })
             .collect()
-    }
-
-    #[test]
-    fn only_a_wake_after_the_first_poll_counts() {
-        let waker = futures_util::task::noop_waker();
-        let mut cx = std::task::Context::from_waker(&waker);
-        let mut woken = std::pin::pin!(woken_again());
-        assert!(
-            woken.as_mut().poll(&mut cx).is_pending(),
-            "starting to wait"
-        );
-        assert!(woken.as_mut().poll(&mut cx).is_ready(), "woken again");
     }
 
     #[test]
