@@ -292,7 +292,9 @@ impl Session {
         Some(Bytes::from(sse::reauth_frame(expires_in)))
     }
 
-    /// The live phase, as the session's body polls it (see [`SessionBody`]).
+    /// The live phase as a future, for `next_chunk`. Once the stream is
+    /// live, its body polls [`Self::poll_live`] itself (see
+    /// [`SessionBody`]).
     async fn next_live(&mut self) -> Option<Bytes> {
         std::future::poll_fn(|cx| self.poll_live(cx)).await
     }
