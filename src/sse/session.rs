@@ -275,7 +275,8 @@ impl Session {
                     self.replaying = None;
                     return Some(Ok(Bytes::from(sse::ready_frame(self.params.resync))));
                 }
-                Phase::Live => return self.next_live().await.map(Ok),
+                // The body polls this phase itself (see [`SessionBody`]).
+                Phase::Live => return std::future::poll_fn(|cx| self.poll_live(cx)).await.map(Ok),
                 Phase::Finished => return None,
             }
         }
@@ -290,13 +291,6 @@ impl Session {
         }
         self.params.reauth = None;
         Some(Bytes::from(sse::reauth_frame(expires_in)))
-    }
-
-    /// The live phase as a future, for `next_chunk`. Once the stream is
-    /// live, its body polls [`Self::poll_live`] itself (see
-    /// [`SessionBody`]).
-    async fn next_live(&mut self) -> Option<Bytes> {
-        std::future::poll_fn(|cx| self.poll_live(cx)).await
     }
 
     /// The next live chunk: a heartbeat, a warning or the end when one is
