@@ -213,17 +213,8 @@ impl Session {
         loop {
             // The end holds in every phase: a replay to a slow reader must
             // not outlive the token or the age cap.
-            if self.phase != Phase::Finished && Instant::now() >= self.params.ends_at {
-                self.phase = Phase::Finished;
-            }
-            if self.phase != Phase::Finished && self.params.ticket.end.is_revoked() {
-                self.phase = Phase::Finished;
-                return Some(Ok(Bytes::from(sse::revoked_frame())));
-            }
-            if self.phase != Phase::Retry
-                && let Some(frame) = self.reauth_due()
-            {
-                return Some(Ok(frame));
+            if let Some(step) = self.due_now(Instant::now()) {
+                return step.map(Ok);
             }
             match self.phase {
                 Phase::Retry => {
@@ -282,15 +273,28 @@ impl Session {
         }
     }
 
-    /// The `reauth` frame, once, when its moment has come: checked before
-    /// every chunk, so a replay sends it on time too.
-    fn reauth_due(&mut self) -> Option<Bytes> {
-        let (at, expires_in) = self.params.reauth?;
-        if self.phase == Phase::Finished || Instant::now() < at {
+    /// What is due at `now` in every phase, checked before every chunk:
+    /// the stream's end (`Some(None)`), its revocation (the last frame),
+    /// or the `reauth` warning, once and not before the `retry:` frame.
+    fn due_now(&mut self, now: Instant) -> Option<Option<Bytes>> {
+        if self.phase == Phase::Finished {
             return None;
         }
-        self.params.reauth = None;
-        Some(Bytes::from(sse::reauth_frame(expires_in)))
+        if now >= self.params.ends_at {
+            self.phase = Phase::Finished;
+            return Some(None);
+        }
+        if self.params.ticket.end.is_revoked() {
+            self.phase = Phase::Finished;
+            return Some(Some(Bytes::from(sse::revoked_frame())));
+        }
+        match self.params.reauth {
+            Some((at, expires_in)) if self.phase != Phase::Retry && now >= at => {
+                self.params.reauth = None;
+                Some(Some(Bytes::from(sse::reauth_frame(expires_in))))
+            }
+            _ => None,
+        }
     }
 
     /// The next live chunk: a heartbeat, a warning or the end when one is
@@ -368,16 +372,8 @@ impl Session {
         let peer = self.params.peer;
         let own_connection = self.params.own_connection;
         let now = Instant::now();
-        if now >= ends_at {
-            self.phase = Phase::Finished;
-            return Some(None);
-        }
-        if self.params.ticket.end.is_revoked() {
-            self.phase = Phase::Finished;
-            return Some(Some(Bytes::from(sse::revoked_frame())));
-        }
-        if let Some(frame) = self.reauth_due() {
-            return Some(Some(frame));
+        if let Some(step) = self.due_now(now) {
+            return Some(step);
         }
         if let Some(peer) = peer
             && self.next_peek.is_some_and(|at| now >= at)
