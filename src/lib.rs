@@ -8,7 +8,9 @@
 //! - [`actors`]: the actors that move events, one file each with its typed
 //!   messages: the listener (LISTEN, through the publisher crate's one
 //!   driver), the relay and its per-scope state, the per-scope hub that
-//!   fans out, holds the tail and enforces the connection cap.
+//!   fans out and holds the tail (its state behind a lock, in `hub_core`,
+//!   so a publish handler can fan a small scope's ephemeral events out on
+//!   its own thread).
 //! - [`sse`]: the SSE connection: the `GET /v1/events` handler, the session
 //!   (the response stream itself), the closed-client check.
 //! - [`http`]: the rest of the HTTP API (publish, admin, operations, CORS,

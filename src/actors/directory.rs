@@ -4,32 +4,30 @@
 //! the relay actor instead would cost one more thread to wake before the
 //! first subscriber's write.
 //!
-//! It holds weak addresses, so it never keeps a hub running: a hub stops
+//! It holds weak handles, so it never keeps a hub running: a hub stops
 //! when the relay drops its scope, whatever the directory still says.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use actix::{Addr, WeakAddr};
-
-use super::hub::Hub;
+use super::hub::{HubHandle, WeakHub};
 
 #[derive(Clone, Default)]
 pub struct HubDirectory {
-    hubs: Arc<RwLock<HashMap<String, WeakAddr<Hub>>>>,
+    hubs: Arc<RwLock<HashMap<String, WeakHub>>>,
 }
 
 impl HubDirectory {
     /// The running hub of `scope_key`, if this relay has one.
-    pub fn get(&self, scope_key: &str) -> Option<Addr<Hub>> {
+    pub fn get(&self, scope_key: &str) -> Option<HubHandle> {
         self.hubs
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(scope_key)
-            .and_then(WeakAddr::upgrade)
+            .and_then(WeakHub::upgrade)
     }
 
-    pub(super) fn insert(&self, scope_key: &str, hub: &Addr<Hub>) {
+    pub(super) fn insert(&self, scope_key: &str, hub: &HubHandle) {
         self.hubs
             .write()
             .unwrap_or_else(PoisonError::into_inner)
@@ -63,17 +61,18 @@ impl HubDirectory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actors::hub::Hub;
     use crate::actors::tail::Bound;
     use crate::actors::tail_budget::TailBudget;
     use crate::metrics::Metrics;
-    use actix::Actor;
 
-    fn hub() -> Addr<Hub> {
+    fn hub() -> HubHandle {
         let metrics = Arc::new(Metrics::default());
         let max_events: Bound = Arc::new(|| 16);
         let max_bytes: Bound = Arc::new(|| 1 << 20);
         let budget = TailBudget::new(1 << 20, Default::default());
-        Hub::new("s".into(), max_events, max_bytes, budget, metrics).start()
+        Hub::new("s".into(), max_events, max_bytes, budget, metrics)
+            .start_on(&actix::Arbiter::current())
     }
 
     #[actix::test]

@@ -1,79 +1,48 @@
-//! The hub: one actor per active scope, holding the scope's subscribers and
-//! its bounded tail. Each event arrives encoded once; the hub filters it per
-//! subscriber with the audience predicate and queues the shared frame. A
-//! subscriber whose queue is full is dropped on the spot (it reconnects and
-//! replays), so one slow reader never stalls the others.
+//! The hub: one actor per active scope, on one of the hub threads, owning
+//! the scope's [`HubCore`] (its subscribers and bounded tail) behind a
+//! lock. Each event arrives encoded once; the core filters it per
+//! subscriber with the audience predicate and queues the shared frame.
+//!
+//! Durable events, events from other relays, joins and leaves reach the
+//! core through the actor's mailbox. A small scope's ephemeral events
+//! published through this relay's own API skip it: the publish handler
+//! runs the fan-out on the thread that read the request
+//! ([`HubHandle::publish_here`]), so a stream on that thread is woken with
+//! no other thread in between, and the rest with one wake each.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
 
-use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
-use chrono::Utc;
-use eventrelay_wire::Subscriber;
-use tokio::sync::mpsc::{self, error::TrySendError};
+use actix::{Actor, Addr, AsyncContext, Context, Handler, Message, MessageResult, WeakAddr};
 
-use super::encoded::EncodedEvent;
-use super::tail::{Bound, Tail};
-use super::tail_budget::{ShrinkTail, TailBudget};
-use crate::latency::Stage;
-use crate::metrics::{ActorKind, Handling, Metrics};
-use crate::store::Snapshot;
 use prometheus_client::metrics::counter::Counter;
 use std::sync::atomic::AtomicU64;
 
-/// A subscriber's outgoing queue, as the hub sees it.
-pub type FrameSender = mpsc::Sender<Arc<EncodedEvent>>;
+use super::encoded::EncodedEvent;
+pub use super::hub_core::FrameSender;
+pub use super::hub_core::Joining;
+use super::hub_core::{HubCore, Runner, lock};
+use super::mailbox::Counted;
+use super::tail::Bound;
+use super::tail_budget::{ShrinkTail, TailBudget};
+use crate::latency::Stage;
+use crate::metrics::{ActorKind, ActorLoad, Handling, Metrics};
 
-/// After queuing an event to this many subscribers, a hub that had been
-/// idle lets its thread's CPU go once. Those subscribers' streams have just
-/// been woken, and an HTTP worker woken onto the hub's CPU would otherwise
-/// wait for the whole loop (0.2–0.9 ms at 1,000 subscribers, about 10 ms
-/// at 10,000) before writing the event's first frame. Smaller scopes never
-/// get here, and when nothing else wants the CPU the yield returns at once.
-const YIELD_AFTER: u64 = 64;
-
-/// How long a hub must have had no event to fan out for its next one to
-/// yield (see [`YIELD_AFTER`]). Events that come back to back are left to
-/// queue up in the streams, which then write several in one chunk. Yielding
-/// after every event handed the CPU, under a flood of publishes, to the
-/// HTTP workers that also read the publish requests: they took events
-/// faster than the streams could write them, and subscribers were dropped
-/// as too slow.
-const IDLE_BEFORE_YIELD: Duration = Duration::from_millis(1);
+/// The most subscribers a scope may have for a publish handler to fan its
+/// ephemeral events out itself. The loop takes about 0.3 ms per 1,000
+/// subscribers, and every stream on the publishing thread waits for it:
+/// a larger scope's loop goes to its hub's thread, which keeps the HTTP
+/// workers free to write.
+pub const PUBLISHER_FAN_OUT_MAX: usize = 2_000;
 
 pub struct Hub {
-    scope_key: String,
-    tail: Tail,
+    core: Arc<Mutex<HubCore>>,
     budget: Arc<TailBudget>,
-    members: HashMap<u64, Member>,
     metrics: Arc<Metrics>,
     /// The arbiter this hub runs on, for its load metrics.
     arbiter: usize,
     /// That arbiter's busy time, taken once rather than per message.
     busy: Counter<f64, AtomicU64>,
-    /// When the last fan-out ended, to tell an event after a rest from
-    /// one of a flood.
-    last_fan_out: Option<Instant>,
-}
-
-struct Member {
-    subscriber: Subscriber,
-    queue: FrameSender,
-    /// For a subscriber that asked for no replay: the snapshot taken when
-    /// it joined. A durable event whose transaction it saw committed is
-    /// history to this subscriber, though it may be new to the scope (its
-    /// notification was lost and a re-read found it).
-    hide_committed_before: Option<Arc<Snapshot>>,
-}
-
-impl Member {
-    fn wants(&self, event: &EncodedEvent) -> bool {
-        match (&self.hide_committed_before, event.txid()) {
-            (Some(snapshot), Some(txid)) => !snapshot.is_visible(txid),
-            _ => true,
-        }
-    }
 }
 
 impl Hub {
@@ -84,15 +53,13 @@ impl Hub {
         budget: Arc<TailBudget>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let core = HubCore::new(scope_key, max_events, max_bytes, Arc::clone(&metrics));
         Hub {
-            scope_key,
-            tail: Tail::new(max_events, max_bytes),
+            core: Arc::new(Mutex::new(core)),
             budget,
-            members: HashMap::new(),
             busy: metrics.arbiter_busy(0),
             metrics,
             arbiter: 0,
-            last_fan_out: None,
         }
     }
 
@@ -103,95 +70,24 @@ impl Hub {
         self
     }
 
+    /// Starts the hub on `arbiter_handle` and answers the handle the relay
+    /// and the publish handlers reach it by.
+    pub fn start_on(self, arbiter_handle: &actix::ArbiterHandle) -> HubHandle {
+        let core = Arc::clone(&self.core);
+        let load = self.metrics.actor(ActorKind::Hub).clone();
+        let addr = Hub::start_in_arbiter(arbiter_handle, |_| self);
+        HubHandle {
+            addr: Counted::new(addr, load),
+            core,
+        }
+    }
+
     /// Times one message's handling, as this kind's and this arbiter's load.
     fn handling(&self) -> Handling {
         self.metrics
             .actor(ActorKind::Hub)
             .handling()
             .on_arbiter(&self.busy)
-    }
-
-    fn fan_out(&mut self, event: &Arc<EncodedEvent>) {
-        let started = Instant::now();
-        event.fan_out_started.set(started);
-        let yield_after = yield_after(self.last_fan_out, started);
-        let metrics = &self.metrics;
-        let scope_key = &self.scope_key;
-        // Counted locally and added once: one atomic update per event, not
-        // one per subscriber.
-        let mut delivered = 0u64;
-        let mut filtered = 0u64;
-        self.members.retain(|id, member| {
-            if !event.is_permitted_for(&member.subscriber) {
-                filtered += 1;
-                return true;
-            }
-            if !member.wants(event) {
-                return true;
-            }
-            match member.queue.try_send(Arc::clone(event)) {
-                Ok(()) => {
-                    delivered += 1;
-                    if delivered == yield_after {
-                        std::thread::yield_now();
-                    }
-                    true
-                }
-                Err(TrySendError::Full(_)) => {
-                    metrics.slow_subscribers_dropped.inc();
-                    // Its queued frames go with it, and this one.
-                    let queued = member.queue.max_capacity() - member.queue.capacity();
-                    metrics.frames_dropped.inc_by(queued as u64 + 1);
-                    tracing::info!(
-                        scope_key,
-                        session = id,
-                        "subscriber too slow for its queue; disconnecting"
-                    );
-                    false
-                }
-                Err(TrySendError::Closed(_)) => false,
-            }
-        });
-        metrics.events_delivered.inc_by(delivered);
-        metrics.events_filtered.inc_by(filtered);
-        let ended = Instant::now();
-        self.last_fan_out = Some(ended);
-        metrics.stages.observe(Stage::FanOut, ended - started);
-        let latency = (Utc::now() - event.occurred_at())
-            .to_std()
-            .unwrap_or_default();
-        self.metrics
-            .commit_to_send_seconds
-            .observe(latency.as_secs_f64());
-        self.metrics.events_relayed.inc();
-    }
-}
-
-/// After how many queued subscribers a fan-out starting at `now` yields
-/// (see [`YIELD_AFTER`]): never when the last one ended less than
-/// [`IDLE_BEFORE_YIELD`] ago.
-fn yield_after(last_fan_out: Option<Instant>, now: Instant) -> u64 {
-    let rested = last_fan_out.is_none_or(|ended| now.duration_since(ended) >= IDLE_BEFORE_YIELD);
-    if rested { YIELD_AFTER } else { u64::MAX }
-}
-
-impl Hub {
-    /// Runs `work`; if it panics, restarts the hub in place: every
-    /// subscriber's queue is dropped, so each stream ends cleanly and its
-    /// client reconnects and replays (nothing durable is lost), and the
-    /// tail, which may be half updated, is forgotten.
-    fn supervised(&mut self, work: impl FnOnce(&mut Hub)) {
-        let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(self)));
-        if failed.is_err() {
-            self.metrics.restarted(ActorKind::Hub);
-            tracing::error!(
-                scope_key = %self.scope_key,
-                subscribers = self.members.len(),
-                "a hub failed; restarting it: its streams end and their clients reconnect"
-            );
-            self.members.clear();
-            self.tail.forget();
-        }
     }
 }
 
@@ -200,7 +96,7 @@ impl Actor for Hub {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let lease = self.budget.join(ctx.address().downgrade().recipient());
-        self.tail.join_budget(lease);
+        lock(&self.core).tail.join_budget(lease);
         self.metrics.arbiter_hubs(self.arbiter).inc();
     }
 
@@ -209,17 +105,113 @@ impl Actor for Hub {
     }
 }
 
+/// A running hub, as the relay and the publish handlers hold it: its
+/// mailbox and its core. Every message that carries events is counted on
+/// the core as it is sent (see [`HubCore`]'s `in_mailbox`), so a publish
+/// handler never overtakes events already on their way to the hub.
+#[derive(Clone)]
+pub struct HubHandle {
+    addr: Counted<Addr<Hub>>,
+    core: Arc<Mutex<HubCore>>,
+}
+
+/// Where [`HubHandle::publish_here`] fanned an event out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FannedOut {
+    /// On the calling thread, before it returned.
+    Here,
+    /// By the hub's thread: the scope is large, or events were already on
+    /// their way to the hub.
+    ByTheHub,
+}
+
+impl HubHandle {
+    pub fn publish_durable(&self, msg: PublishDurable) {
+        let mut core = lock(&self.core);
+        core.in_mailbox += 1;
+        self.addr.do_send(msg);
+    }
+
+    pub fn publish_ephemeral(&self, msg: PublishEphemeral) {
+        let mut core = lock(&self.core);
+        core.in_mailbox += 1;
+        self.addr.do_send(msg);
+    }
+
+    /// Fans an ephemeral event out on the calling thread when the scope is
+    /// small and nothing is waiting in the hub's mailbox; otherwise sends
+    /// it there, behind what is waiting.
+    pub fn publish_here(&self, event: Arc<EncodedEvent>, heard_at: Instant) -> FannedOut {
+        let mut core = lock(&self.core);
+        if core.in_mailbox == 0 && core.subscribers() <= PUBLISHER_FAN_OUT_MAX {
+            core.stages().since(Stage::Relay, heard_at);
+            core.supervised(|core| core.fan_out(&event, Runner::Publisher));
+            FannedOut::Here
+        } else {
+            core.in_mailbox += 1;
+            self.addr.do_send(PublishEphemeral {
+                event,
+                heard_at: Some(heard_at),
+            });
+            FannedOut::ByTheHub
+        }
+    }
+
+    pub fn attach(&self, msg: Attach) -> actix::dev::Request<Hub, Attach> {
+        self.addr.send(msg)
+    }
+
+    pub fn detach(&self, session: u64) {
+        self.addr.do_send(Detach { session });
+    }
+
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_fault(&self) {
+        self.addr.do_send(InjectFault);
+    }
+
+    /// Whether the hub is still running.
+    pub fn connected(&self) -> bool {
+        self.addr.addr().connected()
+    }
+
+    pub fn downgrade(&self) -> WeakHub {
+        WeakHub {
+            addr: self.addr.addr().downgrade(),
+            load: self.addr.load().clone(),
+            core: Arc::downgrade(&self.core),
+        }
+    }
+}
+
+/// A [`HubHandle`] that does not keep its hub running.
+#[derive(Clone)]
+pub struct WeakHub {
+    addr: WeakAddr<Hub>,
+    load: ActorLoad,
+    core: Weak<Mutex<HubCore>>,
+}
+
+impl WeakHub {
+    pub fn upgrade(&self) -> Option<HubHandle> {
+        Some(HubHandle {
+            addr: Counted::new(self.addr.upgrade()?, self.load.clone()),
+            core: self.core.upgrade()?,
+        })
+    }
+}
+
 impl Handler<ShrinkTail> for Hub {
     type Result = ();
 
     fn handle(&mut self, _: ShrinkTail, _: &mut Context<Self>) {
-        self.tail.empty();
+        lock(&self.core).tail.empty();
         self.metrics.tails_shrunk.inc();
     }
 }
 
 /// Durable events read from the outbox after `read_after`, new to this hub,
-/// in seq order.
+/// in seq order. Sent through [`HubHandle::publish_durable`].
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct PublishDurable {
@@ -238,16 +230,14 @@ impl Handler<PublishDurable> for Hub {
         if let Some(heard_at) = msg.heard_at {
             self.metrics.stages.since(Stage::Relay, heard_at);
         }
-        self.supervised(|hub| {
-            hub.tail.publish(msg.read_after, &msg.events);
-            for event in &msg.events {
-                hub.fan_out(event);
-            }
-        });
+        let mut core = lock(&self.core);
+        core.in_mailbox = core.in_mailbox.saturating_sub(1);
+        core.supervised(|core| core.publish_durable(msg.read_after, &msg.events));
     }
 }
 
-/// An ephemeral event: fanned out, never kept.
+/// An ephemeral event: fanned out, never kept. Sent through
+/// [`HubHandle::publish_ephemeral`] or [`HubHandle::publish_here`].
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct PublishEphemeral {
@@ -265,47 +255,24 @@ impl Handler<PublishEphemeral> for Hub {
         if let Some(heard_at) = msg.heard_at {
             self.metrics.stages.since(Stage::Relay, heard_at);
         }
-        self.supervised(|hub| hub.fan_out(&msg.event));
+        let mut core = lock(&self.core);
+        core.in_mailbox = core.in_mailbox.saturating_sub(1);
+        core.supervised(|core| core.fan_out(&msg.event, Runner::Hub));
     }
 }
 
-/// Adds a subscriber. With `replay_after`, answers the events after it from the tail
-/// (already filtered for this subscriber), or `None` when the tail does not
-/// reach back that far. Registration and the tail snapshot happen in one
-/// step, so replay and live neither overlap nor leave a gap.
+/// Adds a subscriber; answers its replay from the tail (see
+/// [`HubCore::attach`]).
 #[derive(Message)]
 #[rtype(result = "Option<Vec<Arc<EncodedEvent>>>")]
-pub struct Attach {
-    pub session: u64,
-    pub subscriber: Subscriber,
-    pub queue: FrameSender,
-    pub replay_after: Option<i64>,
-    pub hide_committed_before: Option<Arc<Snapshot>>,
-}
+pub struct Attach(pub Joining);
 
 impl Handler<Attach> for Hub {
     type Result = MessageResult<Attach>;
 
-    fn handle(&mut self, msg: Attach, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, Attach(joining): Attach, _: &mut Context<Self>) -> Self::Result {
         let _handling = self.handling();
-        let replay = msg
-            .replay_after
-            .and_then(|after| self.tail.recent(after))
-            .map(|events| {
-                events
-                    .into_iter()
-                    .filter(|event| event.is_permitted_for(&msg.subscriber))
-                    .collect()
-            });
-        self.members.insert(
-            msg.session,
-            Member {
-                subscriber: msg.subscriber,
-                queue: msg.queue,
-                hide_committed_before: msg.hide_committed_before,
-            },
-        );
-        MessageResult(replay)
+        MessageResult(lock(&self.core).attach(joining))
     }
 }
 
@@ -320,7 +287,7 @@ impl Handler<Detach> for Hub {
 
     fn handle(&mut self, msg: Detach, _: &mut Context<Self>) {
         let _handling = self.handling();
-        self.members.remove(&msg.session);
+        lock(&self.core).detach(msg.session);
     }
 }
 
@@ -336,27 +303,118 @@ impl Handler<InjectFault> for Hub {
 
     fn handle(&mut self, _: InjectFault, _: &mut Context<Self>) {
         let _handling = self.handling();
-        self.supervised(|_| panic!("fault injected into a hub"));
+        lock(&self.core).supervised(|_| panic!("fault injected into a hub"));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actors::tail_budget::TailBudget;
+    use chrono::Utc;
+    use eventrelay_wire::NewEvent;
+    use eventrelay_wire::Subscriber;
+    use serde_json::json;
+    use std::time::Duration;
+    use tokio::sync::mpsc;
 
-    #[test]
-    fn only_a_fan_out_after_a_rest_yields() {
-        let now = Instant::now() + Duration::from_secs(1);
-        assert_eq!(yield_after(None, now), YIELD_AFTER);
+    fn hub() -> HubHandle {
+        let metrics = Arc::new(Metrics::default());
+        let budget = TailBudget::new(1 << 20, Default::default());
+        Hub::new(
+            "s".into(),
+            Arc::new(|| 16),
+            Arc::new(|| 1 << 20),
+            budget,
+            metrics,
+        )
+        .start_on(&actix::Arbiter::current())
+    }
+
+    fn durable(seq: i64) -> Arc<EncodedEvent> {
+        let mut envelope = NewEvent::durable("t", "s", json!({})).into_envelope(Utc::now());
+        envelope.seq = Some(seq);
+        Arc::new(EncodedEvent::new(envelope))
+    }
+
+    fn ephemeral() -> Arc<EncodedEvent> {
+        let envelope = NewEvent::ephemeral("t", "s", json!({})).into_envelope(Utc::now());
+        Arc::new(EncodedEvent::new(envelope))
+    }
+
+    async fn join(hub: &HubHandle, session: u64) -> mpsc::Receiver<Arc<EncodedEvent>> {
+        let (queue, frames) = mpsc::channel(8);
+        hub.attach(Attach(Joining {
+            session,
+            subscriber: Subscriber::new("s", format!("u{session}")),
+            queue,
+            replay_after: None,
+            hide_committed_before: None,
+        }))
+        .await
+        .expect("the hub is running");
+        frames
+    }
+
+    async fn next(frames: &mut mpsc::Receiver<Arc<EncodedEvent>>) -> Arc<EncodedEvent> {
+        tokio::time::timeout(Duration::from_secs(5), frames.recv())
+            .await
+            .expect("an event within 5 s")
+            .expect("the queue is open")
+    }
+
+    #[actix::test]
+    async fn a_small_scopes_ephemeral_event_is_queued_before_the_publish_returns() {
+        let hub = hub();
+        let mut frames = join(&hub, 1).await;
+        let event = ephemeral();
         assert_eq!(
-            yield_after(Some(now - Duration::from_millis(5)), now),
-            YIELD_AFTER
+            hub.publish_here(Arc::clone(&event), Instant::now()),
+            FannedOut::Here
         );
-        assert_eq!(yield_after(Some(now - IDLE_BEFORE_YIELD), now), YIELD_AFTER);
+        // No await in between: nothing but this thread can have queued it.
+        let queued = frames.try_recv().expect("queued on this thread");
+        assert!(Arc::ptr_eq(&queued, &event));
+    }
+
+    #[actix::test]
+    async fn a_publish_never_overtakes_events_on_their_way_to_the_hub() {
+        let hub = hub();
+        let mut frames = join(&hub, 1).await;
+        hub.publish_durable(PublishDurable {
+            read_after: 0,
+            events: vec![durable(1)],
+            heard_at: None,
+        });
+        let event = ephemeral();
         assert_eq!(
-            yield_after(Some(now - Duration::from_micros(200)), now),
-            u64::MAX
+            hub.publish_here(Arc::clone(&event), Instant::now()),
+            FannedOut::ByTheHub
         );
-        assert_eq!(yield_after(Some(now), now), u64::MAX);
+        assert_eq!(next(&mut frames).await.seq(), Some(1));
+        assert!(Arc::ptr_eq(&next(&mut frames).await, &event));
+        // The hub has caught up: the next one goes out here again.
+        assert_eq!(
+            hub.publish_here(ephemeral(), Instant::now()),
+            FannedOut::Here
+        );
+        assert!(frames.try_recv().is_ok());
+    }
+
+    #[actix::test]
+    async fn a_large_scopes_loop_runs_on_its_hubs_thread() {
+        let hub = hub();
+        let mut all = Vec::new();
+        for session in 0..=PUBLISHER_FAN_OUT_MAX as u64 {
+            all.push(join(&hub, session).await);
+        }
+        let event = ephemeral();
+        assert_eq!(
+            hub.publish_here(Arc::clone(&event), Instant::now()),
+            FannedOut::ByTheHub
+        );
+        for frames in &mut all {
+            assert!(Arc::ptr_eq(&next(frames).await, &event));
+        }
     }
 }

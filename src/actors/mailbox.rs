@@ -20,6 +20,11 @@ impl<T> Counted<T> {
     pub fn new(to: T, load: ActorLoad) -> Self {
         Counted { to, load }
     }
+
+    /// The load its sends are counted in.
+    pub fn load(&self) -> &ActorLoad {
+        &self.load
+    }
 }
 
 impl<A: Actor> Counted<Addr<A>> {

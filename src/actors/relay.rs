@@ -14,14 +14,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{
-    Actor, ActorContext, Addr, ArbiterHandle, AsyncContext, Context, Handler, Message,
-    ResponseFuture,
+    Actor, ActorContext, ArbiterHandle, AsyncContext, Context, Handler, Message, ResponseFuture,
 };
 use eventrelay_wire::{DeferredPointer, EventEnvelope, Subscriber};
 
 use super::directory::HubDirectory;
 use super::encoded::EncodedEvent;
-use super::hub::{Attach, Detach, FrameSender, Hub, PublishDurable, PublishEphemeral};
+use super::hub::{Attach, FrameSender, Hub, HubHandle, Joining, PublishDurable, PublishEphemeral};
 use super::mailbox::Counted;
 use super::scope::{History, ScopeState};
 use super::tail::Bound;
@@ -72,7 +71,7 @@ pub struct Relay {
 }
 
 struct ActiveScope {
-    hub: Counted<Addr<Hub>>,
+    hub: HubHandle,
     /// The sessions subscribed here: an unsubscribe from a session this
     /// scope never had (its scope was dropped by a restart) changes nothing.
     sessions: std::collections::HashSet<u64>,
@@ -121,9 +120,8 @@ impl Relay {
                     Arc::clone(&self.metrics),
                 )
                 .on_arbiter(arbiter);
-                let hub = Hub::start_in_arbiter(&self.arbiters[arbiter], |_| hub);
+                let hub = hub.start_on(&self.arbiters[arbiter]);
                 self.directory.insert(scope_key, &hub);
-                let hub = Counted::new(hub, self.metrics.actor(ActorKind::Hub).clone());
                 self.metrics.active_scopes.set(active as i64 + 1);
                 entry.insert(ActiveScope {
                     hub,
@@ -163,7 +161,7 @@ impl Relay {
         match msg.result {
             Ok(read) => {
                 for batch in scope.state.read_done(msg.from, read.rows, PAGE as usize) {
-                    scope.hub.do_send(PublishDurable {
+                    scope.hub.publish_durable(PublishDurable {
                         read_after: batch.read_after,
                         events: batch.events,
                         heard_at: None,
@@ -419,7 +417,7 @@ impl Relay {
                 continue;
             };
             for batch in scope.state.decoded(rows, PAGE as usize) {
-                scope.hub.do_send(PublishDurable {
+                scope.hub.publish_durable(PublishDurable {
                     read_after: batch.read_after,
                     events: batch.events,
                     heard_at: Some(heard_at),
@@ -449,7 +447,7 @@ impl Handler<Ephemeral> for Relay {
             return;
         }
         if let Some(scope) = self.scopes.get(&msg.envelope.scope_key) {
-            scope.hub.do_send(PublishEphemeral {
+            scope.hub.publish_ephemeral(PublishEphemeral {
                 event: Arc::new(EncodedEvent::new(msg.envelope)),
                 heard_at: Some(msg.heard_at),
             });
@@ -559,13 +557,13 @@ impl Handler<Subscribe> for Relay {
             .replay_after
             .is_none()
             .then(|| Arc::clone(&msg.joined.snapshot));
-        let attach = scope.hub.send(Attach {
+        let attach = scope.hub.attach(Attach(Joining {
             session,
             subscriber: msg.subscriber,
             queue: msg.queue,
             replay_after: msg.replay_after,
             hide_committed_before,
-        });
+        }));
         Box::pin(async move {
             let refused = match attach.await {
                 Ok(from_tail) => return Ok(Attached { session, from_tail }),
@@ -598,9 +596,7 @@ impl Handler<Unsubscribe> for Relay {
         if !scope.sessions.remove(&msg.session) {
             return;
         }
-        scope.hub.do_send(Detach {
-            session: msg.session,
-        });
+        scope.hub.detach(msg.session);
         if scope.sessions.is_empty() {
             // Dropping the last address stops the hub once its mailbox drains.
             self.scopes.remove(&msg.scope_key);
@@ -642,7 +638,7 @@ impl Handler<InjectFault> for Relay {
             InjectFault::Relay => self.supervised(|_| panic!("fault injected into the relay")),
             InjectFault::Hub(scope_key) => {
                 if let Some(scope) = self.scopes.get(&scope_key) {
-                    scope.hub.do_send(super::hub::InjectFault);
+                    scope.hub.inject_fault();
                 }
             }
         }

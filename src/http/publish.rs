@@ -5,9 +5,10 @@
 //! in a transaction of its own. A batch is one transaction: every durable
 //! event in it commits together (with its notification) or none does;
 //! ephemeral events in it are sent at that same commit. A request of
-//! ephemeral events only is also handed to this relay's own hubs at once,
-//! before the commit and without a stop at the relay actor (see
-//! [`DeliveredHere`]).
+//! ephemeral events only is also fanned out to this relay's own
+//! subscribers at once, before the commit, without a stop at the relay
+//! actor and, in a small scope, on this very thread (see [`DeliveredHere`]
+//! and `HubHandle::publish_here`).
 
 use std::sync::Arc;
 
@@ -25,12 +26,9 @@ use super::error::{ApiError, ErrorCode};
 use super::json_numbers::{MAX_EXACT_INTEGER, inexact_integer};
 use super::token::Guard;
 use crate::actors::EncodedEvent;
-use crate::actors::hub::PublishEphemeral;
-use crate::actors::mailbox::Counted;
 use crate::actors::relay::DeliveredHere;
 use crate::group_commit::GroupError;
 use crate::latency::Stage;
-use crate::metrics::ActorKind;
 
 const PUBLISH: Guard = Guard {
     setting: "publish.token",
@@ -198,22 +196,19 @@ pub async fn publish_events(
     Ok(HttpResponse::Ok().json(Published { events: &envelopes }))
 }
 
-/// Hands ephemeral events to this relay's hubs of their scopes (a scope
-/// with no subscriber here has none), and tells the relay to skip their
-/// notifications when they come back. The relay hears of them before they
-/// can come back, as the transaction has not started yet, but after the
-/// hubs: the message wakes the relay's thread, which the transaction then
-/// keeps busy, and woken first it took the idle CPU that the hubs' thread
-/// needed to start writing.
+/// Fans ephemeral events out to this relay's subscribers of their scopes
+/// (a scope with no subscriber here has no hub), on this thread where the
+/// scope is small (see `HubHandle::publish_here`), and tells the relay to
+/// skip their notifications when they come back. The relay hears of them
+/// before they can come back, as the transaction has not started yet, but
+/// after the subscribers: the message wakes the relay's thread, which the
+/// transaction then keeps busy, and woken first it took the idle CPU that
+/// the streams needed to start writing.
 fn hand_to_hubs(state: &AppState, envelopes: &[EventEnvelope]) {
     let at = std::time::Instant::now();
     for envelope in envelopes {
         if let Some(hub) = state.hubs.get(&envelope.scope_key) {
-            let hub = Counted::new(hub, state.metrics.actor(ActorKind::Hub).clone());
-            hub.do_send(PublishEphemeral {
-                event: Arc::new(EncodedEvent::new(envelope.clone())),
-                heard_at: Some(at),
-            });
+            hub.publish_here(Arc::new(EncodedEvent::new(envelope.clone())), at);
         }
     }
     state.relay.do_send(DeliveredHere {
