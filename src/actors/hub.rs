@@ -402,6 +402,55 @@ mod tests {
     }
 
     #[actix::test]
+    async fn a_publishers_events_arrive_in_its_order_while_the_hub_runs_on_another_thread() {
+        // The hub on a thread of its own, handling the durable events
+        // while this thread keeps publishing: each ephemeral event goes
+        // out here or behind them, never ahead.
+        let arbiter = actix::Arbiter::new();
+        let metrics = Arc::new(Metrics::default());
+        let budget = TailBudget::new(1 << 20, Default::default());
+        let hub = Hub::new(
+            "s".into(),
+            Arc::new(|| 16),
+            Arc::new(|| 1 << 20),
+            budget,
+            metrics,
+        )
+        .start_on(&arbiter.handle());
+        let (queue, mut frames) = mpsc::channel(4096);
+        hub.attach(Attach(Joining {
+            session: 1,
+            subscriber: Subscriber::new("s", "u1"),
+            queue,
+            replay_after: None,
+            hide_committed_before: None,
+        }))
+        .await
+        .expect("the hub is running");
+        let mut sent = Vec::new();
+        for seq in 1..=1_000 {
+            let event = durable(seq);
+            sent.push(Arc::clone(&event));
+            hub.publish_durable(PublishDurable {
+                read_after: seq - 1,
+                events: vec![event],
+                heard_at: None,
+            });
+            for _ in 0..2 {
+                let event = ephemeral();
+                sent.push(Arc::clone(&event));
+                hub.publish_here(event, Instant::now());
+            }
+        }
+        for (index, expected) in sent.iter().enumerate() {
+            let got = next(&mut frames).await;
+            assert!(Arc::ptr_eq(&got, expected), "event {index} out of order");
+        }
+        assert!(frames.try_recv().is_err(), "nothing more");
+        arbiter.stop();
+    }
+
+    #[actix::test]
     async fn a_large_scopes_loop_runs_on_its_hubs_thread() {
         let hub = hub();
         let mut all = Vec::new();
