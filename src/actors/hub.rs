@@ -127,13 +127,20 @@ pub enum FannedOut {
 
 impl HubHandle {
     pub fn publish_durable(&self, msg: PublishDurable) {
-        let mut core = lock(&self.core);
-        core.in_mailbox += 1;
-        self.addr.do_send(msg);
+        self.send_events(&mut lock(&self.core), msg);
     }
 
     pub fn publish_ephemeral(&self, msg: PublishEphemeral) {
-        let mut core = lock(&self.core);
+        self.send_events(&mut lock(&self.core), msg);
+    }
+
+    /// Sends a message that carries events to the hub, counted on its
+    /// core (which the caller holds locked) until the hub takes it.
+    fn send_events<M>(&self, core: &mut HubCore, msg: M)
+    where
+        M: Message<Result = ()> + Send + 'static,
+        Hub: Handler<M>,
+    {
         core.in_mailbox += 1;
         self.addr.do_send(msg);
     }
@@ -148,11 +155,11 @@ impl HubHandle {
             core.supervised(|core| core.fan_out(&event, Runner::Publisher));
             FannedOut::Here
         } else {
-            core.in_mailbox += 1;
-            self.addr.do_send(PublishEphemeral {
+            let msg = PublishEphemeral {
                 event,
                 heard_at: Some(heard_at),
-            });
+            };
+            self.send_events(&mut core, msg);
             FannedOut::ByTheHub
         }
     }
@@ -231,7 +238,7 @@ impl Handler<PublishDurable> for Hub {
             self.metrics.stages.since(Stage::Relay, heard_at);
         }
         let mut core = lock(&self.core);
-        core.in_mailbox = core.in_mailbox.saturating_sub(1);
+        core.taken_from_mailbox();
         core.supervised(|core| core.publish_durable(msg.read_after, &msg.events));
     }
 }
@@ -256,7 +263,7 @@ impl Handler<PublishEphemeral> for Hub {
             self.metrics.stages.since(Stage::Relay, heard_at);
         }
         let mut core = lock(&self.core);
-        core.in_mailbox = core.in_mailbox.saturating_sub(1);
+        core.taken_from_mailbox();
         core.supervised(|core| core.fan_out(&msg.event, Runner::Hub));
     }
 }

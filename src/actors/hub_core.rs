@@ -119,6 +119,11 @@ impl HubCore {
         &self.metrics.stages
     }
 
+    /// The hub took one of the messages counted in `in_mailbox`.
+    pub fn taken_from_mailbox(&mut self) {
+        self.in_mailbox = self.in_mailbox.saturating_sub(1);
+    }
+
     pub fn subscribers(&self) -> usize {
         self.members.len()
     }
