@@ -9,9 +9,13 @@ prints when the server read the request, which of its threads were woken
 and ran before the first frame was written, when that frame's writer and
 the load tool's reader were woken and when they got a CPU, and when the
 first frame was read: medians and 90th percentiles over the recorded
-events, in ms after the publish request was written.
+events, in ms after the publish request was written. Then, for the time
+the load tool's reader spent woken but off a CPU, who had the CPUs: the
+server's threads, the load tool's other threads, Postgres, others, or
+nobody (an idle CPU still waking up).
 
     trace_event.py --server-pid 1234 --client-pid 5678 [--seconds 2]
+    trace_event.py --server-pid 1234 --client-pid 5678 --from-trace kept.txt
 
 `--server-pid` takes a comma-separated list (nginx's worker processes).
 Tracing every socket call costs CPU: figures under it are slower than
@@ -73,10 +77,11 @@ def hex_field(rest, name):
 class Call:
     """A system call, a wake-up or a switch, in time order."""
 
-    __slots__ = ("t", "kind", "pid", "tid", "fd", "size")
+    __slots__ = ("t", "kind", "pid", "tid", "fd", "size", "cpu")
 
-    def __init__(self, t, kind, pid, tid, fd=None, size=None):
+    def __init__(self, t, kind, pid, tid, fd=None, size=None, cpu=None):
         self.t, self.kind, self.pid, self.tid, self.fd, self.size = t, kind, pid, tid, fd, size
+        self.cpu = cpu
 
 
 def parse(lines):
@@ -85,8 +90,8 @@ def parse(lines):
         match = LINE.match(line)
         if not match:
             continue
-        comm, pid, tid, _cpu, t, event, rest = match.groups()
-        pid, tid, t = int(pid), int(tid), float(t)
+        comm, pid, tid, cpu, t, event, rest = match.groups()
+        pid, tid, t, cpu = int(pid), int(tid), float(t), int(cpu)
         names[tid], process_of[tid] = comm, pid
         if event.startswith("syscalls:sys_enter_"):
             call = event[len("syscalls:sys_enter_"):]
@@ -104,7 +109,11 @@ def parse(lines):
                     calls.append(Call(t, "read", pid, tid, fd, size))
         elif event == "sched:sched_switch":
             next_pid = re.search(r"next_pid=(\d+)", rest)
-            calls.append(Call(t, "on_cpu", None, int(next_pid.group(1))))
+            next_comm = re.search(r"next_comm=(.+?) next_pid=", rest)
+            next_tid = int(next_pid.group(1))
+            if next_comm and next_tid not in names:
+                names[next_tid] = next_comm.group(1)
+            calls.append(Call(t, "on_cpu", None, next_tid, cpu=cpu))
         elif event == "sched:sched_wakeup":
             woken = re.search(r" pid=(\d+)", rest)
             calls.append(Call(t, "woken", None, int(woken.group(1))))
@@ -118,6 +127,32 @@ def parse(lines):
 def last_before(window, kind, tid, t):
     found = [c.t for c in window if c.kind == kind and c.tid == tid and c.t <= t]
     return found[-1] if found else None
+
+
+def holders(switches, names, servers, client, start, end):
+    """CPU time in [start, end] by who held each CPU: from `switches`, each
+    CPU's switch times and its (time, tid, pid) switches, in time order."""
+    held = collections.Counter()
+    for times, on_cpu in switches.values():
+        i = max(bisect.bisect_right(times, start) - 1, 0)
+        while i < len(on_cpu) and on_cpu[i][0] < end:
+            t, tid, pid = on_cpu[i]
+            until = on_cpu[i + 1][0] if i + 1 < len(on_cpu) else end
+            spent = min(until, end) - max(t, start)
+            if spent > 0:
+                if tid == 0:
+                    who = "nobody (idle)"
+                elif pid in servers:
+                    who = "the server"
+                elif pid == client:
+                    who = "the load tool's other threads"
+                elif names.get(tid, "").startswith("postgres"):
+                    who = "Postgres"
+                else:
+                    who = "others"
+                held[who] += spent
+            i += 1
+    return held
 
 
 def timeline(calls, names, servers, client):
@@ -136,6 +171,12 @@ def timeline(calls, names, servers, client):
     times = [c.t for c in calls]
     frame_times = [c.t for c in calls if c.kind == "write" and c.pid in servers and c.size == frame_size]
     rows = collections.defaultdict(list)
+    waits = collections.defaultdict(list)
+    switches = collections.defaultdict(lambda: ([], []))
+    for c in calls:
+        if c.kind == "on_cpu":
+            switches[c.cpu][0].append(c.t)
+            switches[c.cpu][1].append((c.t, c.tid, c.pid))
     skipped = 0
     # The first and last few may be cut by the recording's edges.
     for t0 in starts[3:-3]:
@@ -171,6 +212,10 @@ def timeline(calls, names, servers, client):
                 rows[f"{label} woken"].append(woken - t0)
             if running is not None:
                 rows[f"{label} gets a CPU"].append(running - t0)
+            if label == "client's reader" and woken is not None and running is not None and running > woken:
+                held = holders(switches, names, servers, client, woken, running)
+                for who in ("the server", "the load tool's other threads", "Postgres", "others", "nobody (idle)"):
+                    waits[who].append(held.get(who, 0.0))
         seen, woken_at = set(), {}
         for call in window:
             if call.t > frame.t:
@@ -189,7 +234,7 @@ def timeline(calls, names, servers, client):
             sum(1 for c in window if c.kind == "write" and c.pid in servers
                 and c.size == frame_size and c.t < received.t)
         )
-    return rows, len(starts), skipped
+    return rows, waits, len(starts), skipped
 
 
 def main():
@@ -198,15 +243,20 @@ def main():
     parser.add_argument("--client-pid", required=True, type=int)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--keep", help="write perf's decoded trace to this file too")
+    parser.add_argument("--from-trace", help="read a trace written by --keep instead of recording")
     args = parser.parse_args()
     servers = {int(p) for p in args.server_pid.split(",")}
-    with tempfile.TemporaryDirectory() as work:
-        lines = record(args.seconds, os.path.join(work, "perf.data"))
+    if args.from_trace:
+        with open(args.from_trace) as kept:
+            lines = kept.read().splitlines()
+    else:
+        with tempfile.TemporaryDirectory() as work:
+            lines = record(args.seconds, os.path.join(work, "perf.data"))
     if args.keep:
         with open(args.keep, "w") as kept:
             kept.write("\n".join(lines))
     calls, names = parse(lines)
-    rows, publishes, skipped = timeline(calls, names, servers, args.client_pid)
+    rows, waits, publishes, skipped = timeline(calls, names, servers, args.client_pid)
     print(
         f"{publishes} publishes, {skipped} left out (the server was still writing the one before);"
         " ms after the publish request was written (p50 / p90):"
@@ -218,6 +268,12 @@ def main():
             print(f"  {label[1:]:58} {statistics.median(values):8.0f} / {p90:.0f}  (n={len(values)})")
         else:
             print(f"  {label:58} {statistics.median(values) * 1e3:8.3f} / {p90 * 1e3:.3f}  (n={len(values)})")
+    if waits:
+        print("while the client's reader was woken but off a CPU, CPU time (both CPUs) held by, ms (p50 / p90):")
+        for who, values in waits.items():
+            ordered = sorted(values)
+            p90 = ordered[int(len(ordered) * 0.9)]
+            print(f"  {who:58} {statistics.median(values) * 1e3:8.3f} / {p90 * 1e3:.3f}  (n={len(values)})")
 
 
 if __name__ == "__main__":
