@@ -85,6 +85,11 @@ struct Args {
     /// turning from round to round).
     #[arg(long, default_value_t = 3)]
     floor_rounds: usize,
+    /// Run nchan twice in every round of the floor scenario: its second
+    /// run over its first shows how far two runs of one server land apart
+    /// on this machine, beside each lane's figures over nchan's.
+    #[arg(long)]
+    floor_control: bool,
     /// The floor scenario's loads, as subscribers `x` events per second
     /// (comma separated, e.g. `1000x100,10000x2`); by default its four
     /// rows, scaled down with --quick.
@@ -655,6 +660,7 @@ async fn floor_rows(
         },
         duration: scale.fixed_run,
         rounds: args.floor_rounds,
+        control: args.floor_control,
     };
     let figures = floor::run(&plan).await?;
     floor::report(&figures, table);

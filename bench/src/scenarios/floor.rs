@@ -36,32 +36,64 @@ fn paced_commits(per_second: f64) -> usize {
     ((per_second * 5.0).round() as usize).clamp(20, 200)
 }
 
-/// The three sides, in the order of the first round.
+/// The sides, in the order of the first round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
     Nchan,
     Durable,
     Ephemeral,
+    /// nchan once more in the same round (`--floor-control`): two runs of
+    /// one unchanged server, whose quotient is how far apart two runs of a
+    /// round land by the machine alone, the band inside which a lane's
+    /// quotient over nchan's says nothing either way.
+    NchanAgain,
 }
 
 impl Side {
-    pub const ALL: [Side; 3] = [Side::Nchan, Side::Durable, Side::Ephemeral];
+    pub const ALL: [Side; 4] = [
+        Side::Nchan,
+        Side::Durable,
+        Side::Ephemeral,
+        Side::NchanAgain,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
             Side::Nchan => "nchan",
             Side::Durable => "eventrelay durable",
             Side::Ephemeral => "eventrelay ephemeral",
+            Side::NchanAgain => "nchan again",
         }
     }
 }
 
 /// The sides of round `round`, each round starting one later than the one
 /// before (N D E, D E N, E N D, ...).
-pub fn round_order(round: usize) -> [Side; 3] {
-    let mut order = Side::ALL;
-    order.rotate_left(round % Side::ALL.len());
-    order
+///
+/// With the control, nchan's two runs take turns with the lanes (D N E N',
+/// E N D N', D N' E N, E N' D N, ...), so that every run of nchan comes
+/// right after one of the relay's, as nchan's one run does without the
+/// control: run right after itself, nchan's median was 1.5 times as long
+/// with 10,000 subscribers at 2 events a second.
+pub fn round_order(round: usize, control: bool) -> Vec<Side> {
+    use Side::*;
+    if !control {
+        let mut order = vec![Nchan, Durable, Ephemeral];
+        let turn = round % order.len();
+        order.rotate_left(turn);
+        return order;
+    }
+    let lanes = if round % 2 == 0 {
+        [Durable, Ephemeral]
+    } else {
+        [Ephemeral, Durable]
+    };
+    let nchan = if round % 4 < 2 {
+        [Nchan, NchanAgain]
+    } else {
+        [NchanAgain, Nchan]
+    };
+    vec![lanes[0], nchan[0], lanes[1], nchan[1]]
 }
 
 pub struct FloorPlan<'a> {
@@ -76,6 +108,8 @@ pub struct FloorPlan<'a> {
     pub loads: Vec<(usize, f64)>,
     pub duration: Duration,
     pub rounds: usize,
+    /// Run nchan twice per round (needs nchan).
+    pub control: bool,
 }
 
 /// One load's runs.
@@ -177,9 +211,9 @@ async fn run_load(
         (Side::Ephemeral, Stages::default()),
     ];
     for round in 0..plan.rounds {
-        for side in round_order(round) {
+        for side in round_order(round, plan.control) {
             let (server, source) = match side {
-                Side::Nchan => match &plan.nchan {
+                Side::Nchan | Side::NchanAgain => match &plan.nchan {
                     Some((server, url)) => (server, Source::Nchan { url: url.clone() }),
                     None => continue,
                 },
@@ -383,14 +417,17 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
 /// round, with their medians: nchan's own figures swing from round to
 /// round with the machine, and a round's three runs are minutes apart, so
 /// these quotients move less between runs than the figures themselves.
-/// `None` without nchan.
+/// With the control, nchan's second run of each round over its first
+/// comes last: the spread two runs of one server show. `None` without
+/// nchan.
 fn against_nchan_by_round(load: &LoadFigures) -> Option<String> {
     let nchan = load.of(Side::Nchan);
     if nchan.is_empty() {
         return None;
     }
-    let parts: Vec<String> = [Side::Ephemeral, Side::Durable]
+    let parts: Vec<String> = [Side::Ephemeral, Side::Durable, Side::NchanAgain]
         .into_iter()
+        .filter(|side| !load.of(*side).is_empty())
         .map(|side| {
             let runs = load.of(side);
             let p50 = quotients(&runs, &nchan, |f| f.latency.p50);
@@ -871,17 +908,66 @@ eventrelay_events_delivered_total 5
 
     #[test]
     fn each_round_starts_with_the_next_side() {
+        use Side::*;
+        assert_eq!(round_order(0, false), [Nchan, Durable, Ephemeral]);
+        assert_eq!(round_order(1, false), [Durable, Ephemeral, Nchan]);
+        assert_eq!(round_order(2, false), [Ephemeral, Nchan, Durable]);
+        assert_eq!(round_order(3, false), [Nchan, Durable, Ephemeral]);
+    }
+
+    #[test]
+    fn the_control_runs_nchan_twice_in_every_round() {
+        use Side::*;
         assert_eq!(
-            round_order(0),
-            [Side::Nchan, Side::Durable, Side::Ephemeral]
+            round_order(0, true),
+            [Durable, Nchan, Ephemeral, NchanAgain]
         );
         assert_eq!(
-            round_order(1),
-            [Side::Durable, Side::Ephemeral, Side::Nchan]
+            round_order(1, true),
+            [Ephemeral, Nchan, Durable, NchanAgain]
         );
         assert_eq!(
-            round_order(2),
-            [Side::Ephemeral, Side::Nchan, Side::Durable]
+            round_order(2, true),
+            [Durable, NchanAgain, Ephemeral, Nchan]
+        );
+        assert_eq!(
+            round_order(3, true),
+            [Ephemeral, NchanAgain, Durable, Nchan]
+        );
+        let runs: Vec<Side> = (0..8).flat_map(|round| round_order(round, true)).collect();
+        for side in Side::ALL {
+            assert_eq!(runs.iter().filter(|s| **s == side).count(), 8, "{side:?}");
+        }
+        // Neither of nchan's runs ever comes right after the other, within
+        // a round or across two.
+        for pair in runs.windows(2) {
+            let nchan = |side: Side| matches!(side, Nchan | NchanAgain);
+            assert!(!(nchan(pair[0]) && nchan(pair[1])), "{pair:?}");
+        }
+    }
+
+    #[test]
+    fn the_control_is_set_against_nchan_of_the_same_round() {
+        let load = LoadFigures {
+            subscribers: 1000,
+            per_second: 100.0,
+            runs: vec![
+                (Side::Nchan, figures(4, 8)),
+                (Side::Ephemeral, figures(5, 8)),
+                (Side::NchanAgain, figures(5, 10)),
+                (Side::NchanAgain, figures(3, 6)),
+                (Side::Nchan, figures(2, 4)),
+                (Side::Ephemeral, figures(2, 4)),
+            ],
+            stages: Vec::new(),
+            paced_commit: Percentiles::default(),
+            announced: AnnouncedCommit::default(),
+        };
+        let row = against_nchan_by_round(&load).unwrap();
+        assert_eq!(
+            row,
+            "eventrelay ephemeral p50 × 1.25, 1.00 (median 1.12) · p99 × 1.00, 1.00 (median 1.00) \
+             · nchan again p50 × 1.25, 1.50 (median 1.38) · p99 × 1.25, 1.50 (median 1.38)"
         );
     }
 }
