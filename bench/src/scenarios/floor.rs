@@ -400,6 +400,13 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
                 "–",
             );
         }
+        if let Some(row) = against_nchan_spread(load) {
+            table.add(
+                format!("floor {name}: each lane's median quotient against nchan's spread against itself"),
+                row,
+                "–",
+            );
+        }
         for (side, stages) in &load.stages {
             table.add(
                 format!(
@@ -443,6 +450,68 @@ fn against_nchan_by_round(load: &LoadFigures) -> Option<String> {
         })
         .collect();
     Some(parts.join(" · "))
+}
+
+/// With the control: the range of nchan's second run over its first, at
+/// the p50 and the p99, and where each lane's median quotient lies
+/// against it (`under`, `inside` or `above`). A lane inside the range is
+/// as far from nchan as nchan is from itself on this machine: the run
+/// cannot tell the two apart. `None` without the control.
+fn against_nchan_spread(load: &LoadFigures) -> Option<String> {
+    let nchan = load.of(Side::Nchan);
+    let again = load.of(Side::NchanAgain);
+    let p50 = |runs: &[&FanoutFigures]| quotients(runs, &nchan, |f| f.latency.p50);
+    let p99 = |runs: &[&FanoutFigures]| quotients(runs, &nchan, |f| f.latency.p99);
+    let spread = [Spread::of(&p50(&again))?, Spread::of(&p99(&again))?];
+    let mut parts = vec![format!(
+        "nchan's second run over its first: p50 {} · p99 {}",
+        spread[0], spread[1]
+    )];
+    for side in [Side::Ephemeral, Side::Durable] {
+        let runs = load.of(side);
+        if runs.is_empty() {
+            continue;
+        }
+        let (ours50, ours99) = (median(&p50(&runs)), median(&p99(&runs)));
+        parts.push(format!(
+            "{} p50 {ours50:.2} ({}) · p99 {ours99:.2} ({})",
+            side.label(),
+            spread[0].place(ours50),
+            spread[1].place(ours99)
+        ));
+    }
+    Some(parts.join(" · "))
+}
+
+/// The lowest and highest of some quotients.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Spread {
+    low: f64,
+    high: f64,
+}
+
+impl Spread {
+    fn of(values: &[f64]) -> Option<Spread> {
+        let low = values.iter().copied().reduce(f64::min)?;
+        let high = values.iter().copied().reduce(f64::max)?;
+        Some(Spread { low, high })
+    }
+
+    fn place(self, value: f64) -> &'static str {
+        if value < self.low {
+            "under"
+        } else if value > self.high {
+            "above"
+        } else {
+            "inside"
+        }
+    }
+}
+
+impl std::fmt::Display for Spread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.2}–{:.2}", self.low, self.high)
+    }
 }
 
 /// `ours` over `theirs`, round by round, of the figure `of`; a round with
@@ -969,5 +1038,33 @@ eventrelay_events_delivered_total 5
             "eventrelay ephemeral p50 × 1.25, 1.00 (median 1.12) · p99 × 1.00, 1.00 (median 1.00) \
              · nchan again p50 × 1.25, 1.50 (median 1.38) · p99 × 1.25, 1.50 (median 1.38)"
         );
+        // The lane's median p50 quotient (1.125) is under nchan's own
+        // spread (1.25–1.50), and so is its p99 (1.00).
+        assert_eq!(
+            against_nchan_spread(&load).unwrap(),
+            "nchan's second run over its first: p50 1.25–1.50 · p99 1.25–1.50 \
+             · eventrelay ephemeral p50 1.12 (under) · p99 1.00 (under)"
+        );
+        let without = LoadFigures {
+            runs: load
+                .runs
+                .iter()
+                .filter(|(side, _)| *side != Side::NchanAgain)
+                .cloned()
+                .collect(),
+            ..load
+        };
+        assert!(against_nchan_spread(&without).is_none());
+    }
+
+    #[test]
+    fn a_spread_places_a_quotient_under_inside_or_above_it() {
+        let spread = Spread::of(&[1.1, 0.9, 1.0]).unwrap();
+        assert_eq!(spread.to_string(), "0.90–1.10");
+        assert_eq!(spread.place(0.89), "under");
+        assert_eq!(spread.place(0.9), "inside");
+        assert_eq!(spread.place(1.1), "inside");
+        assert_eq!(spread.place(1.2), "above");
+        assert!(Spread::of(&[]).is_none());
     }
 }
