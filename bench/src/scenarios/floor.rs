@@ -928,42 +928,49 @@ eventrelay_events_delivered_total 5
         }
     }
 
-    #[test]
-    fn each_round_is_set_against_nchan_of_the_same_round() {
-        let load = LoadFigures {
+    /// A load of 1,000 × 100 with these runs and nothing else measured.
+    fn load_of(runs: Vec<(Side, FanoutFigures)>) -> LoadFigures {
+        LoadFigures {
             subscribers: 1000,
             per_second: 100.0,
-            runs: vec![
-                (Side::Nchan, figures(4, 8)),
-                (Side::Durable, figures(6, 16)),
-                (Side::Ephemeral, figures(5, 8)),
-                (Side::Durable, figures(4, 12)),
-                (Side::Ephemeral, figures(2, 4)),
-                (Side::Nchan, figures(2, 4)),
-                (Side::Ephemeral, figures(3, 9)),
-                (Side::Nchan, figures(3, 6)),
-                (Side::Durable, figures(3, 12)),
-            ],
+            runs,
             stages: Vec::new(),
             paced_commit: Percentiles::default(),
             announced: AnnouncedCommit::default(),
-        };
+        }
+    }
+
+    /// `load` with `side`'s runs left out.
+    fn without(load: &LoadFigures, side: Side) -> LoadFigures {
+        load_of(
+            load.runs
+                .iter()
+                .filter(|(s, _)| *s != side)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn each_round_is_set_against_nchan_of_the_same_round() {
+        let load = load_of(vec![
+            (Side::Nchan, figures(4, 8)),
+            (Side::Durable, figures(6, 16)),
+            (Side::Ephemeral, figures(5, 8)),
+            (Side::Durable, figures(4, 12)),
+            (Side::Ephemeral, figures(2, 4)),
+            (Side::Nchan, figures(2, 4)),
+            (Side::Ephemeral, figures(3, 9)),
+            (Side::Nchan, figures(3, 6)),
+            (Side::Durable, figures(3, 12)),
+        ]);
         let row = against_nchan_by_round(&load).unwrap();
         assert_eq!(
             row,
             "eventrelay ephemeral p50 × 1.25, 1.00, 1.00 (median 1.00) · p99 × 1.00, 1.00, 1.50 (median 1.00) \
              · eventrelay durable p50 × 1.50, 2.00, 1.00 (median 1.50) · p99 × 2.00, 3.00, 2.00 (median 2.00)"
         );
-        let alone = LoadFigures {
-            runs: load
-                .runs
-                .iter()
-                .filter(|(side, _)| *side != Side::Nchan)
-                .cloned()
-                .collect(),
-            ..load
-        };
-        assert!(against_nchan_by_round(&alone).is_none());
+        assert!(against_nchan_by_round(&without(&load, Side::Nchan)).is_none());
     }
 
     #[test]
@@ -1017,21 +1024,14 @@ eventrelay_events_delivered_total 5
 
     #[test]
     fn the_control_is_set_against_nchan_of_the_same_round() {
-        let load = LoadFigures {
-            subscribers: 1000,
-            per_second: 100.0,
-            runs: vec![
-                (Side::Nchan, figures(4, 8)),
-                (Side::Ephemeral, figures(5, 8)),
-                (Side::NchanAgain, figures(5, 10)),
-                (Side::NchanAgain, figures(3, 6)),
-                (Side::Nchan, figures(2, 4)),
-                (Side::Ephemeral, figures(2, 4)),
-            ],
-            stages: Vec::new(),
-            paced_commit: Percentiles::default(),
-            announced: AnnouncedCommit::default(),
-        };
+        let load = load_of(vec![
+            (Side::Nchan, figures(4, 8)),
+            (Side::Ephemeral, figures(5, 8)),
+            (Side::NchanAgain, figures(5, 10)),
+            (Side::NchanAgain, figures(3, 6)),
+            (Side::Nchan, figures(2, 4)),
+            (Side::Ephemeral, figures(2, 4)),
+        ]);
         let row = against_nchan_by_round(&load).unwrap();
         assert_eq!(
             row,
@@ -1045,16 +1045,7 @@ eventrelay_events_delivered_total 5
             "nchan's second run over its first: p50 1.25–1.50 · p99 1.25–1.50 \
              · eventrelay ephemeral p50 1.12 (under) · p99 1.00 (under)"
         );
-        let without = LoadFigures {
-            runs: load
-                .runs
-                .iter()
-                .filter(|(side, _)| *side != Side::NchanAgain)
-                .cloned()
-                .collect(),
-            ..load
-        };
-        assert!(against_nchan_spread(&without).is_none());
+        assert!(against_nchan_spread(&without(&load, Side::NchanAgain)).is_none());
     }
 
     #[test]

@@ -215,13 +215,25 @@ impl Cluster {
             root.display(),
             self.settings
         );
-        run(self
+        let output = self
             .command("pg_ctl")
             .arg("-D")
             .arg(&self.data)
             .args(["-w", "-l"])
             .arg(root.join("log"))
-            .args(["-o", &options, "start"]));
+            .args(["-o", &options, "start"])
+            .output()
+            .expect("pg_ctl starts");
+        // The directory, and the server's log in it, go with the cluster:
+        // say what the server said while it is still there.
+        assert!(
+            output.status.success(),
+            "the cluster on port {} did not start: {}{}\nits log:\n{}",
+            self.port,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+            std::fs::read_to_string(root.join("log")).unwrap_or_default()
+        );
     }
 
     fn command(&self, program: &str) -> Command {

@@ -65,7 +65,30 @@ pub fn eventrelay_command() -> std::process::Command {
     command
 }
 
+/// A loopback port nothing listens on, for a server another process will
+/// bind. It is taken from below the kernel's ephemeral range: a port from
+/// inside it can be given, between this check and the server's bind, to
+/// the local end of any outgoing connection (other tests open thousands),
+/// and such a connection makes the server's bind fail. Ports below the
+/// range are only ever taken by a bind that names them.
 pub fn free_port() -> u16 {
+    let range_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let lowest = 10_000u16.min(range_start / 2);
+    let span = u128::from(range_start - lowest);
+    if span > 0 {
+        // A random place to start, so tests starting servers at once do
+        // not try the same ports in the same order.
+        let start = (uuid::Uuid::new_v4().as_u128() % span) as u16;
+        for step in 0..range_start - lowest {
+            let port = lowest + (start + step) % (range_start - lowest);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
