@@ -2,6 +2,8 @@
 //! and ephemeral) against nchan, an in-memory broker, at the same loads
 //! and in rounds of alternating order (nchan's own figures swing from
 //! run to run, so each side meets every stretch of the machine's time).
+//! With the control, nchan runs twice per round, and its second run over
+//! its first is the spread two runs of one server show on this machine.
 //! Also measured in the same run: what one commit costs on this machine
 //! (a one-row commit loop, with and without waiting for the flush, back to
 //! back and at each load's pace), what the relay's own publishing
