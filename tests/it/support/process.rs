@@ -77,16 +77,15 @@ pub fn free_port() -> u16 {
         .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
     let lowest = 10_000u16.min(range_start / 2);
-    let span = u128::from(range_start - lowest);
-    if span > 0 {
-        // A random place to start, so tests starting servers at once do
-        // not try the same ports in the same order.
-        let start = (uuid::Uuid::new_v4().as_u128() % span) as u16;
-        for step in 0..range_start - lowest {
-            let port = lowest + (start + step) % (range_start - lowest);
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return port;
-            }
+    let span = u32::from(range_start - lowest);
+    // A random place to start, so tests starting servers at once do not
+    // try the same ports in the same order.
+    let start = (uuid::Uuid::new_v4().as_u128() % u128::from(span.max(1))) as u32;
+    for step in 0..span {
+        let port = u32::from(lowest) + (start + step) % span;
+        let port = u16::try_from(port).expect("below the ephemeral range");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
         }
     }
     std::net::TcpListener::bind("127.0.0.1:0")
