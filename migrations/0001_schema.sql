@@ -154,6 +154,9 @@ CREATE TABLE outbox (
 
 -- Reading a scope after a seq (live relay and replay).
 CREATE INDEX outbox_scope_seq_idx ON outbox (scope_key, seq);
+-- Reading what a scope's transactions at or above a horizon wrote,
+-- whatever their seqs: a relay's re-reads, and a resume's late commits.
+CREATE INDEX outbox_scope_txid_idx ON outbox (scope_key, txid);
 -- Pruning by age.
 CREATE INDEX outbox_written_at_idx ON outbox (written_at);
 

@@ -32,6 +32,11 @@ pub struct SourceLabel {
     pub source: &'static str,
 }
 
+/// Why a resuming stream was told to re-read its state (see
+/// `sse::stream`): its cursor is older than what the outbox keeps, or is
+/// not from this outbox at all.
+pub const RESYNC_REASONS: [&str; 2] = ["pruned", "unknown_cursor"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     /// Why: `not_sealed`, `bad_tag`, `bad_ciphertext`, `emitter_kind`, ...
@@ -155,6 +160,9 @@ pub struct Metrics {
     pub events_delivered: Counter,
     pub events_filtered: Counter,
     pub replays: Family<SourceLabel, Counter>,
+    /// Resumes told to re-read their state (`ready` with `resync: true`)
+    /// because events they were owed may be gone, by why.
+    pub resyncs: Family<ReasonLabel, Counter>,
     pub listener_reconnects: Counter,
     pub database_connections_dead: Counter,
     pub notifications_malformed: Counter,
@@ -222,6 +230,7 @@ impl Metrics {
             events_delivered: Counter::default(),
             events_filtered: Counter::default(),
             replays: Family::default(),
+            resyncs: Family::default(),
             listener_reconnects: Counter::default(),
             database_connections_dead: Counter::default(),
             notifications_malformed: Counter::default(),
@@ -296,6 +305,14 @@ impl Metrics {
             "replays",
             "Replays served, by source",
             metrics.replays.clone(),
+        );
+        for reason in RESYNC_REASONS {
+            let _ = metrics.resyncs.get_or_create(&ReasonLabel { reason });
+        }
+        registry.register(
+            "resyncs",
+            "Resuming streams told to re-read their state because events they were owed may be gone, by reason",
+            metrics.resyncs.clone(),
         );
         registry.register(
             "listener_reconnects",

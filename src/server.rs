@@ -11,7 +11,9 @@ use actix::{Actor, Arbiter};
 use actix_web::{App, web};
 use eventrelay_publisher::{Publisher, SchemaRegistry};
 
-use crate::actors::listener::{LogicalSource, NotificationSource, StopListener, Targets};
+use crate::actors::listener::{
+    HorizonMarks, LogicalSource, NotificationSource, StopListener, Targets,
+};
 use crate::actors::mailbox::Counted;
 use crate::actors::relay::{StopRelay, TailSettings};
 use crate::actors::tail_budget::TailBudget;
@@ -333,8 +335,19 @@ pub async fn run_with(
     )
     .start();
     let relay = Counted::new(relay, metrics.actor(ActorKind::Relay).clone());
+    // The embedded database only ever notifies.
+    let wakeup = match backend.notifications {
+        NotificationSource::Logical(_) => WakeupMode::Logical,
+        _ => WakeupMode::Notify,
+    };
     let listener_actor = Listener::new(
         backend.notifications,
+        HorizonMarks {
+            db: db.clone(),
+            channel: config.channel(),
+            wakeup,
+            seal: backend.seal.clone(),
+        },
         Targets {
             relay: relay.clone(),
             deliveries_due: dispatcher.as_ref().map(Counted::recipient),

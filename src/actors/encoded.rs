@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use eventrelay_wire::{Audience, EventEnvelope, Subscriber, is_permitted, sse};
+use eventrelay_wire::{Audience, EventEnvelope, ResumeCursor, Subscriber, is_permitted, sse};
 
 use crate::latency::Stamp;
 
@@ -29,17 +29,26 @@ pub struct EncodedEvent {
 }
 
 impl EncodedEvent {
+    /// An ephemeral event, or a durable one whose `id:` is its plain seq.
     pub fn new(envelope: EventEnvelope) -> Self {
-        Self::encode(envelope, None)
+        let cursor = envelope.seq.map(|seq| ResumeCursor { seq, horizon: None });
+        Self::encode(envelope, None, cursor)
     }
 
-    /// A durable event with the transaction that wrote it.
-    pub fn written_by(envelope: EventEnvelope, txid: u64) -> Self {
-        Self::encode(envelope, Some(txid))
+    /// A durable event with the transaction that wrote it, its `id:` the
+    /// cursor it goes out under.
+    pub fn written_by(envelope: EventEnvelope, txid: u64, cursor: ResumeCursor) -> Self {
+        Self::encode(envelope, Some(txid), Some(cursor))
     }
 
-    fn encode(envelope: EventEnvelope, txid: Option<u64>) -> Self {
-        let frame = Bytes::from(sse::event_frame(&envelope));
+    /// A durable event read back for a replay, its `id:` the cursor a
+    /// client that stops after it resumes from.
+    pub fn replayed(envelope: EventEnvelope, cursor: ResumeCursor) -> Self {
+        Self::encode(envelope, None, Some(cursor))
+    }
+
+    fn encode(envelope: EventEnvelope, txid: Option<u64>, cursor: Option<ResumeCursor>) -> Self {
+        let frame = Bytes::from(sse::event_frame_at(&envelope, cursor));
         EncodedEvent {
             seq: envelope.seq,
             txid,

@@ -1,11 +1,13 @@
 //! The relay: turns notifications into hub deliveries.
 //!
 //! It owns a hub and a [`ScopeState`] for every scope with a subscriber on
-//! this replica, and ignores every other scope. On a pointer it reads the
-//! scope's outbox; after the listener reconnects it re-reads every active
-//! scope, because notifications sent meanwhile are gone. Where each read
-//! starts, whether it may start yet, and which rows it found are new is the
-//! scope state's to decide; the relay does the reading and the sending.
+//! this replica, and ignores every other scope. On a bare pointer it reads
+//! the scope's outbox; after the listener reconnects it re-reads every
+//! active scope, because notifications sent meanwhile are gone; on a
+//! horizon mark it tells every scope how far everything has been heard.
+//! What each read takes, whether it may start yet, and which rows it found
+//! are new is the scope state's to decide; the relay does the reading and
+//! the sending.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -22,11 +24,11 @@ use super::directory::HubDirectory;
 use super::encoded::EncodedEvent;
 use super::hub::{Attach, FrameSender, Hub, HubHandle, Joining, PublishDurable, PublishEphemeral};
 use super::mailbox::Counted;
-use super::scope::{History, ScopeState};
+use super::scope::{History, ReadEnd, ReadPlan, ScopeState};
 use super::tail::Bound;
 use super::tail_budget::TailBudget;
 use crate::metrics::{ActorKind, Metrics};
-use crate::store::{Database, Outbox, Snapshot, StoreError, StoredEvent};
+use crate::store::{Database, Outbox, Snapshot, StoreError, StoredEvent, Window};
 
 /// Rows per outbox read, and events per hub message.
 const PAGE: i64 = 500;
@@ -106,10 +108,16 @@ impl Relay {
         }
     }
 
-    fn activate(&mut self, scope_key: &str, joined: &JoinPoint) -> &mut ActiveScope {
+    /// The scope's state, activating it if needed, and for a new scope
+    /// its first read, for the caller to start (see [`ScopeState::new`]).
+    fn activate(
+        &mut self,
+        scope_key: &str,
+        joined: &JoinPoint,
+    ) -> (&mut ActiveScope, Option<ReadPlan>) {
         let active = self.scopes.len();
         match self.scopes.entry(scope_key.to_owned()) {
-            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Occupied(entry) => (entry.into_mut(), None),
             Entry::Vacant(entry) => {
                 let arbiter = arbiter_for(&self.arbiters, scope_key);
                 let hub = Hub::new(
@@ -123,14 +131,16 @@ impl Relay {
                 let hub = hub.start_on(&self.arbiters[arbiter]);
                 self.directory.insert(scope_key, &hub);
                 self.metrics.active_scopes.set(active as i64 + 1);
-                entry.insert(ActiveScope {
+                let scope = entry.insert(ActiveScope {
                     hub,
                     sessions: std::collections::HashSet::new(),
                     state: ScopeState::new(History::new(
                         Arc::clone(&joined.snapshot),
                         joined.scope_newest,
                     )),
-                })
+                });
+                let first_read = scope.state.take_pending();
+                (scope, first_read)
             }
         }
     }
@@ -160,26 +170,30 @@ impl Relay {
         };
         match msg.result {
             Ok(read) => {
-                for batch in scope.state.read_done(msg.from, read.rows, PAGE as usize) {
+                for batch in scope
+                    .state
+                    .read_done(msg.plan, read.rows, read.end, PAGE as usize)
+                {
                     scope.hub.publish_durable(PublishDurable {
                         read_after: batch.read_after,
                         events: batch.events,
                         heard_at: None,
                     });
                 }
-                if let Some(after) = read.more_after {
-                    // The read stopped at its bound with rows left: the
-                    // next one carries on from there.
-                    scope.state.widen_pending(after);
-                }
             }
             Err(error) => {
                 scope.state.read_failed();
                 tracing::warn!(scope_key = %msg.scope_key, %error, "outbox read failed; retrying");
                 let scope_key = msg.scope_key.clone();
-                let from = msg.from;
+                let plan = msg.plan;
                 ctx.run_later(READ_RETRY, move |relay, ctx| {
-                    relay.schedule_read(&scope_key, from, ctx)
+                    let retry = relay
+                        .scopes
+                        .get_mut(&scope_key)
+                        .and_then(|scope| scope.state.retry(plan));
+                    if let Some(plan) = retry {
+                        relay.spawn_read(&scope_key, plan, ctx);
+                    }
                 });
             }
         }
@@ -188,17 +202,22 @@ impl Relay {
             .get_mut(&msg.scope_key)
             .and_then(|scope| scope.state.take_pending())
         {
-            self.schedule_read(&msg.scope_key, next, ctx);
+            self.spawn_read(&msg.scope_key, next, ctx);
         }
     }
 
-    fn schedule_read(&mut self, scope_key: &str, from: i64, ctx: &mut Context<Self>) {
-        let Some(scope) = self.scopes.get_mut(scope_key) else {
-            return;
-        };
-        let Some(from) = scope.state.start_read(from) else {
-            return;
-        };
+    /// Asks `scope_key` for a whole read, and starts it unless one runs.
+    fn schedule_whole_read(&mut self, scope_key: &str, ctx: &mut Context<Self>) {
+        let plan = self
+            .scopes
+            .get_mut(scope_key)
+            .and_then(|scope| scope.state.whole_read());
+        if let Some(plan) = plan {
+            self.spawn_read(scope_key, plan, ctx);
+        }
+    }
+
+    fn spawn_read(&mut self, scope_key: &str, plan: ReadPlan, ctx: &mut Context<Self>) {
         let db = self.db.clone();
         let outbox = self.outbox.clone();
         let relay = Counted::new(ctx.address(), self.metrics.actor(ActorKind::Relay).clone());
@@ -206,7 +225,7 @@ impl Relay {
         let metrics = Arc::clone(&self.metrics);
         actix::spawn(async move {
             let started = std::time::Instant::now();
-            let result = read_after(&db, &outbox, &scope_key, from).await;
+            let result = read_plan(&db, &outbox, &scope_key, plan).await;
             metrics
                 .outbox_read_seconds
                 .observe(started.elapsed().as_secs_f64());
@@ -215,7 +234,7 @@ impl Relay {
             }
             relay.do_send(ReadDone {
                 scope_key,
-                from,
+                plan,
                 result,
             });
         });
@@ -273,43 +292,51 @@ fn arbiter_for(arbiters: &[ArbiterHandle], scope_key: &str) -> usize {
     hasher.finish() as usize % arbiters.len()
 }
 
-/// What one read found, and where the next must carry on when it stopped
-/// at its bound with rows left.
+/// What one read found, and how it ended.
 struct ReadRows {
     rows: Vec<StoredEvent>,
-    more_after: Option<i64>,
+    end: ReadEnd,
 }
 
-/// Reads the scope after `from`, page by page, up to [`READ_MAX_ROWS`]
-/// rows or [`READ_MAX_BYTES`].
-async fn read_after(
+/// Reads what `plan` takes, page by page, up to [`READ_MAX_ROWS`] rows or
+/// [`READ_MAX_BYTES`].
+async fn read_plan(
     db: &Database,
     outbox: &Outbox,
     scope_key: &str,
-    from: i64,
+    plan: ReadPlan,
 ) -> Result<ReadRows, StoreError> {
     let client = db.get().await?;
     let mut events = Vec::new();
     let mut bytes = 0;
-    let mut cursor = from;
+    let mut first_xmin = None;
+    let mut window = Window {
+        after: plan.after,
+        since_txid: Some(plan.since_txid),
+        through: None,
+    };
     loop {
-        let (page, page_bytes) = outbox.read_page(&client, scope_key, cursor, PAGE).await?;
-        let done = (page.len() as i64) < PAGE;
-        if let Some(last) = page.last().and_then(|e| e.envelope.seq) {
-            cursor = last;
+        let page = outbox.read_window(&client, scope_key, window, PAGE).await?;
+        let first_xmin = *first_xmin.get_or_insert(page.snapshot_xmin);
+        let done = (page.returned as i64) < PAGE;
+        if let Some(last) = page.last_seq {
+            window.after = last;
         }
-        events.extend(page);
-        bytes += page_bytes;
+        events.extend(page.rows);
+        bytes += page.data_bytes;
         if done {
             return Ok(ReadRows {
                 rows: events,
-                more_after: None,
+                end: ReadEnd::Whole { first_xmin },
             });
         }
         if events.len() >= READ_MAX_ROWS || bytes >= READ_MAX_BYTES {
             return Ok(ReadRows {
                 rows: events,
-                more_after: Some(cursor),
+                end: ReadEnd::Stopped {
+                    after: window.after,
+                    first_xmin,
+                },
             });
         }
     }
@@ -359,8 +386,8 @@ impl Handler<Pointer> for Relay {
                 if let Some(Err(reason)) = unread {
                     count_unreadable_rows(&self.metrics, &msg.scope_key, msg.seq, &reason);
                 }
-                if let Some(from) = scope.state.read_from_for_pointer(msg.seq) {
-                    self.schedule_read(&msg.scope_key, from, ctx);
+                if scope.state.pointer_needs_read(msg.seq) {
+                    self.schedule_whole_read(&msg.scope_key, ctx);
                 } else {
                     self.metrics.pointers_ignored.inc();
                 }
@@ -487,13 +514,28 @@ impl Handler<ListenerConnected> for Relay {
 
     fn handle(&mut self, _: ListenerConnected, ctx: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        let reads: Vec<(String, i64)> = self
-            .scopes
-            .iter()
-            .map(|(key, scope)| (key.clone(), scope.state.read_from_after_reconnect()))
-            .collect();
-        for (scope, from) in reads {
-            self.schedule_read(&scope, from, ctx);
+        let scopes: Vec<String> = self.scopes.keys().cloned().collect();
+        for scope in scopes {
+            self.schedule_whole_read(&scope, ctx);
+        }
+    }
+}
+
+/// A horizon mark heard on the channel (or the replication stream): every
+/// transaction below `xmin` had finished before it was sent.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct HorizonHeard {
+    pub xmin: u64,
+}
+
+impl Handler<HorizonHeard> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, msg: HorizonHeard, _: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
+        for scope in self.scopes.values_mut() {
+            scope.state.horizon_heard(msg.xmin);
         }
     }
 }
@@ -502,7 +544,7 @@ impl Handler<ListenerConnected> for Relay {
 #[rtype(result = "()")]
 struct ReadDone {
     scope_key: String,
-    from: i64,
+    plan: ReadPlan,
     result: Result<ReadRows, StoreError>,
 }
 
@@ -551,7 +593,7 @@ impl Handler<Subscribe> for Relay {
         let session = self.next_session;
         let relay = Counted::new(ctx.address(), self.metrics.actor(ActorKind::Relay).clone());
         let scope_key = msg.subscriber.scope_key.clone();
-        let scope = self.activate(&msg.subscriber.scope_key, &msg.joined);
+        let (scope, first_read) = self.activate(&msg.subscriber.scope_key, &msg.joined);
         scope.sessions.insert(session);
         let hide_committed_before = msg
             .replay_after
@@ -564,6 +606,11 @@ impl Handler<Subscribe> for Relay {
             replay_after: msg.replay_after,
             hide_committed_before,
         }));
+        // After the attach is on its way, so the hub has the new
+        // subscriber before anything the read finds.
+        if let Some(plan) = first_read {
+            self.spawn_read(&scope_key, plan, ctx);
+        }
         Box::pin(async move {
             let refused = match attach.await {
                 Ok(from_tail) => return Ok(Attached { session, from_tail }),

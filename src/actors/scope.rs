@@ -1,30 +1,45 @@
 //! What the relay knows about one active scope, and every decision it takes
-//! from that: where the next outbox read starts, whether one is already
+//! from that: what the next outbox read takes, whether one is already
 //! running, which rows read are new, and how far delivery has got.
 //!
 //! It does no I/O and knows nothing of actors, so those decisions can be
 //! tested on their own; the relay only reads, sends, and asks this.
 //!
-//! Reads go below the watermark on purpose. A transaction can take a seq and
-//! commit after a higher seq was delivered (a late commit), so a pointer
-//! reads from `min(watermark, seq - 1)`, and after a listener reconnect a
-//! scope is re-read from some way below its watermark. Reading back finds
-//! rows already delivered, which the delivered set drops, and history (rows
-//! committed before the scope was activated), which the activation snapshot
-//! drops. So no read, however far back it starts, hands a subscriber an
-//! event twice or one from before it subscribed.
+//! A seq is taken at INSERT and becomes visible at COMMIT, and seqs are
+//! shared by every scope, so how far below the watermark a late commit
+//! lies says nothing: a transaction can hold seq 1 open for seconds while
+//! thousands of others commit. So the scope keeps a *horizon* instead: a
+//! transaction id below which every transaction has finished and every row
+//! it wrote here has been handed on (or is history, committed before the
+//! scope was activated). Every read takes the rows written at or above the
+//! horizon, whatever their seqs, so it finds every late commit. The horizon
+//! rises at the end of each whole read, to the oldest transaction still
+//! running when it began, and on a horizon mark heard while no read is
+//! outstanding (see `listener::horizon`). Every event handed on carries the
+//! horizon it went out under in its `id:`, which is what lets a client
+//! resume exactly (see [`eventrelay_wire::ResumeCursor`]).
+//!
+//! Reading finds rows already handed on, which are remembered while they
+//! are at or above the horizon and dropped, and history, which the
+//! activation snapshot drops. So no read hands a subscriber an event twice
+//! or one from before it subscribed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+use eventrelay_wire::ResumeCursor;
 
 use super::encoded::EncodedEvent;
 use crate::store::{Snapshot, StoredEvent};
 
-/// Delivered seqs remembered per scope for de-duplication.
-const DELIVERED_MEMORY: usize = 4096;
-/// How far below the watermark a post-reconnect read starts, for events that
-/// committed late while no notification could arrive.
-const RECONNECT_LOOKBACK: i64 = 1000;
+/// Seqs handed on recently, remembered so that a pointer to one of them
+/// (sent again, or replayed by whoever recorded it) costs no read.
+const RECENT_MEMORY: usize = 4096;
+/// Rows handed on at or above the horizon, remembered so a read that finds
+/// them again drops them. They are forgotten as the horizon passes them;
+/// past this many (a transaction held open for minutes in a busy scope)
+/// the lowest seqs go first, and a re-read could hand one on again.
+const ABOVE_HORIZON_MEMORY: usize = 65_536;
 
 /// The events a scope had when it was activated.
 pub struct History {
@@ -45,6 +60,39 @@ impl History {
     }
 }
 
+/// What one outbox read takes: the rows of the scope written at or above
+/// `since_txid` with a seq above `after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadPlan {
+    pub since_txid: u64,
+    pub after: i64,
+    /// Where the tail may claim the read's rows follow on from.
+    read_after: i64,
+    /// For a read that carries on one that stopped at its bound: the
+    /// snapshot xmin of that read's first page, which the horizon rises
+    /// to once the whole read is done.
+    carries_on_from: Option<u64>,
+}
+
+/// How a read ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadEnd {
+    /// Every matching row was read; `first_xmin` is the snapshot xmin of
+    /// the read's first page.
+    Whole { first_xmin: u64 },
+    /// The read stopped at its bound after seq `after`, with rows left.
+    Stopped { after: i64, first_xmin: u64 },
+}
+
+/// A read asked for while another ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    /// Everything at or above the horizon, from the start.
+    Whole,
+    /// The rest of a read that stopped at its bound.
+    CarryOn { after: i64, first_xmin: u64 },
+}
+
 /// Events new to the hub, in seq order, that follow on from `read_after`.
 /// One batch is one hub message, which keeps each burst below a session's
 /// queue capacity.
@@ -56,25 +104,36 @@ pub struct Batch {
 pub struct ScopeState {
     /// What had committed when the scope was activated: never delivered.
     history: History,
-    /// The highest seq handed on, starting from the newest at activation so
-    /// that a reconnect before any delivery still re-reads from somewhere.
+    /// The highest seq handed on, starting from the newest at activation.
     watermark: i64,
+    /// Every row of the scope written below this transaction id has been
+    /// handed on or is history.
+    horizon: u64,
     /// Reads for one scope never overlap, or their deliveries could race.
     reading: bool,
-    /// Lowest start of a read requested while one was running.
-    pending_from: Option<i64>,
-    delivered: BTreeSet<i64>,
+    /// The read to start once the running one ends.
+    pending: Option<Pending>,
+    /// Rows handed on at or above the horizon: seq to txid.
+    above_horizon: BTreeMap<i64, u64>,
+    /// The newest seqs handed on, whatever their transaction.
+    recent: BTreeSet<i64>,
 }
 
 impl ScopeState {
+    /// A scope activated with `history`, its first read pending: rows
+    /// committed between the snapshot and the activation were announced
+    /// while nobody here listened, and only a whole read finds them. Until
+    /// it is done no mark raises the horizon. The caller starts it at once
+    /// ([`ScopeState::take_pending`]).
     pub fn new(history: History) -> Self {
-        let watermark = history.newest;
         ScopeState {
+            watermark: history.newest,
+            horizon: history.snapshot.xmin(),
             history,
-            watermark,
             reading: false,
-            pending_from: None,
-            delivered: BTreeSet::new(),
+            pending: Some(Pending::Whole),
+            above_horizon: BTreeMap::new(),
+            recent: BTreeSet::new(),
         }
     }
 
@@ -82,49 +141,63 @@ impl ScopeState {
         self.watermark
     }
 
+    pub fn horizon(&self) -> u64 {
+        self.horizon
+    }
+
     pub fn is_reading(&self) -> bool {
         self.reading
     }
 
-    /// Where to read for a pointer to `seq`: from the watermark, or from
-    /// just below `seq` when that is lower, because `seq` may be a late
-    /// commit below what was already delivered. `None` when the pointer
-    /// cannot announce anything new: `seq` was delivered already, or lies
-    /// further below the watermark than a late commit plausibly does (the
-    /// same look-back a reconnect re-reads). So a pointer sent again, or
-    /// one to an old seq, costs no read.
-    pub fn read_from_for_pointer(&self, seq: i64) -> Option<i64> {
-        if seq > self.watermark {
-            return Some(self.watermark);
-        }
-        if self.delivered.contains(&seq) || seq <= self.watermark - RECONNECT_LOOKBACK {
-            return None;
-        }
-        Some(self.floor_for(seq))
+    /// Whether a bare pointer to `seq` may announce something new: not when
+    /// `seq` was handed on recently, so a pointer sent again costs no read.
+    pub fn pointer_needs_read(&self, seq: i64) -> bool {
+        !self.recent.contains(&seq) && !self.above_horizon.contains_key(&seq)
     }
 
-    /// Where a read that must find `seq` starts.
-    fn floor_for(&self, seq: i64) -> i64 {
-        self.watermark.min(seq - 1)
+    /// Asks for a read of everything at or above the horizon: after
+    /// activation, for a bare pointer, after the listener reconnects.
+    /// Returns the read to start now, or `None` when one is running: it
+    /// then follows that one.
+    pub fn whole_read(&mut self) -> Option<ReadPlan> {
+        self.start(Pending::Whole)
     }
 
-    /// Where to re-read after the listener reconnects: notifications sent
-    /// meanwhile are gone, and some of what they announced may have
-    /// committed below the watermark.
-    pub fn read_from_after_reconnect(&self) -> i64 {
-        (self.watermark - RECONNECT_LOOKBACK).max(0)
+    /// Asks again for a read that failed.
+    pub fn retry(&mut self, plan: ReadPlan) -> Option<ReadPlan> {
+        self.start(match plan.carries_on_from {
+            Some(first_xmin) => Pending::CarryOn {
+                after: plan.after,
+                first_xmin,
+            },
+            None => Pending::Whole,
+        })
     }
 
-    /// Asks for a read from `from`. Returns where to start one now, or
-    /// `None` when one is running: the request then widens the read that
-    /// follows it (see [`ScopeState::take_pending`]).
-    pub fn start_read(&mut self, from: i64) -> Option<i64> {
+    fn start(&mut self, wanted: Pending) -> Option<ReadPlan> {
         if self.reading {
-            self.widen_pending(from);
+            self.pending = Some(match (self.pending, wanted) {
+                // A whole read finds everything the rest of one would.
+                (Some(Pending::Whole), _) | (_, Pending::Whole) => Pending::Whole,
+                (_, carry_on) => carry_on,
+            });
             return None;
         }
         self.reading = true;
-        Some(from)
+        Some(match wanted {
+            Pending::Whole => ReadPlan {
+                since_txid: self.horizon,
+                after: 0,
+                read_after: self.watermark.max(self.history.newest),
+                carries_on_from: None,
+            },
+            Pending::CarryOn { after, first_xmin } => ReadPlan {
+                since_txid: self.horizon,
+                after,
+                read_after: after.max(self.history.newest),
+                carries_on_from: Some(first_xmin),
+            },
+        })
     }
 
     /// Ends the running read, which failed; the caller retries it later.
@@ -132,51 +205,109 @@ impl ScopeState {
         self.reading = false;
     }
 
-    /// Ends the running read, which started after `from`, and returns what
-    /// in `rows` is new, in batches of at most `batch` events.
-    pub fn read_done(&mut self, from: i64, rows: Vec<StoredEvent>, batch: usize) -> Vec<Batch> {
+    /// Ends the running read and returns what in `rows` is new, in batches
+    /// of at most `batch` events. A whole read raises the horizon.
+    pub fn read_done(
+        &mut self,
+        plan: ReadPlan,
+        rows: Vec<StoredEvent>,
+        end: ReadEnd,
+        batch: usize,
+    ) -> Vec<Batch> {
         self.reading = false;
-        self.accept(from, rows, batch)
+        match end {
+            ReadEnd::Whole { first_xmin } => {
+                // Every transaction below the first page's xmin had
+                // finished before the read began, so each row it wrote here
+                // is in this read or was handed on before: the events go
+                // out under the raised horizon.
+                let raised = plan.carries_on_from.unwrap_or(first_xmin).max(self.horizon);
+                let batches = self.accept(plan.read_after, rows, batch, raised);
+                self.raise_horizon(raised);
+                batches
+            }
+            ReadEnd::Stopped { after, first_xmin } => {
+                let first_xmin = plan.carries_on_from.unwrap_or(first_xmin);
+                let carry_on = Pending::CarryOn { after, first_xmin };
+                self.pending = Some(match self.pending {
+                    Some(Pending::Whole) => Pending::Whole,
+                    _ => carry_on,
+                });
+                self.accept(plan.read_after, rows, batch, self.horizon)
+            }
+        }
     }
 
-    /// Committed rows decoded from the replication stream (logical wake-up
-    /// mode), in commit order: what is new, as a read from just below them
-    /// would hand it on. While a read runs they are left to the read that
-    /// follows it instead (they have committed, so it finds them), which
+    /// Committed rows that reached the relay with their notification (or
+    /// from the replication stream), in commit order: what is new, as a
+    /// read would hand it on. While a read runs they are left to a whole
+    /// read after it instead (they have committed, so it finds them), which
     /// keeps one scope's deliveries in the order reads give them.
     pub fn decoded(&mut self, rows: Vec<StoredEvent>, batch: usize) -> Vec<Batch> {
         let Some(lowest) = rows.iter().filter_map(|row| row.envelope.seq).min() else {
             return Vec::new();
         };
-        let from = self.floor_for(lowest);
         if self.reading {
-            self.widen_pending(from);
+            self.start(Pending::Whole);
             return Vec::new();
         }
         let mut rows = rows;
         rows.sort_by_key(|row| row.envelope.seq);
-        self.accept(from, rows, batch)
+        let read_after = self.watermark.min(lowest - 1).max(self.history.newest);
+        self.accept(read_after, rows, batch, self.horizon)
     }
 
-    fn accept(&mut self, from: i64, rows: Vec<StoredEvent>, batch: usize) -> Vec<Batch> {
+    /// A horizon mark: every transaction below `xmin` had finished when it
+    /// was sent, and everything they announced was heard before it. With
+    /// no read outstanding, all of that has been handed on.
+    pub fn horizon_heard(&mut self, xmin: u64) {
+        if !self.reading && self.pending.is_none() && xmin > self.horizon {
+            self.raise_horizon(xmin);
+        }
+    }
+
+    /// The read asked for while the last one ran, to start once it ended.
+    pub fn take_pending(&mut self) -> Option<ReadPlan> {
+        let pending = self.pending.take()?;
+        self.start(pending)
+    }
+
+    fn raise_horizon(&mut self, horizon: u64) {
+        if horizon > self.horizon {
+            self.horizon = horizon;
+            self.above_horizon.retain(|_, txid| *txid >= horizon);
+        }
+    }
+
+    fn accept(
+        &mut self,
+        read_after: i64,
+        rows: Vec<StoredEvent>,
+        batch: usize,
+        stamp: u64,
+    ) -> Vec<Batch> {
         let mut fresh = Vec::new();
         for StoredEvent { envelope, txid } in rows {
             let Some(seq) = envelope.seq else { continue };
-            if self.history.contains(seq, txid) {
+            // Below the horizon everything was handed on already.
+            if txid < self.horizon || self.history.contains(seq, txid) {
                 continue;
             }
-            if self.delivered.insert(seq) {
-                self.watermark = self.watermark.max(seq);
-                fresh.push(Arc::new(EncodedEvent::written_by(envelope, txid)));
+            if self.above_horizon.insert(seq, txid).is_some() {
+                continue;
             }
+            self.recent.insert(seq);
+            self.watermark = self.watermark.max(seq);
+            let cursor = ResumeCursor::at(seq, stamp);
+            fresh.push(Arc::new(EncodedEvent::written_by(envelope, txid, cursor)));
         }
-        while self.delivered.len() > DELIVERED_MEMORY {
-            self.delivered.pop_first();
+        while self.above_horizon.len() > ABOVE_HORIZON_MEMORY {
+            self.above_horizon.pop_first();
         }
-        // History was left out, and all of it is at or below `newest`, so
-        // the tail may claim to cover only above that. Each batch follows on
-        // from the previous one.
-        let mut read_after = from.max(self.history.newest);
+        while self.recent.len() > RECENT_MEMORY {
+            self.recent.pop_first();
+        }
+        let mut read_after = read_after;
         let mut batches = Vec::new();
         for events in fresh.chunks(batch.max(1)) {
             batches.push(Batch {
@@ -186,16 +317,6 @@ impl ScopeState {
             read_after = events.last().and_then(|e| e.seq()).unwrap_or(read_after);
         }
         batches
-    }
-
-    /// Makes the read that follows the running one start at `from` or below.
-    pub fn widen_pending(&mut self, from: i64) {
-        self.pending_from = Some(self.pending_from.map_or(from, |p| p.min(from)));
-    }
-
-    /// The read asked for while the last one ran, to start once it ended.
-    pub fn take_pending(&mut self) -> Option<i64> {
-        self.pending_from.take()
     }
 }
 
@@ -207,12 +328,43 @@ mod tests {
     use serde_json::json;
 
     /// Seqs 1..=`newest` had committed at activation, except those written
-    /// by transaction 103, which was still running.
+    /// by transaction 103, which was still running: the horizon starts at
+    /// 103. The first read found nothing new.
     fn activated_at(newest: i64) -> ScopeState {
-        ScopeState::new(History::new(
+        let mut state = ScopeState::new(History::new(
             Arc::new(Snapshot::parse("103:106:103").unwrap()),
             newest,
-        ))
+        ));
+        let first = state.take_pending().expect("a new scope reads first");
+        state.read_done(first, Vec::new(), ReadEnd::Whole { first_xmin: 103 }, 500);
+        state
+    }
+
+    #[test]
+    fn a_new_scope_reads_first_and_takes_no_mark_until_then() {
+        let mut state = ScopeState::new(History::new(
+            Arc::new(Snapshot::parse("103:106:103").unwrap()),
+            5,
+        ));
+        state.horizon_heard(500);
+        assert_eq!(
+            state.horizon(),
+            103,
+            "rows announced before activation may be unread"
+        );
+        let first = state.take_pending().expect("a whole read");
+        assert_eq!((first.since_txid, first.after), (103, 0));
+        state.horizon_heard(500);
+        assert_eq!(state.horizon(), 103);
+        let found = state.read_done(
+            first,
+            vec![row(6, 104)],
+            ReadEnd::Whole { first_xmin: 400 },
+            500,
+        );
+        assert_eq!(handed_on(&found), vec![(5, vec!["6.400".into()])]);
+        state.horizon_heard(500);
+        assert_eq!(state.horizon(), 500);
     }
 
     fn row(seq: i64, txid: u64) -> StoredEvent {
@@ -222,28 +374,41 @@ mod tests {
         StoredEvent { envelope, txid }
     }
 
-    /// Rows by transactions that started after activation.
+    /// Rows by transaction 200, which started after activation.
     fn rows(seqs: &[i64]) -> Vec<StoredEvent> {
         seqs.iter().map(|&seq| row(seq, 200)).collect()
     }
 
-    /// Each batch as its `read_after` and seqs.
-    fn handed_on(batches: &[Batch]) -> Vec<(i64, Vec<i64>)> {
+    /// Each batch as its `read_after` and its events' `id:` cursors.
+    fn handed_on(batches: &[Batch]) -> Vec<(i64, Vec<String>)> {
         batches
             .iter()
             .map(|b| {
-                (
-                    b.read_after,
-                    b.events.iter().filter_map(|e| e.seq()).collect(),
-                )
+                let ids = b
+                    .events
+                    .iter()
+                    .map(|e| {
+                        let frame = std::str::from_utf8(&e.frame).unwrap();
+                        frame
+                            .lines()
+                            .next()
+                            .unwrap()
+                            .trim_start_matches("id: ")
+                            .to_owned()
+                    })
+                    .collect();
+                (b.read_after, ids)
             })
             .collect()
     }
 
-    /// Runs one read from `from` that returns `rows`.
-    fn read(state: &mut ScopeState, from: i64, rows: Vec<StoredEvent>) -> Vec<(i64, Vec<i64>)> {
-        assert_eq!(state.start_read(from), Some(from));
-        handed_on(&state.read_done(from, rows, 500))
+    /// Runs one whole read that returns `rows`, its first page read when the
+    /// oldest running transaction was `xmin`.
+    fn whole(state: &mut ScopeState, xmin: u64, rows: Vec<StoredEvent>) -> Vec<(i64, Vec<String>)> {
+        let plan = state.whole_read().expect("no read was running");
+        assert_eq!(plan.since_txid, state.horizon(), "reads from the horizon");
+        assert_eq!(plan.after, 0, "whatever the seq");
+        handed_on(&state.read_done(plan, rows, ReadEnd::Whole { first_xmin: xmin }, 500))
     }
 
     #[test]
@@ -259,163 +424,193 @@ mod tests {
     }
 
     #[test]
-    fn history_is_never_handed_on_however_far_back_a_read_starts() {
+    fn history_is_never_handed_on_and_the_horizon_starts_at_activation() {
         let mut state = activated_at(5);
-        let read_back = vec![
-            row(1, 100),
-            row(2, 104),
-            row(3, 103),
-            row(4, 105),
-            row(5, 102),
-            row(6, 99),
-        ];
+        assert_eq!(state.horizon(), 103, "the activation snapshot's xmin");
+        let read_back = vec![row(3, 103), row(4, 105), row(5, 104), row(6, 200)];
         assert_eq!(
-            read(&mut state, 0, read_back),
-            vec![(5, vec![3, 6])],
-            "only the late commit and what came after activation; the tail \
-             may claim to cover only above the newest seq at activation"
+            whole(&mut state, 150, read_back),
+            vec![(5, vec!["3.150".into(), "6.150".into()])],
+            "only the late commit and what came after activation, under \
+             the horizon the read raised"
         );
         assert_eq!(state.watermark(), 6);
+        assert_eq!(state.horizon(), 150);
     }
 
     #[test]
-    fn the_watermark_advances_and_never_goes_back() {
-        let mut state = activated_at(10);
-        assert_eq!(state.watermark(), 10, "starts at the newest at activation");
-        read(&mut state, 10, rows(&[11, 12]));
-        assert_eq!(state.watermark(), 12);
-        read(&mut state, 12, Vec::new());
-        assert_eq!(state.watermark(), 12, "an empty read leaves it");
-        assert_eq!(read(&mut state, 8, rows(&[9])), vec![(10, vec![9])]);
-        assert_eq!(state.watermark(), 12, "a lower seq delivered late");
-        read(&mut state, 12, rows(&[20]));
-        assert_eq!(state.watermark(), 20);
-    }
-
-    #[test]
-    fn a_late_commit_below_the_watermark_is_delivered_once() {
-        let mut state = activated_at(10);
-        // Seq 11's transaction is still running when 12 commits.
-        let from = state.read_from_for_pointer(12).unwrap();
-        assert_eq!(from, 10);
-        assert_eq!(read(&mut state, from, rows(&[12])), vec![(10, vec![12])]);
-        assert_eq!(state.watermark(), 12);
-
-        // 11 commits: its pointer reads from below the watermark.
-        let from = state.read_from_for_pointer(11).unwrap();
-        assert_eq!(from, 10, "min(watermark, seq - 1)");
-        assert_eq!(
-            read(&mut state, from, rows(&[11, 12])),
-            vec![(10, vec![11])]
-        );
-        assert_eq!(state.watermark(), 12);
-
-        // Pointers above the watermark read from the watermark.
-        assert_eq!(state.read_from_for_pointer(13), Some(12));
-        assert_eq!(state.read_from_for_pointer(40), Some(12));
-        // Pointers to what was delivered read nothing.
-        assert_eq!(state.read_from_for_pointer(11), None);
-        assert_eq!(state.read_from_for_pointer(12), None);
-    }
-
-    #[test]
-    fn pointers_to_delivered_or_old_seqs_cost_no_read() {
+    fn a_late_commit_far_below_the_watermark_is_found_and_handed_on_once() {
         let mut state = activated_at(0);
-        read(&mut state, 0, rows(&[5_000, 5_001]));
-        assert_eq!(state.read_from_for_pointer(5_001), None, "delivered");
-        assert_eq!(state.read_from_for_pointer(1), None, "far below");
+        // Transaction 300 holds seq 1 open while 5,000 seqs commit, most
+        // of them in other scopes.
+        state.decoded(vec![row(5_000, 301)], 500);
+        state.horizon_heard(300);
+        assert_eq!(state.horizon(), 300, "300 is still running");
         assert_eq!(
-            state.read_from_for_pointer(4_001),
-            None,
-            "beyond the look-back"
+            handed_on(&state.decoded(vec![row(5_001, 302)], 500)),
+            vec![(5_000, vec!["5001.300".into()])]
+        );
+        // Its pointer carried no rows: the read takes everything written
+        // at or above the horizon, so seq 1 is found, and 5,000 and 5,001
+        // are not handed on again.
+        assert!(state.pointer_needs_read(1));
+        assert_eq!(
+            whole(
+                &mut state,
+                303,
+                vec![row(1, 300), row(5_000, 301), row(5_001, 302)]
+            ),
+            vec![(5_001, vec!["1.303".into()])]
+        );
+        assert_eq!(state.watermark(), 5_001, "a lower seq delivered late");
+        assert_eq!(state.horizon(), 303);
+        assert!(state.above_horizon.is_empty(), "forgotten once passed");
+        assert!(
+            handed_on(&state.decoded(vec![row(1, 300)], 500)).is_empty(),
+            "below the horizon: handed on already"
+        );
+    }
+
+    #[test]
+    fn marks_raise_the_horizon_only_with_no_read_outstanding() {
+        let mut state = activated_at(10);
+        state.horizon_heard(120);
+        assert_eq!(state.horizon(), 120);
+        state.horizon_heard(110);
+        assert_eq!(state.horizon(), 120, "never goes back");
+        let plan = state.whole_read().unwrap();
+        state.horizon_heard(130);
+        assert_eq!(
+            state.horizon(),
+            120,
+            "a read may still hand on rows below 130"
+        );
+        assert!(state.whole_read().is_none(), "one read at a time");
+        state.read_done(plan, Vec::new(), ReadEnd::Whole { first_xmin: 125 }, 500);
+        assert_eq!(state.horizon(), 125, "the read's own snapshot");
+        state.horizon_heard(140);
+        assert_eq!(
+            state.horizon(),
+            125,
+            "the pending read is still outstanding"
+        );
+        let next = state.take_pending().unwrap();
+        assert_eq!(next.since_txid, 125);
+        state.read_done(next, Vec::new(), ReadEnd::Whole { first_xmin: 135 }, 500);
+        state.horizon_heard(140);
+        assert_eq!(state.horizon(), 140);
+    }
+
+    #[test]
+    fn a_read_stopped_at_its_bound_carries_on_and_raises_the_horizon_at_its_end() {
+        let mut state = activated_at(10);
+        let plan = state.whole_read().unwrap();
+        let first = state.read_done(
+            plan,
+            rows(&[11, 12]),
+            ReadEnd::Stopped {
+                after: 12,
+                first_xmin: 150,
+            },
+            500,
         );
         assert_eq!(
-            state.read_from_for_pointer(4_999),
-            Some(4_998),
-            "a plausible late commit"
+            handed_on(&first),
+            vec![(10, vec!["11.103".into(), "12.103".into()])],
+            "under the horizon it started with"
         );
-        assert_eq!(state.read_from_for_pointer(5_002), Some(5_001));
+        assert_eq!(state.horizon(), 103);
+        let rest = state.take_pending().expect("the rest follows");
+        assert_eq!((rest.after, rest.since_txid), (12, 103));
+        let second = state.read_done(rest, rows(&[13]), ReadEnd::Whole { first_xmin: 170 }, 500);
+        assert_eq!(handed_on(&second), vec![(12, vec!["13.150".into()])]);
+        assert_eq!(
+            state.horizon(),
+            150,
+            "the first page's xmin, not the last's"
+        );
     }
 
     #[test]
     fn a_row_read_twice_is_handed_on_once() {
         let mut state = activated_at(0);
-        assert_eq!(read(&mut state, 0, rows(&[1, 2])), vec![(0, vec![1, 2])]);
-        assert_eq!(read(&mut state, 0, rows(&[1, 2, 3])), vec![(0, vec![3])]);
-        assert_eq!(read(&mut state, 2, rows(&[3])), Vec::new());
+        assert_eq!(whole(&mut state, 103, rows(&[1, 2])).len(), 1);
         assert_eq!(
-            read(&mut state, 3, rows(&[4, 4])),
-            vec![(3, vec![4])],
+            whole(&mut state, 103, rows(&[1, 2, 3])),
+            vec![(2, vec!["3.103".into()])]
+        );
+        assert_eq!(
+            whole(&mut state, 103, rows(&[4, 4])),
+            vec![(3, vec!["4.103".into()])],
             "even twice in one read"
         );
     }
 
     #[test]
-    fn a_reconnect_rereads_every_scope_from_its_watermark() {
-        let mut quiet = activated_at(5);
-        let mut busy = activated_at(0);
-        read(&mut busy, 0, rows(&[4_000, 4_500]));
-        for (state, expected) in [(&mut quiet, 0), (&mut busy, 3_500)] {
-            let from = state.read_from_after_reconnect();
-            assert_eq!(from, expected, "a look-back below the watermark");
-            assert_eq!(state.start_read(from), Some(from));
-            assert!(state.is_reading());
-        }
-        assert_eq!(
-            handed_on(&busy.read_done(3_500, rows(&[3_900, 4_000, 4_500]), 500)),
-            vec![(3_500, vec![3_900])],
-            "a late commit missed while disconnected; the rest was delivered"
-        );
+    fn pointers_to_recent_seqs_cost_no_read() {
+        let mut state = activated_at(0);
+        whole(&mut state, 250, rows(&[5_000, 5_001]));
+        assert!(state.above_horizon.is_empty(), "written below the horizon");
+        assert!(!state.pointer_needs_read(5_001), "handed on recently");
+        assert!(state.pointer_needs_read(4_999), "may be a late commit");
+        assert!(state.pointer_needs_read(5_002));
     }
 
     #[test]
-    fn a_read_in_flight_is_followed_by_another() {
+    fn reads_asked_for_while_one_runs_follow_it_once() {
         let mut state = activated_at(2_000);
-        assert_eq!(state.start_read(2_000), Some(2_000));
-        // Meanwhile a pointer and a reconnect ask for reads.
-        assert_eq!(
-            state.start_read(state.read_from_for_pointer(2_001).unwrap()),
-            None
+        let plan = state.whole_read().unwrap();
+        assert!(state.whole_read().is_none());
+        assert!(
+            state.decoded(rows(&[2_005]), 500).is_empty(),
+            "left to the next read"
         );
-        assert_eq!(state.start_read(state.read_from_after_reconnect()), None);
-        assert_eq!(state.start_read(1_500), None);
         assert!(state.is_reading());
-
-        state.read_done(2_000, rows(&[2_001]), 500);
-        assert!(!state.is_reading());
-        let next = state.take_pending();
-        assert_eq!(next, Some(1_000), "the lowest start asked for");
-        assert_eq!(state.take_pending(), None, "asked for once");
-        assert_eq!(state.start_read(1_000), Some(1_000));
-        assert_eq!(
-            handed_on(&state.read_done(1_000, rows(&[2_001]), 500)),
-            Vec::new()
+        state.read_done(
+            plan,
+            rows(&[2_001]),
+            ReadEnd::Whole { first_xmin: 103 },
+            500,
         );
-        assert_eq!(state.take_pending(), None);
+        assert!(!state.is_reading());
+        let next = state.take_pending().expect("asked for");
+        assert!(state.take_pending().is_none(), "asked for once");
+        assert_eq!(next.after, 0);
+        assert_eq!(
+            handed_on(&state.read_done(
+                next,
+                rows(&[2_001, 2_005]),
+                ReadEnd::Whole { first_xmin: 103 },
+                500
+            )),
+            vec![(2_001, vec!["2005.103".into()])]
+        );
     }
 
     #[test]
-    fn a_failed_read_ends_so_its_retry_can_start() {
+    fn a_failed_read_is_retried_as_it_was() {
         let mut state = activated_at(10);
-        assert_eq!(state.start_read(10), Some(10));
-        assert_eq!(state.start_read(7), None);
+        let plan = state.whole_read().unwrap();
         state.read_failed();
         assert!(!state.is_reading());
-        assert_eq!(state.take_pending(), Some(7));
-        assert_eq!(state.start_read(7), Some(7));
-        assert_eq!(state.start_read(10), None, "the retry waits its turn");
+        let retry = state.retry(plan).unwrap();
+        assert_eq!(retry, plan);
+        assert!(state.retry(plan).is_none(), "the retry waits its turn");
         assert_eq!(state.watermark(), 10);
     }
 
     #[test]
     fn each_batch_follows_on_from_the_previous_one() {
         let mut state = activated_at(10);
-        assert_eq!(state.start_read(10), Some(10));
-        let batches = state.read_done(10, rows(&[11, 12, 13, 14, 15]), 2);
-        assert_eq!(
-            handed_on(&batches),
-            vec![(10, vec![11, 12]), (12, vec![13, 14]), (14, vec![15])]
+        let plan = state.whole_read().unwrap();
+        let batches = state.read_done(
+            plan,
+            rows(&[11, 12, 13, 14, 15]),
+            ReadEnd::Whole { first_xmin: 103 },
+            2,
         );
+        let after: Vec<i64> = batches.iter().map(|b| b.read_after).collect();
+        assert_eq!(after, vec![10, 12, 14]);
     }
 
     #[test]
@@ -424,11 +619,11 @@ mod tests {
         // Seq 12's transaction commits before seq 11's.
         assert_eq!(
             handed_on(&state.decoded(rows(&[12]), 500)),
-            vec![(10, vec![12])]
+            vec![(10, vec!["12.103".into()])]
         );
         assert_eq!(
             handed_on(&state.decoded(rows(&[11]), 500)),
-            vec![(10, vec![11])]
+            vec![(10, vec!["11.103".into()])]
         );
         assert_eq!(state.watermark(), 12);
         assert!(
@@ -437,17 +632,8 @@ mod tests {
         );
         assert!(!state.is_reading(), "decoding never starts a read");
         assert!(
-            state.decoded(vec![row(4, 101)], 500).is_empty(),
+            state.decoded(vec![row(4, 104)], 500).is_empty(),
             "history is never handed on"
         );
-    }
-
-    #[test]
-    fn decoded_rows_during_a_read_are_left_to_the_read_after_it() {
-        let mut state = activated_at(10);
-        assert_eq!(state.start_read(10), Some(10));
-        assert!(state.decoded(rows(&[13, 14]), 500).is_empty());
-        assert_eq!(state.take_pending(), Some(10), "min(watermark, 13 - 1)");
-        assert!(state.is_reading());
     }
 }

@@ -15,19 +15,19 @@ use std::time::Duration;
 
 use actix::Addr;
 use bytes::{Bytes, BytesMut};
-use eventrelay_wire::{Subscriber, sse};
+use eventrelay_wire::{ResumeCursor, Subscriber, sse};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
 
 use super::peer::{PEEK_EVERY, PeerSocket};
 use super::registry::{End, Ticket};
-use super::shared_reads::SharedReads;
+use super::shared_reads::{SharedReads, Stamp};
 use crate::actors::EncodedEvent;
 use crate::actors::mailbox::Counted;
 use crate::actors::relay::{Relay, Unsubscribe};
 use crate::latency::Stage;
 use crate::metrics::{Metrics, SourceLabel};
-use crate::store::StoreError;
+use crate::store::{StoreError, Window};
 
 /// Replayed seqs remembered to drop their live duplicates.
 pub(super) const SENT_MEMORY: usize = 16_384;
@@ -50,12 +50,88 @@ pub enum StreamError {
 pub enum Replay {
     Nothing,
     FromTail(Vec<Arc<EncodedEvent>>),
-    /// Read page by page after `cursor`, through reads shared with the
-    /// other streams resuming from the same point.
-    FromOutbox {
-        cursor: i64,
-        reads: SharedReads,
-    },
+    /// Read page by page, through reads shared with the other streams
+    /// resuming from the same point. Boxed: a live stream keeps its
+    /// `Replay` (as `Nothing`) for its whole life.
+    FromOutbox(Box<OutboxReplay>),
+}
+
+/// A replay that reads the outbox: first the late commits below the
+/// client's cursor, then what follows it.
+pub struct OutboxReplay {
+    pub reads: SharedReads,
+    /// Below a cursor with a horizon: the rows its seq passed over whose
+    /// transactions were at or above its horizon, committed since.
+    pub late: Option<LateCommits>,
+    pub then: AfterCursor,
+    /// The horizon the events after the cursor go out under: the xmin of
+    /// the replay's first snapshot, once read.
+    pub stamp: Option<u64>,
+}
+
+/// The late commits still to read below a cursor.
+pub struct LateCommits {
+    pub cursor: ResumeCursor,
+    /// The highest seq read so far.
+    pub after: i64,
+}
+
+/// What a replay sends after the cursor.
+pub enum AfterCursor {
+    Nothing,
+    /// The hub's tail covered it.
+    Tail(Vec<Arc<EncodedEvent>>),
+    /// Pages from the outbox after this seq.
+    Outbox(i64),
+}
+
+impl OutboxReplay {
+    /// The next page for `subscriber`; `None` once the replay is over.
+    async fn next_page(
+        &mut self,
+        subscriber: &Subscriber,
+    ) -> Result<Option<Vec<Arc<EncodedEvent>>>, Arc<StoreError>> {
+        let scope = subscriber.scope_key.as_str();
+        if let Some(late) = &mut self.late {
+            let horizon = late.cursor.horizon;
+            // Below the cursor's seq: the cursor's own event was sent.
+            let window = Window {
+                after: late.after,
+                since_txid: horizon,
+                through: Some(late.cursor.seq - 1),
+            };
+            let page = self
+                .reads
+                .replay_page(scope, window, Stamp::Fixed(late.cursor))
+                .await?;
+            self.stamp.get_or_insert(page.snapshot_xmin);
+            match page.last_seq {
+                Some(last) if page.full => late.after = last,
+                _ => self.late = None,
+            }
+            return Ok(Some(page.permitted_for(subscriber)));
+        }
+        match &mut self.then {
+            AfterCursor::Nothing => Ok(None),
+            AfterCursor::Tail(events) => {
+                let events = std::mem::take(events);
+                self.then = AfterCursor::Nothing;
+                Ok(Some(events))
+            }
+            AfterCursor::Outbox(after) => {
+                let page = self
+                    .reads
+                    .replay_page(scope, Window::after(*after), Stamp::Horizon(self.stamp))
+                    .await?;
+                self.stamp.get_or_insert(page.snapshot_xmin);
+                match page.last_seq {
+                    Some(last) if page.full => *after = last,
+                    _ => self.then = AfterCursor::Nothing,
+                }
+                Ok(Some(page.permitted_for(subscriber)))
+            }
+        }
+    }
 }
 
 pub struct SessionParams {
@@ -562,16 +638,13 @@ pub(super) async fn replay_page(
             *replay = Replay::Nothing;
             Ok(Some(events))
         }
-        Replay::FromOutbox { cursor, reads } => {
-            let page = reads.replay_page(&subscriber.scope_key, *cursor).await?;
-            if let Some(last) = page.last_seq {
-                *cursor = last;
-            }
-            if !page.full {
+        Replay::FromOutbox(outbox) => match outbox.next_page(subscriber).await? {
+            Some(events) => Ok(Some(events)),
+            None => {
                 *replay = Replay::Nothing;
+                Ok(None)
             }
-            Ok(Some(page.permitted_for(subscriber)))
-        }
+        },
     }
 }
 
@@ -710,7 +783,8 @@ mod tests {
         let mut envelope =
             NewEvent::durable("t", "s", json!({ "marker": seq })).into_envelope(Utc::now());
         envelope.seq = Some(seq);
-        Arc::new(EncodedEvent::written_by(envelope, 200))
+        let cursor = eventrelay_wire::ResumeCursor::at(seq, 200);
+        Arc::new(EncodedEvent::written_by(envelope, 200, cursor))
     }
 
     /// The seqs whose frames `chunk` holds.

@@ -22,11 +22,11 @@ use std::future::Future;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
-use eventrelay_wire::Subscriber;
+use eventrelay_wire::{ResumeCursor, Subscriber};
 use tokio::sync::oneshot;
 
 use crate::actors::encoded::EncodedEvent;
-use crate::store::{Database, JoinView, Outbox, StoreError};
+use crate::store::{Database, JoinView, Outbox, StoreError, Window};
 
 /// Events a replay reads per page.
 pub const REPLAY_PAGE: i64 = 500;
@@ -34,8 +34,19 @@ pub const REPLAY_PAGE: i64 = 500;
 /// What one read gave every request it answered.
 pub type Shared<V> = Result<Arc<V>, Arc<StoreError>>;
 
-/// One page of a scope's outbox after a cursor, encoded once for every
-/// stream that asked for it.
+/// What a replayed frame's `id:` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stamp {
+    /// The same cursor on every frame: for late commits replayed from
+    /// below a client's cursor, after which it still stands where it stood.
+    Fixed(ResumeCursor),
+    /// Each frame's own seq with this horizon, or, when `None`, with the
+    /// xmin of the snapshot the page was read in.
+    Horizon(Option<u64>),
+}
+
+/// One page of a scope's outbox, encoded once for every stream that asked
+/// for it.
 #[derive(Debug)]
 pub struct ReplayPage {
     pub events: Vec<Arc<EncodedEvent>>,
@@ -43,6 +54,8 @@ pub struct ReplayPage {
     pub last_seq: Option<i64>,
     /// Whether the page was full, so more rows may follow.
     pub full: bool,
+    /// The xmin of the snapshot the page was read in.
+    pub snapshot_xmin: u64,
 }
 
 impl ReplayPage {
@@ -140,13 +153,17 @@ where
     }
 }
 
+/// What a replay page is read by: its scope, its window of the outbox, and
+/// how its frames are stamped.
+type PageKey = (Arc<str>, Window, Stamp);
+
 /// The join views and replay pages of this relay's opening streams.
 #[derive(Clone)]
 pub struct SharedReads {
     db: Database,
     outbox: Outbox,
     joins: Arc<Coalescer<Arc<str>, JoinView>>,
-    pages: Arc<Coalescer<(Arc<str>, i64), ReplayPage>>,
+    pages: Arc<Coalescer<PageKey, ReplayPage>>,
 }
 
 impl SharedReads {
@@ -173,25 +190,43 @@ impl SharedReads {
             .await
     }
 
-    /// The page of the scope's outbox after `cursor`, read after this call.
-    pub async fn replay_page(&self, scope_key: &str, cursor: i64) -> Shared<ReplayPage> {
+    /// The page of the scope's outbox in `window`, its frames stamped as
+    /// `stamp` says, read after this call.
+    pub async fn replay_page(
+        &self,
+        scope_key: &str,
+        window: Window,
+        stamp: Stamp,
+    ) -> Shared<ReplayPage> {
         let (db, outbox) = (self.db.clone(), self.outbox.clone());
         self.pages
             .read(
-                (Arc::from(scope_key), cursor),
-                move |(scope, cursor): (Arc<str>, i64)| {
+                (Arc::from(scope_key), window, stamp),
+                move |(scope, window, stamp): (Arc<str>, Window, Stamp)| {
                     let (db, outbox) = (db.clone(), outbox.clone());
                     async move {
                         let client = db.get().await?;
-                        let rows = outbox
-                            .read_since(&client, &scope, cursor, REPLAY_PAGE)
+                        let page = outbox
+                            .read_window(&client, &scope, window, REPLAY_PAGE)
                             .await?;
+                        let snapshot_xmin = page.snapshot_xmin;
+                        let cursor = |seq: i64| match stamp {
+                            Stamp::Fixed(cursor) => cursor,
+                            Stamp::Horizon(horizon) => {
+                                ResumeCursor::at(seq, horizon.unwrap_or(snapshot_xmin))
+                            }
+                        };
                         Ok(ReplayPage {
-                            full: rows.len() as i64 == REPLAY_PAGE,
-                            last_seq: rows.last().and_then(|event| event.seq),
-                            events: rows
+                            full: page.returned as i64 == REPLAY_PAGE,
+                            last_seq: page.last_seq,
+                            snapshot_xmin,
+                            events: page
+                                .rows
                                 .into_iter()
-                                .map(|envelope| Arc::new(EncodedEvent::new(envelope)))
+                                .map(|row| {
+                                    let seq = row.envelope.seq.unwrap_or_default();
+                                    Arc::new(EncodedEvent::replayed(row.envelope, cursor(seq)))
+                                })
                                 .collect(),
                         })
                     }

@@ -16,12 +16,17 @@ use tokio::time::Instant;
 
 use super::peer::PeerSocket;
 use super::registry::Refusal;
-use super::session::{Registration, Replay, Session, SessionParams, count_replay};
+use super::session::{
+    AfterCursor, LateCommits, OutboxReplay, Registration, Replay, Session, SessionParams,
+    count_replay,
+};
 use crate::actors::relay::{JoinPoint, Subscribe, SubscribeError};
 use crate::auth::Credentials;
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
+use crate::metrics::{Metrics, ReasonLabel};
 use crate::store::JoinView;
+use eventrelay_wire::ResumeCursor;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -32,21 +37,13 @@ pub struct StreamQuery {
     until: Option<String>,
 }
 
-/// Parses a `Last-Event-ID`: a seq, which is a non-negative integer.
-pub fn parse_last_event_id(value: &str) -> Result<i64, ApiError> {
-    let trimmed = value.trim();
-    trimmed
-        .parse::<i64>()
-        .ok()
-        .filter(|seq| *seq >= 0 && !trimmed.starts_with('+'))
-        .ok_or_else(|| {
-            let shown: String = value.chars().take(40).collect();
-            ApiError::bad_request(
-                ErrorCode::InvalidLastEventId,
-                format!(
-                    "Last-Event-ID must be the non-negative integer `id:` of a durable event, got {shown:?}"
-                ),
-            )
+/// Parses a `Last-Event-ID`: a [`ResumeCursor`], `<seq>.<horizon>` or a
+/// plain `<seq>`.
+pub fn parse_last_event_id(value: &str) -> Result<ResumeCursor, ApiError> {
+    value
+        .parse()
+        .map_err(|error: eventrelay_wire::CursorParseError| {
+            ApiError::bad_request(ErrorCode::InvalidLastEventId, error.to_string())
         })
 }
 
@@ -132,7 +129,13 @@ pub async fn stream_events(
                 refusal.to_string(),
             ),
         })?;
-    let replay_from = last_event_id.map(|id| (id - sse.replay_lookback).max(0));
+    // Where the tail or the outbox replays from. A cursor with a horizon is
+    // exact: after its seq, with its late commits read apart. A plain seq
+    // can only be trusted so far: the look-back below it is a guess.
+    let replay_from = last_event_id.map(|cursor| match cursor.horizon {
+        Some(_) => cursor.seq,
+        None => (cursor.seq - sse.replay_lookback).max(0),
+    });
     // Taken before the subscription exists, so whatever it saw committed
     // is history to this subscriber and everything after it is live. The
     // read is shared with the streams of the scope opening at the same
@@ -171,21 +174,38 @@ pub async fn stream_events(
         state.open_streams.hold(),
     );
 
+    // Read after the subscription exists, so a late commit either is in
+    // the read or reaches the stream live.
+    let late = last_event_id
+        .filter(|cursor| cursor.horizon.is_some())
+        .map(|cursor| LateCommits { cursor, after: 0 });
+    let outbox_replay = |late, then| {
+        Replay::FromOutbox(Box::new(OutboxReplay {
+            reads: state.reads.clone(),
+            late,
+            then,
+            stamp: None,
+        }))
+    };
     let (replay, resync) = match (last_event_id, replay_from, attached.from_tail) {
-        (Some(after), Some(_), Some(events)) => {
+        (Some(cursor), Some(_), Some(events)) => {
             count_replay(&state.metrics, "memory");
-            // The tail holds every event after `after`: nothing was pruned
-            // from under it, but the watermark may still be from the future.
-            (Replay::FromTail(events), after > view.outbox_newest)
+            // The tail holds every event after the cursor's seq: nothing
+            // was pruned from under it, but the cursor may still be from
+            // the future.
+            let replay = match late {
+                Some(late) => outbox_replay(Some(late), AfterCursor::Tail(events)),
+                None => Replay::FromTail(events),
+            };
+            let gap = (cursor.seq > view.outbox_newest).then_some("unknown_cursor");
+            (replay, counted_resync(&state.metrics, gap))
         }
-        (Some(after), Some(from), None) => {
+        (Some(cursor), Some(from), None) => {
             count_replay(&state.metrics, "outbox");
+            let gap = gap_before(&view, cursor.seq);
             (
-                Replay::FromOutbox {
-                    cursor: from,
-                    reads: state.reads.clone(),
-                },
-                must_reread(&view, after),
+                outbox_replay(late, AfterCursor::Outbox(from)),
+                counted_resync(&state.metrics, gap),
             )
         }
         _ => (Replay::Nothing, true),
@@ -235,17 +255,29 @@ fn reauth_warning(now: Instant, left: Duration, lead: Duration) -> Option<(Insta
     Some((now + left - lead, lead.as_secs().max(1)))
 }
 
-/// Whether a client replaying after `after` may have missed events and
-/// must re-read its state: some were pruned, or its watermark is above
-/// every seq this outbox ever assigned, so it comes from another database
-/// (a restore, a reset sequence) and replaying "after" it finds nothing.
-fn must_reread(view: &JoinView, after: i64) -> bool {
-    let from_the_future = after > view.outbox_newest;
+/// Why a client replaying after `after` may have missed events and must
+/// re-read its state, if it may: some were pruned (`pruned`), or its
+/// cursor is above every seq this outbox ever assigned, so it comes from
+/// another database (a restore, a reset sequence) and replaying "after" it
+/// finds nothing (`unknown_cursor`).
+fn gap_before(view: &JoinView, after: i64) -> Option<&'static str> {
+    if after > view.outbox_newest {
+        return Some("unknown_cursor");
+    }
     let pruned = after < view.pruned_through;
     // Rows pruned before the highest pruned seq was recorded leave only the
-    // horizon to go by.
-    let below_horizon = view.horizon.is_none_or(|oldest| oldest > after + 1);
-    from_the_future || pruned || (below_horizon && after < view.outbox_newest)
+    // oldest seq held to go by.
+    let below_oldest = view.horizon.is_none_or(|oldest| oldest > after + 1);
+    (pruned || (below_oldest && after < view.outbox_newest)).then_some("pruned")
+}
+
+/// Whether to tell the stream to resync: when there is a gap, counted by
+/// its reason.
+fn counted_resync(metrics: &Metrics, gap: Option<&'static str>) -> bool {
+    if let Some(reason) = gap {
+        metrics.resyncs.get_or_create(&ReasonLabel { reason }).inc();
+    }
+    gap.is_some()
 }
 
 #[cfg(test)]
@@ -253,11 +285,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn last_event_id_must_be_a_non_negative_integer() {
-        assert_eq!(parse_last_event_id("42").unwrap(), 42);
-        assert_eq!(parse_last_event_id(" 7 ").unwrap(), 7);
-        assert_eq!(parse_last_event_id("0").unwrap(), 0);
-        for bad in ["", "-1", "abc", "1.5", "+3", "99999999999999999999"] {
+    fn last_event_id_must_be_a_cursor() {
+        let plain = |seq| ResumeCursor { seq, horizon: None };
+        assert_eq!(parse_last_event_id("42").unwrap(), plain(42));
+        assert_eq!(parse_last_event_id(" 7 ").unwrap(), plain(7));
+        assert_eq!(parse_last_event_id("0").unwrap(), plain(0));
+        assert_eq!(
+            parse_last_event_id("152.8841").unwrap(),
+            ResumeCursor::at(152, 8841)
+        );
+        for bad in [
+            "",
+            "-1",
+            "abc",
+            "1.-5",
+            "+3",
+            "99999999999999999999",
+            "1.2.3",
+        ] {
             let error = parse_last_event_id(bad).unwrap_err();
             assert_eq!(error.code, "invalid_last_event_id", "{bad}");
         }

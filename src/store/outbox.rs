@@ -40,6 +40,48 @@ pub struct JoinView {
     pub horizon: Option<i64>,
 }
 
+/// Which rows of a scope a read takes, beyond `seq > after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Window {
+    /// Only rows with a seq above this.
+    pub after: i64,
+    /// Only rows written by a transaction at or above this id: what may
+    /// not have been handed on yet (see [`eventrelay_wire::ResumeCursor`]).
+    pub since_txid: Option<u64>,
+    /// Only rows with a seq at or below this.
+    pub through: Option<i64>,
+}
+
+impl Window {
+    /// Every row with a seq above `after`.
+    pub fn after(after: i64) -> Self {
+        Window {
+            after,
+            since_txid: None,
+            through: None,
+        }
+    }
+}
+
+/// One page of a [`Window`] read, and the snapshot it was read in.
+#[derive(Debug)]
+pub struct WindowPage {
+    /// In seq order.
+    pub rows: Vec<StoredEvent>,
+    /// How many rows the query returned (the withheld included), to tell
+    /// a full page.
+    pub returned: usize,
+    /// The highest seq the query returned (withheld or not): where the
+    /// next page starts.
+    pub last_seq: Option<i64>,
+    /// Bytes of `data` the rows take in the table.
+    pub data_bytes: i64,
+    /// The oldest transaction still running when the page was read: every
+    /// transaction below it had finished, so every row it wrote that
+    /// matches the window is on this page or the pages around it.
+    pub snapshot_xmin: u64,
+}
+
 /// Rows deleted per statement when pruning, so a large backlog never holds
 /// one long lock.
 pub const PRUNE_BATCH: i64 = 5_000;
@@ -48,6 +90,7 @@ pub const PRUNE_BATCH: i64 = 5_000;
 #[derive(Debug, Clone)]
 pub struct Outbox {
     read_sql: String,
+    window_sql: String,
     join_sql: String,
     prune_sql: String,
     oldest_sql: String,
@@ -64,6 +107,24 @@ impl Outbox {
                  WHERE scope_key = $1 AND seq > $2
                  ORDER BY seq
                  LIMIT $3"
+            ),
+            // The snapshot's xmin comes with the page, in one statement, so
+            // the two agree; the join keeps it when no row matches. Each
+            // optional bound is folded away by the planner when null, so a
+            // read since a txid takes the (scope_key, txid) index.
+            window_sql: format!(
+                "WITH taken AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS snapshot_xmin)
+                 SELECT taken.snapshot_xmin, o.*
+                 FROM taken LEFT JOIN LATERAL (
+                     SELECT seq, id, type, scope_key, data, audience, resources, occurred_at,
+                            txid::text AS txid, pg_column_size(data) AS data_bytes
+                     FROM {schema}.outbox
+                     WHERE scope_key = $1 AND seq > $2
+                       AND ($3::text IS NULL OR txid >= $3::text::xid8)
+                       AND ($4::int8 IS NULL OR seq <= $4)
+                     ORDER BY seq
+                     LIMIT $5
+                 ) o ON true"
             ),
             // One statement, so the snapshot and the seqs agree.
             join_sql: format!(
@@ -144,6 +205,49 @@ impl Outbox {
             .map(|row| row.get::<_, Option<i32>>("data_bytes").unwrap_or(0) as i64)
             .sum();
         Ok((rows.iter().filter_map(stored_from_row).collect(), bytes))
+    }
+
+    /// Up to `limit` rows of `scope_key` in `window`, in seq order, with the
+    /// snapshot they were read in.
+    pub async fn read_window(
+        &self,
+        db: &impl PgExecutor,
+        scope_key: &str,
+        window: Window,
+        limit: i64,
+    ) -> Result<WindowPage, StoreError> {
+        let since = window.since_txid.map(|txid| txid.to_string());
+        let rows = db
+            .query_typed(
+                &self.window_sql,
+                &[
+                    (&scope_key, Type::TEXT),
+                    (&window.after, Type::INT8),
+                    (&since, Type::TEXT),
+                    (&window.through, Type::INT8),
+                    (&limit, Type::INT8),
+                ],
+            )
+            .await?;
+        let first = rows.first().ok_or(StoreError::NoRow("an outbox window"))?;
+        let xmin: String = first.get("snapshot_xmin");
+        let snapshot_xmin = xmin
+            .parse()
+            .map_err(|_| StoreError::NoRow("a readable snapshot xmin"))?;
+        let found: Vec<&Row> = rows
+            .iter()
+            .filter(|row| row.get::<_, Option<i64>>("seq").is_some())
+            .collect();
+        Ok(WindowPage {
+            returned: found.len(),
+            last_seq: found.last().map(|row| row.get("seq")),
+            data_bytes: found
+                .iter()
+                .map(|row| row.get::<_, Option<i32>>("data_bytes").unwrap_or(0) as i64)
+                .sum(),
+            rows: found.into_iter().filter_map(stored_from_row).collect(),
+            snapshot_xmin,
+        })
     }
 
     /// The outbox as a subscriber joining `scope_key` now sees it.

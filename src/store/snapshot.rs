@@ -52,6 +52,12 @@ impl Snapshot {
         })
     }
 
+    /// The oldest transaction still running when the snapshot was taken:
+    /// every one below it had finished.
+    pub fn xmin(&self) -> u64 {
+        self.xmin
+    }
+
     /// True when the transaction `txid` had committed when the snapshot was
     /// taken (Postgres's `pg_visible_in_snapshot`).
     pub fn is_visible(&self, txid: u64) -> bool {

@@ -8,7 +8,8 @@
 //!
 //! [`envelope`] (the event and its rules), [`notification`] (the `NOTIFY`
 //! payloads: pointers, inline events and batches), [`seal`] (how those
-//! payloads are sealed on the channel), [`carrying`]
+//! payloads are sealed on the channel), [`cursor`] (a frame's `id:`, the
+//! `Last-Event-ID` a stream resumes from), [`carrying`]
 //! (pointers a writer builds itself before the seqs exist), [`sse`] (frames),
 //! [`audience`] (the one predicate every delivery path applies), [`webhook`]
 //! (Standard Webhooks signing and verifying), and `schema` (the JSON
@@ -16,6 +17,7 @@
 
 pub mod audience;
 pub mod carrying;
+pub mod cursor;
 pub mod envelope;
 pub mod notification;
 #[cfg(feature = "json-schema")]
@@ -26,6 +28,7 @@ pub mod webhook;
 
 pub use audience::{PermissionEvaluator, Subscriber, is_envelope_permitted, is_permitted};
 pub use carrying::{EnvelopeAroundSeq, assign_to_pointers};
+pub use cursor::{CursorParseError, ResumeCursor};
 pub use envelope::{
     Audience, EnvelopeError, EventEnvelope, Lane, MAX_EVENT_TYPE_BYTES, MAX_SCOPE_KEY_BYTES,
     NewEvent, RESERVED_EVENT_TYPE_PREFIX, RESERVED_EVENT_TYPES, is_reserved_event_type,
@@ -34,8 +37,8 @@ pub use envelope::{
 pub use notification::{
     CarriedRows, DELIVERIES_QUEUED, DecodeError, DeferredPointer, EncodeError, EventNotification,
     INLINE_BATCH_VERSION, MAX_NOTIFY_PAYLOAD_BYTES, POSTGRES_NOTIFY_LIMIT_BYTES,
-    decode_notification, decode_notification_within, defer_carried_rows, encode_inline,
-    encode_inline_batch, encode_inline_batch_within, encode_inline_within, encode_pointer,
-    encode_pointer_carrying,
+    decode_notification, decode_notification_within, defer_carried_rows, encode_horizon,
+    encode_inline, encode_inline_batch, encode_inline_batch_within, encode_inline_within,
+    encode_pointer, encode_pointer_carrying,
 };
 pub use seal::{MAX_SEALED_PLAINTEXT_BYTES, Origin, SealError, SealKey, sealed_len};

@@ -12,7 +12,10 @@
 //! it stays under the size limit; `v` is that form's version, and a relay
 //! that predates the form refuses it as an unknown kind (logged and
 //! counted), never misreading it. `{"k":"due"}` says a transaction queued
-//! webhook deliveries. Decoding never panics: every malformed
+//! webhook deliveries. `{"k":"hz","x":txid}` is a relay's horizon mark:
+//! every transaction below `x` had finished before it was sent, so a relay
+//! that hears it has heard everything those transactions announced (see
+//! [`crate::cursor`]). Decoding never panics: every malformed
 //! payload maps to a [`DecodeError`] the listener can log, count and drop.
 
 use serde::{Deserialize, Serialize};
@@ -81,6 +84,16 @@ pub enum EventNotification {
     /// workers for it, and only for it.
     #[serde(rename = "due")]
     DeliveriesQueued,
+    /// A horizon mark: every transaction with an id below `x` had finished
+    /// when it was sent. Notifications are heard in commit order, so
+    /// everything those transactions announced was heard before it.
+    #[serde(rename = "hz")]
+    Horizon {
+        /// The oldest transaction still running then
+        /// (`pg_snapshot_xmin(pg_current_snapshot())`).
+        #[serde(rename = "x")]
+        xmin: u64,
+    },
 }
 
 /// Durable rows that travel with their pointer: every row one statement
@@ -149,6 +162,8 @@ pub enum DecodeError {
     InvalidEnvelope(String),
     #[error("inline event must be ephemeral")]
     InlineNotEphemeral,
+    #[error("horizon mark is malformed: `x` must be a transaction id")]
+    InvalidHorizon,
     #[error("batch of inline events has version {0}; this relay reads version 1")]
     UnsupportedBatchVersion(u64),
     /// The pointer itself is sound, so the relay reads its rows back from
@@ -159,6 +174,11 @@ pub enum DecodeError {
         seq: i64,
         reason: String,
     },
+}
+
+/// Encodes a horizon mark: every transaction below `xmin` had finished.
+pub fn encode_horizon(xmin: u64) -> String {
+    format!(r#"{{"k":"hz","x":{xmin}}}"#)
 }
 
 /// Encodes the pointer for a committed durable row.
@@ -345,6 +365,10 @@ pub fn decode_notification_within(
         }),
         "evts" => decode_inline_batch(&mut object),
         "due" => Ok(EventNotification::DeliveriesQueued),
+        "hz" => match object.get("x").and_then(Value::as_u64) {
+            Some(xmin) => Ok(EventNotification::Horizon { xmin }),
+            None => Err(DecodeError::InvalidHorizon),
+        },
         _ => Err(DecodeError::UnknownKind(kind)),
     }
 }
@@ -533,6 +557,30 @@ mod tests {
                 carried: None,
             }
         );
+    }
+
+    #[test]
+    fn a_horizon_mark_round_trips_and_refuses_anything_but_a_txid() {
+        let payload = encode_horizon(5_000_000_123);
+        assert_eq!(payload, r#"{"k":"hz","x":5000000123}"#);
+        assert_eq!(
+            decode_notification(payload.as_bytes()).unwrap(),
+            EventNotification::Horizon {
+                xmin: 5_000_000_123
+            }
+        );
+        for bad in [
+            r#"{"k":"hz"}"#,
+            r#"{"k":"hz","x":-1}"#,
+            r#"{"k":"hz","x":"7"}"#,
+            r#"{"k":"hz","x":1.5}"#,
+        ] {
+            assert_eq!(
+                decode_notification(bad.as_bytes()),
+                Err(DecodeError::InvalidHorizon),
+                "{bad}"
+            );
+        }
     }
 
     fn durable(seq: i64, scope_key: &str) -> EventEnvelope {

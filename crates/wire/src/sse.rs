@@ -1,7 +1,7 @@
 //! Server-Sent Events framing.
 //!
-//! Frames are text: `id:` (durable events only, the replay watermark a client
-//! sends back as `Last-Event-ID`), `event:`, one `data:` line per line of the
+//! Frames are text: `id:` (durable events only, the [`ResumeCursor`] a
+//! client sends back as `Last-Event-ID`), `event:`, one `data:` line per line of the
 //! payload, and a blank line. Every field is written so that no value can end
 //! a frame early or inject a field: line breaks inside `data` become separate
 //! `data:` lines (which a client joins back with `\n`), and line breaks in
@@ -9,6 +9,7 @@
 
 use std::fmt::Write as _;
 
+use crate::cursor::ResumeCursor;
 use crate::envelope::EventEnvelope;
 
 /// The heartbeat comment frame.
@@ -21,20 +22,24 @@ pub const READY_EVENT: &str = "ready";
 /// soon: fetch a new token and open the next stream before this one ends.
 pub const REAUTH_EVENT: &str = "reauth";
 
-/// Encodes an envelope as one frame. Only durable events get an `id:` line,
-/// because an ephemeral id would point at nothing in the outbox.
+/// Encodes an envelope as one frame, its `id:` the plain seq. Only durable
+/// events get an `id:` line, because an ephemeral id would point at nothing
+/// in the outbox.
 pub fn event_frame(envelope: &EventEnvelope) -> String {
+    let id = envelope.seq.map(|seq| ResumeCursor { seq, horizon: None });
+    event_frame_at(envelope, id)
+}
+
+/// Encodes an envelope as one frame whose `id:` is `cursor` (durable events
+/// only; an ephemeral event never gets one).
+pub fn event_frame_at(envelope: &EventEnvelope, cursor: Option<ResumeCursor>) -> String {
     let data = serde_json::to_string(envelope).unwrap_or_else(|_| "{}".to_owned());
-    let id = if envelope.is_durable() {
-        envelope.seq
-    } else {
-        None
-    };
+    let id = if envelope.is_durable() { cursor } else { None };
     frame(id, Some(&envelope.event_type), &data)
 }
 
 /// Encodes a frame from its parts.
-pub fn frame(id: Option<i64>, event: Option<&str>, data: &str) -> String {
+pub fn frame(id: Option<ResumeCursor>, event: Option<&str>, data: &str) -> String {
     let mut out = String::with_capacity(data.len() + 48);
     if let Some(id) = id {
         let _ = writeln!(out, "id: {id}");
@@ -172,7 +177,14 @@ mod tests {
 
     #[test]
     fn a_newline_in_the_event_type_cannot_break_framing() {
-        let text = frame(Some(1), Some("evil\n\ndata: forged\r"), "{}");
+        let text = frame(
+            Some(ResumeCursor {
+                seq: 1,
+                horizon: None,
+            }),
+            Some("evil\n\ndata: forged\r"),
+            "{}",
+        );
         assert_eq!(text, "id: 1\nevent: evil  data: forged \ndata: {}\n\n");
     }
 

@@ -11,6 +11,7 @@
 )]
 
 use chrono::{TimeZone, Utc};
+use eventrelay_wire::ResumeCursor;
 use eventrelay_wire::sse::frame;
 use eventrelay_wire::{
     Audience, DecodeError, EventEnvelope, EventNotification, Lane, MAX_NOTIFY_PAYLOAD_BYTES,
@@ -153,13 +154,14 @@ proptest! {
 
     #[test]
     fn sse_frames_read_back_exactly(
-        id in prop::option::of(1i64..i64::MAX),
+        id in prop::option::of((1i64..i64::MAX, prop::option::of(any::<u64>()))),
         event in "[^\r\n]{1,20}",
         data in "(.|\r|\n){0,60}",
     ) {
+        let id = id.map(|(seq, horizon)| ResumeCursor { seq, horizon });
         let text = frame(id, Some(&event), &data);
         let (read_id, read_event, read_data) = read_frame(&text);
-        prop_assert_eq!(read_id, id.map(|i| i.to_string()));
+        prop_assert_eq!(read_id.map(|i| i.parse::<ResumeCursor>().unwrap()), id);
         prop_assert_eq!(read_event, Some(event));
         let expected_data = data.replace("\r\n", "\n").replace('\r', "\n");
         prop_assert_eq!(read_data, expected_data);
@@ -167,7 +169,7 @@ proptest! {
 
     #[test]
     fn event_fields_with_line_breaks_stay_one_field(event in "(.|\r|\n){1,30}", data in "[^\r\n]{0,10}") {
-        let text = frame(Some(1), Some(&event), &data);
+        let text = frame(Some(ResumeCursor::at(1, 2)), Some(&event), &data);
         let (_, read_event, read_data) = read_frame(&text);
         prop_assert!(read_event.is_some());
         prop_assert_eq!(read_data, data);

@@ -18,7 +18,9 @@ use eventrelay_wire::{
 };
 
 use crate::actors::mailbox::Counted;
-use crate::actors::relay::{Ephemeral, ListenerConnected, Pointer, Relay, count_unreadable_rows};
+use crate::actors::relay::{
+    Ephemeral, HorizonHeard, ListenerConnected, Pointer, Relay, count_unreadable_rows,
+};
 use crate::metrics::{ActorKind, Metrics, ReasonLabel};
 use crate::webhooks::DeliveriesDue;
 
@@ -159,6 +161,7 @@ fn forward(payload: &str, limit: usize, targets: &Targets) {
             }
         }
         Ok(EventNotification::DeliveriesQueued) => targets.deliveries_queued(),
+        Ok(EventNotification::Horizon { xmin }) => relay.do_send(HorizonHeard { xmin }),
         Err(DecodeError::UnreadableCarriedRows {
             scope_key,
             seq,

@@ -3,8 +3,10 @@
 //! connection (or follows the embedded database's feed: [`notify`]); in
 //! the logical mode it reads the replication stream ([`logical`]). Either
 //! way each payload is decoded and forwarded the same way ([`forward`]).
+//! Beside it runs the relay's sender of horizon marks ([`horizon`]).
 
 mod forward;
+pub mod horizon;
 pub mod logical;
 mod notify;
 
@@ -18,6 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::store::Database;
 pub use forward::Targets;
+pub use horizon::HorizonMarks;
 pub use logical::LogicalSource;
 
 /// Where notifications come from.
@@ -43,6 +46,7 @@ pub enum NotificationSource {
 
 pub struct Listener {
     source: Option<NotificationSource>,
+    marks: Option<HorizonMarks>,
     targets: Targets,
     connected: Arc<AtomicBool>,
     /// Dropped with the listener once it has stopped: shutdown waits for
@@ -53,12 +57,14 @@ pub struct Listener {
 impl Listener {
     pub fn new(
         source: NotificationSource,
+        marks: HorizonMarks,
         targets: Targets,
         connected: Arc<AtomicBool>,
         running: mpsc::Sender<()>,
     ) -> Self {
         Listener {
             source: Some(source),
+            marks: Some(marks),
             targets,
             connected,
             _running: running,
@@ -97,6 +103,9 @@ impl Actor for Listener {
             }
         };
         ctx.spawn(run.into_actor(self).map(|_, _, _| ()));
+        if let Some(marks) = self.marks.take() {
+            ctx.spawn(marks.send_forever().into_actor(self));
+        }
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {

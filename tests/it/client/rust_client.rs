@@ -110,7 +110,13 @@ async fn events_arrive_and_a_relay_restart_loses_no_durable_event() {
     assert_eq!(received.envelope.id, first.id);
     assert_eq!(received.envelope.seq, first.seq);
     assert_eq!(received.event_type, "order.created");
-    assert_eq!(received.sse_id, Some(first.seq.unwrap().to_string()));
+    let cursor: eventrelay::wire::ResumeCursor =
+        received.sse_id.as_deref().unwrap().parse().unwrap();
+    assert_eq!(Some(cursor.seq), first.seq);
+    assert!(
+        cursor.horizon.is_some(),
+        "a live frame's id carries its horizon"
+    );
     let received = next(&mut events).await;
     assert_eq!(received.envelope.id, tick.id);
     assert_eq!(received.sse_id, None, "ephemeral frames carry no id");

@@ -3,36 +3,17 @@
 //! does to a flow it dropped. The relay must notice within its health
 //! interval, say so on `/readyz`, and lose nothing once the path is back.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::support::freezer::Freezer;
+use crate::support::freezer::{Freezer, postgres_addr};
 use crate::support::receiver::Receiver;
 use crate::support::server::{TestServer, token};
-use crate::support::{DEADLINE, TestDb, database_url};
+use crate::support::{DEADLINE, TestDb};
 use eventrelay::publisher::NewEvent;
 use eventrelay::webhooks::NewSubscription;
 use serde_json::{Value, json};
 
 const HEALTH_SECS: u64 = 2;
-
-/// The shared Postgres server's address, for the proxy to forward to.
-fn postgres_addr() -> SocketAddr {
-    let config: tokio_postgres::Config = database_url().parse().unwrap();
-    let host = match &config.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(host) => host.clone(),
-        #[allow(unreachable_patterns)]
-        _ => "127.0.0.1".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}").parse().unwrap()
-}
-
-/// The test's URL with its host and port replaced by the proxy's.
-fn through(proxy: &Freezer, db: &TestDb) -> String {
-    let direct = postgres_addr();
-    db.url.replace(&direct.to_string(), &proxy.addr.to_string())
-}
 
 async fn readyz(server: &TestServer) -> (u16, Value) {
     let response = reqwest::get(server.url("/readyz")).await.unwrap();
@@ -70,7 +51,7 @@ async fn a_silently_dropped_listen_connection_is_found_and_nothing_is_lost() {
     let db = TestDb::new().await;
     let proxy = Freezer::start(postgres_addr()).await;
     let receiver = Receiver::start([]);
-    let listen_url = through(&proxy, &db);
+    let listen_url = proxy.url_for(&db);
     let hook = receiver.url.clone();
     let server = TestServer::start(&db, move |c| {
         c.database.listen_url = Some(listen_url.into());
@@ -137,7 +118,7 @@ async fn a_silently_dropped_listen_connection_is_found_and_nothing_is_lost() {
 async fn a_pool_behind_a_dropped_path_recovers_without_losing_anything() {
     let db = TestDb::new().await;
     let proxy = Freezer::start(postgres_addr()).await;
-    let url = through(&proxy, &db);
+    let url = proxy.url_for(&db);
     let server = TestServer::start(&db, move |c| {
         c.database.url = Some(url.into());
         c.database.migrate = false;

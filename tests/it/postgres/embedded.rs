@@ -35,7 +35,7 @@ async fn the_relay_runs_on_the_embedded_database() {
     let mut frames = stream.events(2).await;
     frames.sort_by_key(|f| f.event.clone());
     assert_eq!(frames[0].event.as_deref(), Some("order.created"));
-    assert_eq!(frames[0].id, Some(seq.to_string()));
+    assert_eq!(frames[0].seq(), Some(seq));
     assert_eq!(frames[1].event.as_deref(), Some("sync.progress"));
     assert_eq!(frames[1].id, None);
     drop(stream);

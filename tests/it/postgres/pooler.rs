@@ -163,7 +163,7 @@ async fn the_relay_serves_with_its_pool_behind_a_transaction_pooler() {
     let first = seqs(&published)[0];
     let frame = live.next_event().await;
     assert_eq!(frame.event.as_deref(), Some("order.created"));
-    assert_eq!(frame.id, Some(first.to_string()));
+    assert_eq!(frame.seq(), Some(first));
 
     // The webhook: claimed, sent, and recorded as delivered.
     let sent = receiver.wait_for(1).await;
@@ -205,7 +205,7 @@ async fn the_relay_serves_with_its_pool_behind_a_transaction_pooler() {
         .events(expected.len())
         .await
         .iter()
-        .map(|frame| frame.id.as_deref().unwrap().parse().unwrap())
+        .map(|frame| frame.seq().unwrap())
         .collect();
     assert_eq!(received, expected);
     let settled = eventually("the deliveries never settled", || async {
@@ -254,7 +254,7 @@ async fn the_relay_serves_with_its_pool_behind_a_transaction_pooler() {
     let replayed_ids: Vec<i64> = replay
         .replayed
         .iter()
-        .map(|frame| frame.id.as_deref().unwrap().parse().unwrap())
+        .map(|frame| frame.seq().unwrap())
         .collect();
     assert_eq!(replayed_ids, cold[1..]);
     assert!(
@@ -469,8 +469,5 @@ async fn prepared_statements_left_on_behind_the_pooler_cost_at_most_a_few_reques
         .publish(json!({"type": "t", "scopeKey": "org-1", "lane": "durable", "data": {}}))
         .await;
     assert_eq!(status, 200, "{published}");
-    assert_eq!(
-        live.next_event().await.id,
-        Some(seqs(&published)[0].to_string())
-    );
+    assert_eq!(live.next_event().await.seq(), Some(seqs(&published)[0]));
 }

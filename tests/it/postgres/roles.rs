@@ -382,7 +382,8 @@ async fn pointers_to_delivered_or_old_rows_cost_no_read() {
         .await;
     let first = db.emit(NewEvent::durable("n", "org-1", json!({}))).await;
     assert_eq!(stream.next_event().await.json()["id"], first.id.to_string());
-    let reads = server.metric(READS).await;
+    // The scope's one read, at activation.
+    let reads = server.wait_for_metric(READS, |n| n >= 1.0).await;
     // Even sealed (as only the owner or the relay's role could), a pointer
     // to what was delivered announces nothing new.
     for _ in 0..10 {

@@ -24,6 +24,18 @@ impl Path {
     }
 }
 
+/// The shared Postgres server's address, for a proxy to forward to.
+pub fn postgres_addr() -> SocketAddr {
+    let config: tokio_postgres::Config = super::database_url().parse().unwrap();
+    let host = match &config.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        #[allow(unreachable_patterns)]
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}").parse().unwrap()
+}
+
 pub struct Freezer {
     pub addr: SocketAddr,
     path: Arc<Path>,
@@ -70,6 +82,12 @@ impl Freezer {
             "postgres://postgres@{}/{database}?sslmode=disable",
             self.addr
         )
+    }
+
+    /// `db`'s URL on the shared server, through this proxy.
+    pub fn url_for(&self, db: &super::TestDb) -> String {
+        db.url
+            .replace(&postgres_addr().to_string(), &self.addr.to_string())
     }
 
     pub fn freeze(&self) {

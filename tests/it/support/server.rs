@@ -418,6 +418,17 @@ impl Frame {
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.data).unwrap()
     }
+
+    /// The seq a durable frame's `id:` (a resume cursor, `<seq>.<horizon>`)
+    /// names.
+    pub fn seq(&self) -> Option<i64> {
+        id_seq(self.id.as_deref()?)
+    }
+}
+
+/// The seq a resume cursor names.
+pub fn id_seq(id: &str) -> Option<i64> {
+    id.split('.').next()?.parse().ok()
 }
 
 pub struct SseStream {

@@ -1,0 +1,189 @@
+//! Late commits: a transaction that takes a seq and commits after many
+//! higher seqs (in any scope) were delivered. A stream that resumes from
+//! the `id:` it last saw, and a relay whose listener reconnects, must both
+//! find it, however far below the newest seq it lies.
+
+use eventrelay::wire::NewEvent;
+use serde_json::json;
+use tokio_postgres::Client;
+
+use crate::support::freezer::{Freezer, postgres_addr};
+use crate::support::server::{TestServer, token};
+use crate::support::{TestDb, eventually};
+
+/// Commits `count` events in `scope` in one statement.
+async fn fill(db: &TestDb, client: &Client, scope: &str, count: i64) {
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {}.outbox (id, type, scope_key, data)
+                 SELECT gen_random_uuid(), 'filler', $1, jsonb_build_object('n', n)
+                 FROM generate_series(1, $2::int8) n",
+                db.schema
+            ),
+            &[&scope, &count],
+        )
+        .await
+        .unwrap();
+}
+
+/// The scenario every resume must survive: a subscriber of `org-x` sees
+/// seq 152 while the transaction holding seq 1 is still open, goes away,
+/// and resumes from the `id:` of 152 after that transaction committed.
+/// With `keep_hub`, another stream keeps the scope's hub (and its tail)
+/// alive meanwhile, so the resume is served from memory; without it, from
+/// the outbox.
+async fn resume_after_a_long_transaction(keep_hub: bool) {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let alice = token("alice", "org-x", json!({}));
+    let (mut stream, _) = server.subscribe(&alice, None, "").await;
+    let keeper = match keep_hub {
+        true => Some(
+            server
+                .subscribe(&token("bob", "org-x", json!({})), None, "")
+                .await,
+        ),
+        false => None,
+    };
+
+    let mut long = db.connect().await;
+    let open = long.transaction().await.unwrap();
+    let late = db
+        .emit_in(&open, NewEvent::durable("late", "org-x", json!({})))
+        .await;
+    let others = db.connect().await;
+    fill(&db, &others, "org-y", 150).await;
+    let last = db.emit(NewEvent::durable("seen", "org-x", json!({}))).await;
+    let seen = stream.next_event().await;
+    assert_eq!(seen.json()["id"], last.id.to_string());
+    assert!(
+        last.seq.unwrap() - late.seq.unwrap() > 150,
+        "more seqs passed than the plain look-back covers"
+    );
+    drop(stream);
+
+    open.commit().await.unwrap();
+    if let Some((mut keeper, _)) = keeper {
+        // The hub has handed it on before the resume.
+        let ids: Vec<String> = keeper
+            .events(2)
+            .await
+            .iter()
+            .map(|frame| frame.json()["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(ids, vec![last.id.to_string(), late.id.to_string()]);
+    }
+    let id = seen.id.clone().expect("a durable frame has an id");
+    let (mut resumed, resync) = server.subscribe(&alice, Some(&id), "").await;
+    assert!(!resync, "nothing was pruned: the resume is exact");
+    let replayed: Vec<String> = resumed
+        .replayed
+        .iter()
+        .map(|frame| frame.json()["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        replayed,
+        vec![late.id.to_string()],
+        "the late commit, and nothing the stream had seen"
+    );
+    let next = db
+        .emit(NewEvent::durable("after", "org-x", json!({})))
+        .await;
+    assert_eq!(resumed.next_event().await.json()["id"], next.id.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_from_the_outbox_gets_a_late_commit_however_many_seqs_passed() {
+    resume_after_a_long_transaction(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_from_the_tail_gets_a_late_commit_however_many_seqs_passed() {
+    resume_after_a_long_transaction(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_whose_late_commit_is_still_open_gets_it_live() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let alice = token("alice", "org-x", json!({}));
+    let (mut stream, _) = server.subscribe(&alice, None, "").await;
+    let mut long = db.connect().await;
+    let open = long.transaction().await.unwrap();
+    let late = db
+        .emit_in(&open, NewEvent::durable("late", "org-x", json!({})))
+        .await;
+    fill(&db, &db.connect().await, "org-y", 150).await;
+    db.emit(NewEvent::durable("seen", "org-x", json!({}))).await;
+    let id = stream.next_event().await.id.unwrap();
+    drop(stream);
+
+    let (mut resumed, resync) = server.subscribe(&alice, Some(&id), "").await;
+    assert!(!resync);
+    assert!(resumed.replayed.is_empty(), "{:?}", resumed.replayed);
+    open.commit().await.unwrap();
+    assert_eq!(resumed.next_event().await.json()["id"], late.id.to_string());
+}
+
+/// What a relay hears while its listener is cut is gone; when it listens
+/// again it re-reads every active scope. A late commit made meanwhile lies
+/// 1,200 seqs below the newest delivered, further than any fixed look-back
+/// would reach, and must still be found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_reconnect_finds_a_late_commit_far_below_the_watermark() {
+    const HEALTH_SECS: u64 = 2;
+    let db = TestDb::new().await;
+    let proxy = Freezer::start(postgres_addr()).await;
+    let listen_url = proxy.url_for(&db);
+    let server = TestServer::start(&db, move |c| {
+        c.database.listen_url = Some(listen_url.into());
+        c.database.listen_health_secs = HEALTH_SECS;
+    });
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-x", json!({})), None, "")
+        .await;
+
+    let mut long = db.connect().await;
+    let open = long.transaction().await.unwrap();
+    let late = db
+        .emit_in(&open, NewEvent::durable("late", "org-x", json!({})))
+        .await;
+    fill(&db, &db.connect().await, "org-y", 1_200).await;
+    let seen = db.emit(NewEvent::durable("seen", "org-x", json!({}))).await;
+    assert_eq!(stream.next_event().await.json()["id"], seen.id.to_string());
+
+    proxy.freeze();
+    eventually("the relay finds its listener cut", async || {
+        let response = reqwest::get(server.url("/readyz")).await.ok()?;
+        (response.status() == 503).then_some(())
+    })
+    .await;
+    let committed: u64 = db
+        .connect()
+        .await
+        .query_one("SELECT pg_current_xact_id()::text", &[])
+        .await
+        .unwrap()
+        .get::<_, String>(0)
+        .parse()
+        .unwrap();
+    let mut marks = db.listen_keeping_marks(true).await;
+    open.commit().await.unwrap();
+    // The relay's marks go on meanwhile (through its pool, which is not
+    // cut) and vouch for the late commit; the listener hears none of them.
+    loop {
+        let payload = marks.next().await;
+        let Ok(mark) = serde_json::from_str::<serde_json::Value>(&payload) else {
+            continue;
+        };
+        if mark["k"] == "hz" && mark["x"].as_u64().is_some_and(|x| x > committed) {
+            break;
+        }
+    }
+    proxy.restore();
+    assert_eq!(stream.next_event().await.json()["id"], late.id.to_string());
+}
