@@ -169,6 +169,8 @@ pub struct Metrics {
     /// Notifications that were not sealed by this schema's functions, or
     /// said what their sender may not say: dropped.
     pub notifications_rejected: Family<ReasonLabel, Counter>,
+    /// Horizon marks this relay sent (see `listener::horizon`).
+    pub horizon_marks_sent: Counter,
     /// Pointers that announced nothing new (a seq already delivered, or
     /// older than any late commit): no read.
     pub pointers_ignored: Counter,
@@ -236,6 +238,7 @@ impl Metrics {
             notifications_malformed: Counter::default(),
             notifications_rejected: Family::default(),
             pointers_ignored: Counter::default(),
+            horizon_marks_sent: Counter::default(),
             replication_reconnects: Counter::default(),
             replication_lag_bytes: Gauge::default(),
             replication_lag_seconds: Gauge::default(),
@@ -345,6 +348,11 @@ impl Metrics {
             "notifications_rejected",
             "Notifications dropped because they were not sealed with this schema's key, or said what their sender may not say",
             metrics.notifications_rejected.clone(),
+        );
+        registry.register(
+            "horizon_marks_sent",
+            "Horizon marks sent; while they fail, resumes replay more (never less)",
+            metrics.horizon_marks_sent.clone(),
         );
         registry.register(
             "pointers_ignored",

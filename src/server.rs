@@ -347,6 +347,7 @@ pub async fn run_with(
             channel: config.channel(),
             wakeup,
             seal: backend.seal.clone(),
+            metrics: Arc::clone(&metrics),
         },
         Targets {
             relay: relay.clone(),

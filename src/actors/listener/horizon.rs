@@ -21,6 +21,7 @@ use std::time::Duration;
 use eventrelay_publisher::Identifier;
 use eventrelay_wire::{Origin, SealKey, encode_horizon};
 
+use crate::metrics::Metrics;
 use crate::store::{Database, StoreError, WakeupMode};
 
 /// How often a relay sends a mark. Marks cost one notifying (or logical
@@ -36,6 +37,7 @@ pub struct HorizonMarks {
     pub wakeup: WakeupMode,
     /// `None` for the embedded database, whose notifications are not sealed.
     pub seal: Option<Arc<SealKey>>,
+    pub metrics: Arc<Metrics>,
 }
 
 impl HorizonMarks {
@@ -47,7 +49,10 @@ impl HorizonMarks {
         loop {
             tick.tick().await;
             match self.send_one().await {
-                Ok(()) => failing = false,
+                Ok(()) => {
+                    failing = false;
+                    self.metrics.horizon_marks_sent.inc();
+                }
                 Err(error) if !failing => {
                     // Once per outage: the listener reports the outage itself.
                     failing = true;

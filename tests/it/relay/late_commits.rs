@@ -3,6 +3,7 @@
 //! the `id:` it last saw, and a relay whose listener reconnects, must both
 //! find it, however far below the newest seq it lies.
 
+use eventrelay::store::WakeupMode;
 use eventrelay::wire::NewEvent;
 use serde_json::json;
 use tokio_postgres::Client;
@@ -33,8 +34,8 @@ async fn fill(db: &TestDb, client: &Client, scope: &str, count: i64) {
 /// With `keep_hub`, another stream keeps the scope's hub (and its tail)
 /// alive meanwhile, so the resume is served from memory; without it, from
 /// the outbox.
-async fn resume_after_a_long_transaction(keep_hub: bool) {
-    let db = TestDb::new().await;
+async fn resume_after_a_long_transaction(mode: WakeupMode, keep_hub: bool) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, |_| {});
     server.ready().await;
     let alice = token("alice", "org-x", json!({}));
@@ -96,12 +97,22 @@ async fn resume_after_a_long_transaction(keep_hub: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_from_the_outbox_gets_a_late_commit_however_many_seqs_passed() {
-    resume_after_a_long_transaction(false).await;
+    resume_after_a_long_transaction(WakeupMode::Notify, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_from_the_tail_gets_a_late_commit_however_many_seqs_passed() {
-    resume_after_a_long_transaction(true).await;
+    resume_after_a_long_transaction(WakeupMode::Notify, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_a_resume_from_the_outbox_gets_a_late_commit() {
+    resume_after_a_long_transaction(WakeupMode::Logical, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_a_resume_from_the_tail_gets_a_late_commit() {
+    resume_after_a_long_transaction(WakeupMode::Logical, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,12 +143,18 @@ async fn a_resume_whose_late_commit_is_still_open_gets_it_live() {
 /// again it re-reads every active scope. A late commit made meanwhile lies
 /// 1,200 seqs below the newest delivered, further than any fixed look-back
 /// would reach, and must still be found.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_listener_reconnect_finds_a_late_commit_far_below_the_watermark() {
+async fn a_reconnect_finds_a_late_commit_far_below_the_watermark(mode: WakeupMode) {
     const HEALTH_SECS: u64 = 2;
-    let db = TestDb::new().await;
-    let proxy = Freezer::start(postgres_addr()).await;
-    let listen_url = proxy.url_for(&db);
+    const MARKS: &str = "eventrelay_horizon_marks_sent_total";
+    let (db, _cluster) = TestDb::for_mode(mode).await;
+    let server_addr = match &_cluster {
+        Some(cluster) => format!("127.0.0.1:{}", cluster.port).parse().unwrap(),
+        None => postgres_addr(),
+    };
+    let proxy = Freezer::start(server_addr).await;
+    let listen_url = db
+        .url
+        .replace(&server_addr.to_string(), &proxy.addr.to_string());
     let server = TestServer::start(&db, move |c| {
         c.database.listen_url = Some(listen_url.into());
         c.database.listen_health_secs = HEALTH_SECS;
@@ -162,28 +179,22 @@ async fn a_listener_reconnect_finds_a_late_commit_far_below_the_watermark() {
         (response.status() == 503).then_some(())
     })
     .await;
-    let committed: u64 = db
-        .connect()
-        .await
-        .query_one("SELECT pg_current_xact_id()::text", &[])
-        .await
-        .unwrap()
-        .get::<_, String>(0)
-        .parse()
-        .unwrap();
-    let mut marks = db.listen_keeping_marks(true).await;
     open.commit().await.unwrap();
     // The relay's marks go on meanwhile (through its pool, which is not
-    // cut) and vouch for the late commit; the listener hears none of them.
-    loop {
-        let payload = marks.next().await;
-        let Ok(mark) = serde_json::from_str::<serde_json::Value>(&payload) else {
-            continue;
-        };
-        if mark["k"] == "hz" && mark["x"].as_u64().is_some_and(|x| x > committed) {
-            break;
-        }
-    }
+    // cut): the second one after the commit vouches for it. The listener
+    // hears none of them.
+    let marks = server.metric(MARKS).await;
+    server.wait_for_metric(MARKS, |n| n >= marks + 2.0).await;
     proxy.restore();
     assert_eq!(stream.next_event().await.json()["id"], late.id.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_reconnect_finds_a_late_commit_far_below_the_watermark() {
+    a_reconnect_finds_a_late_commit_far_below_the_watermark(WakeupMode::Notify).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_a_stream_reconnect_finds_a_late_commit_far_below_the_watermark() {
+    a_reconnect_finds_a_late_commit_far_below_the_watermark(WakeupMode::Logical).await;
 }

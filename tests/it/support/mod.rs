@@ -222,11 +222,6 @@ impl TestDb {
     /// horizon marks (`{"k":"hz",...}`) are left out: they come every
     /// quarter of a second from every relay running.
     pub async fn listen(&self) -> Notifications {
-        self.listen_keeping_marks(false).await
-    }
-
-    /// As [`TestDb::listen`]; with `marks`, relays' horizon marks too.
-    pub async fn listen_keeping_marks(&self, marks: bool) -> Notifications {
         let (client, mut connection) = tokio_postgres::connect(&self.url, NoTls).await.unwrap();
         let (sender, receiver) = mpsc::unbounded_channel();
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -240,7 +235,7 @@ impl TestDb {
                         Some(Ok((_, opened))) => opened,
                         _ => n.payload().to_owned(),
                     };
-                    if !marks && payload.starts_with(r#"{"k":"hz","#) {
+                    if payload.starts_with(r#"{"k":"hz","#) {
                         continue;
                     }
                     if sender.send(payload).is_err() {
