@@ -197,12 +197,12 @@ pub async fn stream_events(
                 Some(late) => outbox_replay(Some(late), AfterCursor::Tail(events)),
                 None => Replay::FromTail(events),
             };
-            let gap = (cursor.seq > view.outbox_newest).then_some("unknown_cursor");
+            let gap = from_elsewhere(&view, cursor).then_some("unknown_cursor");
             (replay, counted_resync(&state.metrics, gap))
         }
         (Some(cursor), Some(from), None) => {
             count_replay(&state.metrics, "outbox");
-            let gap = gap_before(&view, cursor.seq);
+            let gap = gap_before(&view, cursor);
             (
                 outbox_replay(late, AfterCursor::Outbox(from)),
                 counted_resync(&state.metrics, gap),
@@ -260,15 +260,27 @@ fn reauth_warning(now: Instant, left: Duration, lead: Duration) -> Option<(Insta
 /// cursor is above every seq this outbox ever assigned, so it comes from
 /// another database (a restore, a reset sequence) and replaying "after" it
 /// finds nothing (`unknown_cursor`).
-fn gap_before(view: &JoinView, after: i64) -> Option<&'static str> {
-    if after > view.outbox_newest {
+fn gap_before(view: &JoinView, cursor: ResumeCursor) -> Option<&'static str> {
+    if from_elsewhere(view, cursor) {
         return Some("unknown_cursor");
     }
+    let after = cursor.seq;
     let pruned = after < view.pruned_through;
     // Rows pruned before the highest pruned seq was recorded leave only the
     // oldest seq held to go by.
     let below_oldest = view.horizon.is_none_or(|oldest| oldest > after + 1);
     (pruned || (below_oldest && after < view.outbox_newest)).then_some("pruned")
+}
+
+/// Whether `cursor` cannot come from this database as it is: its seq is
+/// above every seq the outbox assigned, or its horizon above every
+/// transaction id the server assigned (a restore, or a failover to a
+/// standby that had not received everything the old primary committed).
+fn from_elsewhere(view: &JoinView, cursor: ResumeCursor) -> bool {
+    cursor.seq > view.outbox_newest
+        || cursor
+            .horizon
+            .is_some_and(|horizon| horizon > view.snapshot.xmax())
 }
 
 /// Whether to tell the stream to resync: when there is a gap, counted by

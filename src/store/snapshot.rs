@@ -58,6 +58,12 @@ impl Snapshot {
         self.xmin
     }
 
+    /// The first transaction id not yet assigned when the snapshot was
+    /// taken.
+    pub fn xmax(&self) -> u64 {
+        self.xmax
+    }
+
     /// True when the transaction `txid` had committed when the snapshot was
     /// taken (Postgres's `pg_visible_in_snapshot`).
     pub fn is_visible(&self, txid: u64) -> bool {

@@ -198,3 +198,29 @@ async fn a_listener_reconnect_finds_a_late_commit_far_below_the_watermark() {
 async fn logical_a_stream_reconnect_finds_a_late_commit_far_below_the_watermark() {
     a_reconnect_finds_a_late_commit_far_below_the_watermark(WakeupMode::Logical).await;
 }
+
+/// A cursor whose horizon is above every transaction id the server has
+/// assigned comes from another history (a restore, or a failover to a
+/// standby that missed the old primary's last commits): what it vouches for
+/// means nothing here, so the stream is told to resync, and it is counted.
+#[tokio::test]
+async fn a_cursor_from_another_history_is_told_to_resync() {
+    const UNKNOWN: &str = r#"eventrelay_resyncs_total{reason="unknown_cursor"}"#;
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let alice = token("alice", "org-x", json!({}));
+    let (mut stream, _) = server.subscribe(&alice, None, "").await;
+    db.emit(NewEvent::durable("seen", "org-x", json!({}))).await;
+    let id = stream.next_event().await.id.unwrap();
+    drop(stream);
+    assert_eq!(server.metric(UNKNOWN).await, 0.0);
+
+    let (_, resync) = server.subscribe(&alice, Some(&id), "").await;
+    assert!(!resync, "a cursor of this history resumes");
+    let seq = id.split('.').next().unwrap();
+    let beyond = format!("{seq}.{}", u64::MAX / 2);
+    let (_, resync) = server.subscribe(&alice, Some(&beyond), "").await;
+    assert!(resync, "a horizon no transaction here has reached");
+    assert_eq!(server.metric(UNKNOWN).await, 1.0);
+}
