@@ -6,9 +6,11 @@
 
 pub mod alloc_counter;
 pub mod box_client;
+pub mod campaign;
 pub mod clock;
 pub mod database;
 pub mod in_process;
+pub mod postgres_tools;
 pub mod proc_stats;
 pub mod publish;
 pub mod raw_publish;
@@ -32,6 +34,15 @@ pub const PUBLISH_TOKEN: &str = "bench-publish-token-long-enough";
     reason = "HS256 with a constant secret long enough for it always mints"
 )]
 pub fn subscriber_token(subscriber: &str, scope: &str) -> String {
+    subscriber_token_with(subscriber, scope, serde_json::Value::Null)
+}
+
+/// Mints a subscriber token for `scope` with `grants`, valid for an hour.
+#[allow(
+    clippy::expect_used,
+    reason = "HS256 with a constant secret long enough for it always mints"
+)]
+pub fn subscriber_token_with(subscriber: &str, scope: &str, grants: serde_json::Value) -> String {
     use eventrelay::auth::{Algorithm, MintOptions, TokenSpec, mint_token};
     mint_token(
         SUBSCRIBER_SECRET,
@@ -39,7 +50,7 @@ pub fn subscriber_token(subscriber: &str, scope: &str) -> String {
         &TokenSpec {
             subscriber_id: subscriber.into(),
             scope_key: scope.into(),
-            grants: serde_json::Value::Null,
+            grants,
             ttl: std::time::Duration::from_secs(3600),
         },
         &MintOptions::default(),

@@ -8,6 +8,7 @@
     reason = "test code: a panic is the test failing, and figures are printed for the reader"
 )]
 
+mod campaign;
 mod floor_commits;
 mod http1_fanout;
 mod http2_fanout;

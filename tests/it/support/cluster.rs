@@ -7,6 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "../../../bench/src/postgres_tools.rs"]
+mod postgres_tools;
+use postgres_tools::{
+    base_backup, debian_binaries, is_root, run_tool, server_binaries, server_tool,
+};
+
 pub struct Cluster {
     bin: PathBuf,
     data: PathBuf,
@@ -98,20 +104,7 @@ impl Cluster {
     /// primary's WAL until [`Cluster::promote`].
     pub fn start_standby_of(primary: &Cluster) -> Cluster {
         let mut standby = Self::prepare(primary.bin.clone());
-        run(standby
-            .command("pg_basebackup")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-X",
-                "stream",
-                "-R",
-                "--no-sync",
-            ])
-            .args(["-p", &primary.port.to_string(), "-D"])
-            .arg(&standby.data));
+        run(&mut base_backup(&primary.bin, primary.port, &standby.data));
         standby.settings = primary.settings.clone();
         standby.pg_ctl_start();
         standby
@@ -237,14 +230,7 @@ impl Cluster {
     }
 
     fn command(&self, program: &str) -> Command {
-        let path = self.bin.join(program);
-        if is_root() {
-            let mut command = Command::new("runuser");
-            command.args(["-u", "postgres", "--"]).arg(path);
-            command
-        } else {
-            Command::new(path)
-        }
+        server_tool(&self.bin, program)
     }
 }
 
@@ -263,20 +249,9 @@ impl Drop for Cluster {
 }
 
 fn run(command: &mut Command) {
-    let output = command.output().expect("the command starts");
-    assert!(
-        output.status.success(),
-        "{command:?} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
+    if let Err(error) = run_tool(command) {
+        panic!("{error}");
+    }
 }
 
 /// Server binaries of Postgres 16 or later: `PG16_BINDIR`, else Debian's,
@@ -292,33 +267,4 @@ fn binaries_16() -> Option<PathBuf> {
         .find(|(version, dir)| *version >= 16 && dir.join("initdb").is_file())
         .map(|(_, dir)| dir)
         .or_else(|| fetched.join("initdb").is_file().then_some(fetched))
-}
-
-/// Debian's server binary folders with their major versions, oldest first.
-fn debian_binaries() -> Vec<(u32, PathBuf)> {
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
-            Some((version, entry.path().join("bin")))
-        })
-        .collect();
-    found.sort();
-    found
-}
-
-fn server_binaries() -> Option<PathBuf> {
-    let has_initdb = |dir: &Path| dir.join("initdb").is_file().then(|| dir.to_owned());
-    if let Some(dir) = std::env::var_os("PG_BINDIR") {
-        return has_initdb(Path::new(&dir));
-    }
-    debian_binaries()
-        .iter()
-        .rev()
-        .find_map(|(_, dir)| has_initdb(dir))
-        .or_else(|| {
-            std::env::split_paths(&std::env::var_os("PATH")?).find_map(|dir| has_initdb(&dir))
-        })
 }

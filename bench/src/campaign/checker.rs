@@ -1,0 +1,300 @@
+//! The checker: knows nothing of the relay. It reads what committed (the
+//! outbox as it stands at the end, and the writers' own record of their
+//! transactions) and what the subscribers recorded, and names every
+//! anomaly:
+//!
+//! - `lost`: a durable event the subscriber was entitled to, whose
+//!   transaction committed after the subscriber's last `resync: true`
+//!   before it, and that no connection of the subscriber ever received;
+//! - `two_contents`: an event received with another seq, type, scope or
+//!   data than it was stored with; `two_ids`: one seq under two event ids;
+//! - `repeated`: one event twice in one connection;
+//! - `rolled_back`: an event whose transaction rolled back, received;
+//! - `unknown`: an event no writer wrote, received;
+//! - `audience`: an event of another scope, or whose `audience.users`
+//!   leaves the subscriber out, or whose permission it does not hold,
+//!   received.
+//!
+//! Entitlement is decided here from the writers' record alone: the scope,
+//! `audience.users`, and the one permission the campaign uses.
+
+use std::collections::{HashMap, HashSet};
+
+use uuid::Uuid;
+
+use super::records::{Outcome, StoredRow, SubscriberLog, Written};
+
+/// One anomaly, named for the report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Anomaly {
+    pub kind: &'static str,
+    pub subscriber: String,
+    /// The connection it was seen on (its index among the subscriber's).
+    pub connection: Option<usize>,
+    pub event: Uuid,
+    pub detail: String,
+}
+
+/// What the check went through, and what it found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub committed_durable: usize,
+    pub committed_ephemeral: usize,
+    pub rolled_back: usize,
+    pub unknown_outcome: usize,
+    /// Frames of events received, in all.
+    pub deliveries: usize,
+    /// (subscriber, event) pairs that had to arrive, and did.
+    pub entitled_delivered: usize,
+    /// Resyncs the streams were told of after their first.
+    pub resyncs: usize,
+    pub anomalies: Vec<Anomaly>,
+}
+
+fn entitled(written: &Written, subscriber: &SubscriberLog) -> bool {
+    written.scope == subscriber.scope
+        && written
+            .users
+            .as_ref()
+            .is_none_or(|users| users.contains(&subscriber.id))
+        && (!written.permission || subscriber.granted)
+}
+
+pub fn check(written: &[Written], outbox: &[StoredRow], subscribers: &[SubscriberLog]) -> Verdict {
+    let mut verdict = Verdict::default();
+    let by_id: HashMap<Uuid, &Written> = written.iter().map(|w| (w.id, w)).collect();
+    let stored: HashMap<Uuid, &StoredRow> = outbox.iter().map(|row| (row.id, row)).collect();
+    for w in written {
+        match (w.outcome, w.durable) {
+            (Outcome::Committed, true) => verdict.committed_durable += 1,
+            (Outcome::Committed, false) => verdict.committed_ephemeral += 1,
+            (Outcome::RolledBack, _) => verdict.rolled_back += 1,
+            (Outcome::Unknown, _) => verdict.unknown_outcome += 1,
+        }
+    }
+    let mut seq_ids: HashMap<i64, Uuid> = HashMap::new();
+    for subscriber in subscribers {
+        let mut anomaly = |kind, connection, event, detail: String| {
+            verdict.anomalies.push(Anomaly {
+                kind,
+                subscriber: subscriber.id.clone(),
+                connection,
+                event,
+                detail,
+            })
+        };
+        let mut received_ever: HashSet<Uuid> = HashSet::new();
+        // When each stream said resync: events that ended before then are
+        // covered by the state the client re-read.
+        let mut resyncs: Vec<f64> = Vec::new();
+        for (index, connection) in subscriber.connections.iter().enumerate() {
+            if let Some((at, true)) = connection.ready {
+                resyncs.push(at);
+            }
+            let mut in_connection: HashSet<Uuid> = HashSet::new();
+            for frame in &connection.received {
+                verdict.deliveries += 1;
+                received_ever.insert(frame.id);
+                if !in_connection.insert(frame.id) {
+                    anomaly("repeated", Some(index), frame.id, String::new());
+                }
+                let Some(w) = by_id.get(&frame.id) else {
+                    anomaly("unknown", Some(index), frame.id, frame.event_type.clone());
+                    continue;
+                };
+                if w.outcome == Outcome::RolledBack {
+                    anomaly("rolled_back", Some(index), frame.id, String::new());
+                }
+                if !entitled(w, subscriber) {
+                    anomaly(
+                        "audience",
+                        Some(index),
+                        frame.id,
+                        format!(
+                            "scope {} users {:?} permission {}",
+                            w.scope, w.users, w.permission
+                        ),
+                    );
+                }
+                let expected = stored.get(&frame.id).map(|row| {
+                    (
+                        Some(row.seq),
+                        row.scope.as_str(),
+                        row.event_type.as_str(),
+                        &row.data,
+                    )
+                });
+                let got = (
+                    frame.seq,
+                    frame.scope.as_str(),
+                    frame.event_type.as_str(),
+                    &frame.data,
+                );
+                let differs = match expected {
+                    Some(expected) => expected != got,
+                    // Not stored (ephemeral, or pruned): what the writer wrote.
+                    None => {
+                        (w.scope.as_str(), w.event_type.as_str(), &w.data) != (got.1, got.2, got.3)
+                    }
+                };
+                if differs {
+                    anomaly(
+                        "two_contents",
+                        Some(index),
+                        frame.id,
+                        format!("received {got:?}, stored {expected:?}"),
+                    );
+                }
+                if let Some(seq) = frame.seq
+                    && let Some(other) = seq_ids.insert(seq, frame.id)
+                    && other != frame.id
+                {
+                    anomaly(
+                        "two_ids",
+                        Some(index),
+                        frame.id,
+                        format!("seq {seq} was also {other}"),
+                    );
+                }
+            }
+        }
+        verdict.resyncs += resyncs.len().saturating_sub(1);
+        for w in written {
+            if w.outcome != Outcome::Committed || !w.durable || !entitled(w, subscriber) {
+                continue;
+            }
+            if received_ever.contains(&w.id) {
+                verdict.entitled_delivered += 1;
+                continue;
+            }
+            // Covered by a resync only if the stream said so after the
+            // transaction ended.
+            if resyncs.iter().any(|&at| at >= w.ended_at) {
+                continue;
+            }
+            let detail = format!(
+                "committed at {:.3} s, scope {}, stored as seq {:?}, last resync at {:?}",
+                w.ended_at,
+                w.scope,
+                stored.get(&w.id).map(|row| row.seq),
+                resyncs.last()
+            );
+            anomaly("lost", None, w.id, detail);
+        }
+    }
+    verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::campaign::records::{Connection, Received};
+    use serde_json::json;
+
+    fn written(n: u128, scope: &str, outcome: Outcome, ended_at: f64) -> Written {
+        Written {
+            id: Uuid::from_u128(n),
+            scope: scope.into(),
+            event_type: "t".into(),
+            durable: true,
+            data: json!({"n": n}),
+            users: None,
+            permission: false,
+            outcome,
+            ended_at,
+        }
+    }
+
+    fn row(w: &Written, seq: i64) -> StoredRow {
+        StoredRow {
+            id: w.id,
+            seq,
+            scope: w.scope.clone(),
+            event_type: w.event_type.clone(),
+            data: w.data.clone(),
+        }
+    }
+
+    fn received(w: &Written, seq: i64) -> Received {
+        Received {
+            id: w.id,
+            seq: Some(seq),
+            scope: w.scope.clone(),
+            event_type: w.event_type.clone(),
+            data: w.data.clone(),
+            frame_id: seq.to_string(),
+        }
+    }
+
+    fn subscriber(connections: Vec<Connection>) -> SubscriberLog {
+        SubscriberLog {
+            id: "sub-0".into(),
+            scope: "s".into(),
+            granted: false,
+            connections,
+        }
+    }
+
+    fn kinds(verdict: &Verdict) -> Vec<&'static str> {
+        verdict.anomalies.iter().map(|a| a.kind).collect()
+    }
+
+    #[test]
+    fn every_kind_of_anomaly_is_named_and_a_clean_run_has_none() {
+        let before = written(1, "s", Outcome::Committed, 0.5);
+        let seen = written(2, "s", Outcome::Committed, 2.0);
+        let lost = written(3, "s", Outcome::Committed, 3.0);
+        let undone = written(4, "s", Outcome::RolledBack, 3.0);
+        let elsewhere = written(5, "t", Outcome::Committed, 3.0);
+        let outbox = vec![
+            row(&before, 1),
+            row(&seen, 2),
+            row(&lost, 3),
+            row(&elsewhere, 5),
+        ];
+        let first = Connection {
+            ready: Some((1.0, true)),
+            received: vec![received(&seen, 2)],
+            ..Connection::default()
+        };
+        let clean = check(
+            &[before.clone(), seen.clone()],
+            &outbox,
+            &[subscriber(vec![first.clone()])],
+        );
+        assert!(clean.anomalies.is_empty(), "{:?}", clean.anomalies);
+        assert_eq!(
+            clean.entitled_delivered, 1,
+            "the one before the resync is covered"
+        );
+
+        let mut bad = first;
+        bad.received.push(received(&seen, 2));
+        bad.received.push(received(&undone, 4));
+        bad.received.push(received(&elsewhere, 5));
+        let mut stranger = received(&seen, 7);
+        stranger.id = Uuid::from_u128(99);
+        bad.received.push(stranger);
+        let other = written(6, "s", Outcome::Committed, 3.0);
+        let mut outbox = outbox;
+        outbox.push(row(&other, 6));
+        bad.received.push(received(&other, 2));
+        let verdict = check(
+            &[before, seen, lost, undone, elsewhere, other],
+            &outbox,
+            &[subscriber(vec![bad])],
+        );
+        assert_eq!(
+            kinds(&verdict),
+            vec![
+                "repeated",
+                "rolled_back",
+                "audience",
+                "unknown",
+                "two_contents",
+                "two_ids",
+                "lost"
+            ]
+        );
+    }
+}

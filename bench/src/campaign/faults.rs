@@ -1,0 +1,166 @@
+//! The fault schedule, drawn from the campaign's seed, and the faults
+//! themselves. Every kind comes at least once per run (in an order the
+//! seed shuffles), then kinds at random; the same seed draws the same
+//! schedule.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::cluster::Cluster;
+use super::subscribers::Away;
+use crate::BenchResult;
+use crate::relay_process::{RelayProcess, RelaySettings};
+
+/// Every kind of fault the campaign makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// A relay killed with SIGKILL, and started again on its port.
+    RelayKilled,
+    /// A relay stopped with SIGTERM (streams end cleanly), and started again.
+    RelayStopped,
+    /// The backend of every relay's LISTEN connection (notify mode) or
+    /// replication stream (logical mode; its temporary slot goes with it)
+    /// terminated.
+    ListenerTerminated,
+    /// The primary restarted (fast shutdown).
+    PostgresRestarted,
+    /// The primary stopped, the standby promoted, a new standby made.
+    FailedOver,
+    /// A third of the subscribers drop their streams for 0.5 to 3 s.
+    SubscribersAway,
+    /// Every subscriber drops its stream and comes back at once.
+    ReconnectStorm,
+    /// The outbox pruned of everything written more than 2 s ago, under
+    /// clients that may be replaying.
+    OutboxPruned,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 8] = [
+        Fault::RelayKilled,
+        Fault::RelayStopped,
+        Fault::ListenerTerminated,
+        Fault::PostgresRestarted,
+        Fault::FailedOver,
+        Fault::SubscribersAway,
+        Fault::ReconnectStorm,
+        Fault::OutboxPruned,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::RelayKilled => "relay_killed",
+            Fault::RelayStopped => "relay_stopped",
+            Fault::ListenerTerminated => "listener_terminated",
+            Fault::PostgresRestarted => "postgres_restarted",
+            Fault::FailedOver => "failed_over",
+            Fault::SubscribersAway => "subscribers_away",
+            Fault::ReconnectStorm => "reconnect_storm",
+            Fault::OutboxPruned => "outbox_pruned",
+        }
+    }
+}
+
+/// When each fault comes, in seconds from the start, and which relay or
+/// subscribers it takes (by a number the fault reads as it needs).
+pub fn schedule(seed: u64, duration: Duration, every: Duration) -> Vec<(f64, Fault, u64)> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_fa17);
+    let mut first = Fault::ALL.to_vec();
+    rng.shuffle(&mut first);
+    let mut at = every.as_secs_f64();
+    let mut planned = Vec::new();
+    let end = duration.as_secs_f64() - every.as_secs_f64().min(2.0);
+    while at < end {
+        let fault = match first.pop() {
+            Some(fault) => fault,
+            None => Fault::ALL[rng.usize(0..Fault::ALL.len())],
+        };
+        planned.push((at, fault, rng.u64(..)));
+        at += every.as_secs_f64() * (0.5 + rng.f64());
+    }
+    planned
+}
+
+/// What the faults act on.
+pub struct Target {
+    pub cluster: Cluster,
+    pub relays: Vec<Option<RelayProcess>>,
+    pub settings: RelaySettings,
+    pub binary: PathBuf,
+    pub work_dir: PathBuf,
+    pub schema: String,
+    pub wakeup_logical: bool,
+    pub away: Vec<watch::Sender<Away>>,
+    pub orders: u64,
+}
+
+impl Target {
+    pub async fn inflict(&mut self, fault: Fault, pick: u64) -> BenchResult<()> {
+        match fault {
+            Fault::RelayKilled | Fault::RelayStopped => {
+                let slot = (pick as usize) % self.relays.len();
+                let Some(mut relay) = self.relays[slot].take() else {
+                    return Ok(());
+                };
+                let port = relay.port;
+                if fault == Fault::RelayStopped {
+                    relay.terminate(Duration::from_secs(20)).await?;
+                }
+                drop(relay);
+                self.relays[slot] = Some(self.start_relay(port).await?);
+            }
+            Fault::ListenerTerminated => {
+                let which = if self.wakeup_logical {
+                    "backend_type = 'walsender' AND query ILIKE '%LOGICAL%'"
+                } else {
+                    "backend_type = 'client backend' AND (query ILIKE 'LISTEN%' OR query = 'SELECT 1')"
+                };
+                let client = eventrelay::connect(&self.cluster.primary_url()).await?;
+                client
+                    .execute(
+                        &format!(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                             WHERE pid <> pg_backend_pid() AND {which}"
+                        ),
+                        &[],
+                    )
+                    .await?;
+            }
+            Fault::PostgresRestarted => self.cluster.restart_primary()?,
+            Fault::FailedOver => self.cluster.fail_over()?,
+            Fault::SubscribersAway | Fault::ReconnectStorm => {
+                self.orders += 1;
+                let mut rng = fastrand::Rng::with_seed(pick);
+                for sender in &self.away {
+                    let order = match fault {
+                        Fault::ReconnectStorm => Away {
+                            order: self.orders,
+                            millis: 0,
+                        },
+                        _ if rng.u8(0..3) == 0 => Away {
+                            order: self.orders,
+                            millis: rng.u64(500..3000),
+                        },
+                        _ => continue,
+                    };
+                    let _ = sender.send(order);
+                }
+            }
+            Fault::OutboxPruned => {
+                let client = eventrelay::connect(&self.cluster.primary_url()).await?;
+                let outbox = eventrelay::store::Outbox::new(
+                    &eventrelay::publisher::Identifier::new(&self.schema)?,
+                );
+                let cutoff = chrono::Utc::now() - chrono::Duration::seconds(2);
+                outbox.prune_before(&client, cutoff).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn start_relay(&self, port: u16) -> BenchResult<RelayProcess> {
+        RelayProcess::start_on(&self.binary, &self.work_dir, &self.settings, port).await
+    }
+}
