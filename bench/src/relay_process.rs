@@ -36,6 +36,9 @@ pub struct RelaySettings {
     pub listen_url: Option<String>,
     /// `http.header_timeout_secs`; unset, the relay's default.
     pub header_timeout_secs: Option<u64>,
+    /// `webhooks.lease_ms` (and a request timeout of a third of it); unset,
+    /// the relay's defaults.
+    pub webhook_lease_ms: Option<u64>,
     /// Write only the settings every release has had, for an earlier
     /// binary run side by side (its configuration refuses unknown keys).
     pub baseline: bool,
@@ -66,6 +69,7 @@ impl RelaySettings {
             wakeup: "notify",
             listen_url: None,
             header_timeout_secs: None,
+            webhook_lease_ms: None,
             baseline: false,
             own_session: false,
         }
@@ -158,6 +162,16 @@ workers = {webhook_workers}
             text = text.replacen(
                 "[http]\n",
                 &format!("[http]\nheader_timeout_secs = {secs}\n"),
+                1,
+            );
+        }
+        if let Some(lease) = self.webhook_lease_ms {
+            text = text.replacen(
+                "[webhooks]\n",
+                &format!(
+                    "[webhooks]\nlease_ms = {lease}\nrequest_timeout_ms = {}\n",
+                    lease / 3
+                ),
                 1,
             );
         }

@@ -1,4 +1,6 @@
-//! A local webhook receiver that answers 200 at once and counts requests.
+//! A local webhook receiver that counts requests and answers each as it is
+//! told: 200 at once by default, after a delay, or as a function of the
+//! request decides (the fault campaign's receiver fails some first tries).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +11,9 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::BenchResult;
 
-const OK_RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+/// How to answer one request, from its head (as sent) and its body: a
+/// status, after a delay.
+pub type Answer = Arc<dyn Fn(&str, &[u8]) -> (u16, Duration) + Send + Sync>;
 
 pub struct WebhookReceiver {
     pub url: String,
@@ -24,13 +28,18 @@ impl WebhookReceiver {
 
     /// A receiver that takes `delay` to answer each request.
     pub async fn start_slow(delay: Duration) -> BenchResult<WebhookReceiver> {
+        Self::start_answering(Arc::new(move |_, _| (200, delay))).await
+    }
+
+    /// A receiver that answers each request as `answer` says.
+    pub async fn start_answering(answer: Answer) -> BenchResult<WebhookReceiver> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}/hook", listener.local_addr()?);
         let received = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&received);
         let accept = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, Arc::clone(&counter), delay));
+                tokio::spawn(serve(stream, Arc::clone(&counter), Arc::clone(&answer)));
             }
         });
         Ok(WebhookReceiver {
@@ -52,8 +61,8 @@ impl Drop for WebhookReceiver {
 }
 
 /// Serves keep-alive requests on one connection: reads the head and the
-/// `content-length` body, answers 200.
-async fn serve(mut stream: TcpStream, received: Arc<AtomicU64>, delay: Duration) {
+/// `content-length` body, answers as `answer` says.
+async fn serve(mut stream: TcpStream, received: Arc<AtomicU64>, answer: Answer) {
     let mut buffer = Vec::with_capacity(8192);
     let mut chunk = vec![0u8; 8192];
     loop {
@@ -78,12 +87,17 @@ async fn serve(mut stream: TcpStream, received: Arc<AtomicU64>, delay: Duration)
                 Ok(n) => buffer.extend_from_slice(&chunk[..n]),
             }
         }
+        let (status, delay) = answer(
+            &String::from_utf8_lossy(&buffer[..head_end]),
+            &buffer[head_end..head_end + body_length],
+        );
         buffer.drain(..head_end + body_length);
         received.fetch_add(1, Ordering::Relaxed);
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        if stream.write_all(OK_RESPONSE).await.is_err() {
+        let response = format!("HTTP/1.1 {status} Status\r\ncontent-length: 0\r\n\r\n");
+        if stream.write_all(response.as_bytes()).await.is_err() {
             return;
         }
     }

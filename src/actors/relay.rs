@@ -182,19 +182,19 @@ impl Relay {
                 }
             }
             Err(error) => {
-                scope.state.read_failed();
+                scope.state.read_failed(msg.plan);
                 tracing::warn!(scope_key = %msg.scope_key, %error, "outbox read failed; retrying");
                 let scope_key = msg.scope_key.clone();
-                let plan = msg.plan;
                 ctx.run_later(READ_RETRY, move |relay, ctx| {
                     let retry = relay
                         .scopes
                         .get_mut(&scope_key)
-                        .and_then(|scope| scope.state.retry(plan));
+                        .and_then(|scope| scope.state.take_pending());
                     if let Some(plan) = retry {
                         relay.spawn_read(&scope_key, plan, ctx);
                     }
                 });
+                return;
             }
         }
         if let Some(next) = self

@@ -163,17 +163,6 @@ impl ScopeState {
         self.start(Pending::Whole)
     }
 
-    /// Asks again for a read that failed.
-    pub fn retry(&mut self, plan: ReadPlan) -> Option<ReadPlan> {
-        self.start(match plan.carries_on_from {
-            Some(first_xmin) => Pending::CarryOn {
-                after: plan.after,
-                first_xmin,
-            },
-            None => Pending::Whole,
-        })
-    }
-
     fn start(&mut self, wanted: Pending) -> Option<ReadPlan> {
         if self.reading {
             self.pending = Some(match (self.pending, wanted) {
@@ -200,9 +189,22 @@ impl ScopeState {
         })
     }
 
-    /// Ends the running read, which failed; the caller retries it later.
-    pub fn read_failed(&mut self) {
+    /// Ends the running read, which failed: it stays owed, as the pending
+    /// read, so no mark raises the horizon past what it was to find. The
+    /// caller starts it again later ([`ScopeState::take_pending`]).
+    pub fn read_failed(&mut self, plan: ReadPlan) {
         self.reading = false;
+        let again = match plan.carries_on_from {
+            Some(first_xmin) => Pending::CarryOn {
+                after: plan.after,
+                first_xmin,
+            },
+            None => Pending::Whole,
+        };
+        self.pending = Some(match self.pending {
+            Some(Pending::Whole) => Pending::Whole,
+            _ => again,
+        });
     }
 
     /// Ends the running read and returns what in `rows` is new, in batches
@@ -588,15 +590,25 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_read_is_retried_as_it_was() {
+    fn a_failed_read_stays_owed_and_holds_the_horizon_until_it_is_done() {
         let mut state = activated_at(10);
         let plan = state.whole_read().unwrap();
-        state.read_failed();
+        state.read_failed(plan);
         assert!(!state.is_reading());
-        let retry = state.retry(plan).unwrap();
+        state.horizon_heard(500);
+        assert_eq!(
+            state.horizon(),
+            103,
+            "what the read was to find is not handed on yet"
+        );
+        let retry = state.take_pending().unwrap();
         assert_eq!(retry, plan);
-        assert!(state.retry(plan).is_none(), "the retry waits its turn");
-        assert_eq!(state.watermark(), 10);
+        assert!(state.whole_read().is_none(), "one read at a time");
+        state.read_done(retry, rows(&[11]), ReadEnd::Whole { first_xmin: 150 }, 500);
+        let next = state.take_pending().expect("the read asked for meanwhile");
+        state.read_done(next, Vec::new(), ReadEnd::Whole { first_xmin: 160 }, 500);
+        state.horizon_heard(500);
+        assert_eq!(state.horizon(), 500);
     }
 
     #[test]

@@ -13,7 +13,12 @@
 //! - `unknown`: an event no writer wrote, received;
 //! - `audience`: an event of another scope, or whose `audience.users`
 //!   leaves the subscriber out, or whose permission it does not hold,
-//!   received.
+//!   received;
+//! - for webhooks, once the run has drained: `hook_lost`, a committed
+//!   durable event of the subscribed type that the receiver never answered
+//!   with 2xx; `hook_unverified`, a request whose signature does not
+//!   verify; `hook_rolled_back`, a request for an event whose transaction
+//!   did not commit, or that no writer wrote.
 //!
 //! Entitlement is decided here from the writers' record alone: the scope,
 //! `audience.users`, and the one permission the campaign uses.
@@ -22,7 +27,9 @@ use std::collections::{HashMap, HashSet};
 
 use uuid::Uuid;
 
+use super::hooks::HookReceived;
 use super::records::{Outcome, StoredRow, SubscriberLog, Written};
+use super::writers::HOOK_TYPE;
 
 /// One anomaly, named for the report.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +55,8 @@ pub struct Verdict {
     pub entitled_delivered: usize,
     /// Resyncs the streams were told of after their first.
     pub resyncs: usize,
+    /// Webhook requests received.
+    pub hook_requests: usize,
     pub anomalies: Vec<Anomaly>,
 }
 
@@ -60,7 +69,12 @@ fn entitled(written: &Written, subscriber: &SubscriberLog) -> bool {
         && (!written.permission || subscriber.granted)
 }
 
-pub fn check(written: &[Written], outbox: &[StoredRow], subscribers: &[SubscriberLog]) -> Verdict {
+pub fn check(
+    written: &[Written],
+    outbox: &[StoredRow],
+    subscribers: &[SubscriberLog],
+    hooks: &[HookReceived],
+) -> Verdict {
     let mut verdict = Verdict::default();
     let by_id: HashMap<Uuid, &Written> = written.iter().map(|w| (w.id, w)).collect();
     let stored: HashMap<Uuid, &StoredRow> = outbox.iter().map(|row| (row.id, row)).collect();
@@ -182,7 +196,50 @@ pub fn check(written: &[Written], outbox: &[StoredRow], subscribers: &[Subscribe
             anomaly("lost", None, w.id, detail);
         }
     }
+    check_hooks(written, &by_id, hooks, &mut verdict);
     verdict
+}
+
+fn check_hooks(
+    written: &[Written],
+    by_id: &HashMap<Uuid, &Written>,
+    hooks: &[HookReceived],
+    verdict: &mut Verdict,
+) {
+    verdict.hook_requests = hooks.len();
+    let mut anomaly = |kind, event: Uuid, detail: String| {
+        verdict.anomalies.push(Anomaly {
+            kind,
+            subscriber: "webhooks".into(),
+            connection: None,
+            event,
+            detail,
+        })
+    };
+    let mut answered: HashSet<Uuid> = HashSet::new();
+    for hook in hooks {
+        let id = hook.id.parse().unwrap_or(Uuid::nil());
+        if !hook.verified {
+            anomaly("hook_unverified", id, hook.id.clone());
+        }
+        match by_id.get(&id) {
+            Some(w) if w.outcome != Outcome::RolledBack => {}
+            _ => anomaly("hook_rolled_back", id, hook.id.clone()),
+        }
+        if (200..300).contains(&hook.status) {
+            answered.insert(id);
+        }
+    }
+    for w in written {
+        let subscribed = w.durable && w.event_type == HOOK_TYPE;
+        if subscribed && w.outcome == Outcome::Committed && !answered.contains(&w.id) {
+            anomaly(
+                "hook_lost",
+                w.id,
+                format!("committed at {:.3} s", w.ended_at),
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +292,37 @@ mod tests {
         }
     }
 
+    #[test]
+    fn webhooks_must_arrive_signed_and_only_for_what_committed() {
+        let mut hook = written(1, "s", Outcome::Committed, 1.0);
+        hook.event_type = HOOK_TYPE.into();
+        let mut retried = hook.clone();
+        retried.id = Uuid::from_u128(2);
+        let mut missing = hook.clone();
+        missing.id = Uuid::from_u128(3);
+        let mut undone = hook.clone();
+        undone.id = Uuid::from_u128(4);
+        undone.outcome = Outcome::RolledBack;
+        let got = |w: &Written, verified, status| HookReceived {
+            id: w.id.to_string(),
+            verified,
+            status,
+        };
+        let hooks = [
+            got(&hook, true, 200),
+            got(&retried, true, 500),
+            got(&retried, true, 200),
+            got(&undone, true, 200),
+            got(&hook, false, 200),
+        ];
+        let verdict = check(&[hook, retried, missing, undone], &[], &[], &hooks);
+        assert_eq!(
+            kinds(&verdict),
+            vec!["hook_rolled_back", "hook_unverified", "hook_lost"]
+        );
+        assert_eq!(verdict.hook_requests, 5);
+    }
+
     fn kinds(verdict: &Verdict) -> Vec<&'static str> {
         verdict.anomalies.iter().map(|a| a.kind).collect()
     }
@@ -261,6 +349,7 @@ mod tests {
             &[before.clone(), seen.clone()],
             &outbox,
             &[subscriber(vec![first.clone()])],
+            &[],
         );
         assert!(clean.anomalies.is_empty(), "{:?}", clean.anomalies);
         assert_eq!(
@@ -283,6 +372,7 @@ mod tests {
             &[before, seen, lost, undone, elsewhere, other],
             &outbox,
             &[subscriber(vec![bad])],
+            &[],
         );
         assert_eq!(
             kinds(&verdict),

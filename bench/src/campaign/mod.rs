@@ -8,6 +8,7 @@
 pub mod checker;
 pub mod cluster;
 pub mod faults;
+pub mod hooks;
 pub mod records;
 pub mod subscribers;
 pub mod writers;
@@ -76,8 +77,13 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
     // The first relay migrates the schema for its mode, as it would in
     // production: the campaign runs any relay binary, of any version.
     let url = cluster.url();
+    let hooks = hooks::start().await?;
     let mut settings = RelaySettings::new(&url, &schema);
     settings.wakeup = plan.wakeup;
+    settings.webhook_url = Some(hooks.receiver.url.clone());
+    // A delivery whose relay died mid-request is sent again once its lease
+    // runs out: short enough to happen while the run drains.
+    settings.webhook_lease_ms = Some(9_000);
     // Small queues, so the slow subscriber is dropped and must resume.
     settings.queue_capacity = 64;
     let mut relays = Vec::new();
@@ -194,8 +200,11 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
     let outbox_url = target.cluster.primary_url();
     let verdict = loop {
         let outbox = read_outbox(&outbox_url, &schema).await?;
-        let verdict = judge(&written, &logs, &outbox);
-        let missing = verdict.anomalies.iter().any(|a| a.kind == "lost");
+        let verdict = judge(&written, &logs, &outbox, &hooks.log);
+        let missing = verdict
+            .anomalies
+            .iter()
+            .any(|a| a.kind == "lost" || a.kind == "hook_lost");
         if !missing || draining.elapsed() > DRAIN {
             break verdict;
         }
@@ -209,6 +218,7 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
             "written": *written.lock().map_err(|_| "a writer panicked")?,
             "subscribers": logs.iter().filter_map(|log| log.lock().ok().map(|l| l.clone())).collect::<Vec<_>>(),
             "outbox": outbox,
+            "hooks": *hooks.log.lock().map_err(|_| "the receiver panicked")?,
         });
         let path = plan.work_dir.join("records.json");
         std::fs::write(&path, serde_json::to_vec(&dump)?)?;
@@ -231,13 +241,15 @@ fn judge(
     written: &Mutex<Vec<records::Written>>,
     logs: &[Arc<Mutex<SubscriberLog>>],
     outbox: &[StoredRow],
+    hooks: &Mutex<Vec<hooks::HookReceived>>,
 ) -> Verdict {
+    let hooks = hooks.lock().map(|h| h.clone()).unwrap_or_default();
     let written = written.lock().map(|w| w.clone()).unwrap_or_default();
     let logs: Vec<SubscriberLog> = logs
         .iter()
         .filter_map(|log| log.lock().ok().map(|log| log.clone()))
         .collect();
-    checker::check(&written, outbox, &logs)
+    checker::check(&written, outbox, &logs, &hooks)
 }
 
 async fn read_outbox(url: &str, schema: &str) -> BenchResult<Vec<StoredRow>> {
@@ -298,10 +310,11 @@ impl Report {
                 v.committed_durable, v.committed_ephemeral, v.rolled_back, v.unknown_outcome
             ),
             format!(
-                "deliveries checked={} entitled events delivered={} resyncs={} drained in {:.1} s",
+                "deliveries checked={} entitled events delivered={} resyncs={} webhook requests={} drained in {:.1} s",
                 v.deliveries,
                 v.entitled_delivered,
                 v.resyncs,
+                v.hook_requests,
                 self.drained_in.as_secs_f64()
             ),
             format!("anomalies={}", v.anomalies.len()),

@@ -16,8 +16,9 @@ use super::records::{Outcome, Written};
 
 /// The permission some events carry; half the subscribers hold it.
 pub const PERMISSION: &str = "orders:read";
-/// The event type webhook subscriptions take.
-pub const HOOK_TYPE: &str = "campaign.hook";
+/// The event type the relays' webhook subscription takes (see
+/// `RelaySettings::webhook_url`).
+pub const HOOK_TYPE: &str = "bench.hook";
 
 /// What a writer needs.
 pub struct Writer {
