@@ -32,6 +32,10 @@ CREATE TABLE settings (
     -- The highest seq pruning has deleted. A replay that starts below it
     -- may have lost events, so the relay asks the client to re-read.
     pruned_through bigint NOT NULL DEFAULT 0,
+    -- The newest transaction among the rows pruning has deleted. A resume
+    -- cursor whose horizon is at or below it may be owed a late commit
+    -- that is gone, so the relay asks that client to re-read too.
+    pruned_txid xid8 NOT NULL DEFAULT '0',
     -- How relays are woken. `notify`: a pointer NOTIFY at COMMIT, sent by
     -- the outbox_notify trigger. `logical`: nothing is sent at commit;
     -- every relay decodes committed outbox inserts, and ephemeral events

@@ -197,7 +197,11 @@ pub async fn stream_events(
                 Some(late) => outbox_replay(Some(late), AfterCursor::Tail(events)),
                 None => Replay::FromTail(events),
             };
-            let gap = from_elsewhere(&view, cursor).then_some("unknown_cursor");
+            let gap = if from_elsewhere(&view, cursor) {
+                Some("unknown_cursor")
+            } else {
+                late_commits_pruned(&view, cursor).then_some("pruned")
+            };
             (replay, counted_resync(&state.metrics, gap))
         }
         (Some(cursor), Some(from), None) => {
@@ -265,11 +269,20 @@ fn gap_before(view: &JoinView, cursor: ResumeCursor) -> Option<&'static str> {
         return Some("unknown_cursor");
     }
     let after = cursor.seq;
-    let pruned = after < view.pruned_through;
+    let pruned = after < view.pruned_through || late_commits_pruned(view, cursor);
     // Rows pruned before the highest pruned seq was recorded leave only the
     // oldest seq held to go by.
     let below_oldest = view.horizon.is_none_or(|oldest| oldest > after + 1);
     (pruned || (below_oldest && after < view.outbox_newest)).then_some("pruned")
+}
+
+/// Whether a late commit `cursor` is owed may have been pruned: its late
+/// commits are the rows written at or above its horizon, and pruning
+/// deleted such a row.
+fn late_commits_pruned(view: &JoinView, cursor: ResumeCursor) -> bool {
+    cursor
+        .horizon
+        .is_some_and(|horizon| horizon <= view.pruned_txid)
 }
 
 /// Whether `cursor` cannot come from this database as it is: its seq is

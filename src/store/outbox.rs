@@ -36,6 +36,8 @@ pub struct JoinView {
     pub outbox_newest: i64,
     /// Every event at or below this seq may have been pruned.
     pub pruned_through: i64,
+    /// The newest transaction whose rows pruning deleted (0 when none).
+    pub pruned_txid: u64,
     /// The lowest seq still held in any scope.
     pub horizon: Option<i64>,
 }
@@ -132,6 +134,7 @@ impl Outbox {
                         (SELECT max(seq) FROM {schema}.outbox WHERE scope_key = $1),
                         (SELECT pg_sequence_last_value(pg_get_serial_sequence('{schema}.outbox', 'seq'))),
                         (SELECT pruned_through FROM {schema}.settings),
+                        (SELECT pruned_txid::text FROM {schema}.settings),
                         (SELECT min(seq) FROM {schema}.outbox)"
             ),
             // By `written_at`, which the database sets, never by
@@ -141,10 +144,13 @@ impl Outbox {
                 "WITH doomed AS (
                      SELECT seq FROM {schema}.outbox WHERE written_at < $1 ORDER BY seq LIMIT $2
                  ), gone AS (
-                     DELETE FROM {schema}.outbox o USING doomed d WHERE o.seq = d.seq RETURNING o.seq
+                     DELETE FROM {schema}.outbox o USING doomed d WHERE o.seq = d.seq
+                     RETURNING o.seq, o.txid
                  ), recorded AS (
-                     UPDATE {schema}.settings SET pruned_through = greatest(pruned_through, g.top)
-                     FROM (SELECT max(seq) AS top FROM gone) g
+                     UPDATE {schema}.settings
+                     SET pruned_through = greatest(pruned_through, g.top),
+                         pruned_txid = greatest(pruned_txid, g.top_txid)
+                     FROM (SELECT max(seq) AS top, max(txid) AS top_txid FROM gone) g
                      WHERE g.top IS NOT NULL
                  )
                  SELECT count(*) FROM gone"
@@ -266,7 +272,11 @@ impl Outbox {
             scope_newest: row.get::<_, Option<i64>>(1).unwrap_or(0),
             outbox_newest: row.get::<_, Option<i64>>(2).unwrap_or(0),
             pruned_through: row.get::<_, Option<i64>>(3).unwrap_or(0),
-            horizon: row.get(4),
+            pruned_txid: row
+                .get::<_, Option<String>>(4)
+                .and_then(|txid| txid.parse().ok())
+                .unwrap_or(0),
+            horizon: row.get(5),
         })
     }
 

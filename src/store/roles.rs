@@ -47,7 +47,7 @@ pub fn grants_sql(schema: &Identifier, roles: &RoleNames) -> String {
 {relay_role}
 GRANT USAGE ON SCHEMA {schema} TO {relay};
 GRANT SELECT ON {schema}.schema_migrations, {schema}.settings, {schema}.notify_key TO {relay};
-GRANT UPDATE (pruned_through) ON {schema}.settings TO {relay};
+GRANT UPDATE (pruned_through, pruned_txid) ON {schema}.settings TO {relay};
 GRANT SELECT, INSERT, DELETE ON {schema}.outbox TO {relay};
 GRANT SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {relay};
 GRANT SELECT, INSERT, UPDATE, DELETE

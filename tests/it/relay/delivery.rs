@@ -497,14 +497,24 @@ async fn rows_that_travel_with_their_pointer_reach_subscribers_without_an_outbox
             if on { "ENABLE" } else { "DISABLE" }
         )
     };
-    client.batch_execute(&toggle(false)).await.unwrap();
-    let unannounced = db.emit(durable("unannounced", "org-1")).await;
-    client.batch_execute(&toggle(true)).await.unwrap();
+    // The row and its pointer go out at one commit, as the trigger would
+    // send them: a horizon mark never falls between the two.
+    let mut writer = db.connect().await;
+    let tx = writer.transaction().await.unwrap();
+    tx.batch_execute(&toggle(false)).await.unwrap();
+    let unannounced = db.emit_in(&tx, durable("unannounced", "org-1")).await;
+    tx.batch_execute(&toggle(true)).await.unwrap();
     let forged = format!(
         r#"{{"k":"ptr","s":"org-1","q":{},"x":1,"r":[{{"id":"not an event"}}]}}"#,
         unannounced.seq.unwrap()
     );
-    db.notify_sealed(&forged).await;
+    tx.execute(
+        &format!("SELECT pg_notify($1, {}.seal('P', $2))", db.schema),
+        &[&db.channel.as_str(), &forged],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
     let frame = stream.next_event().await;
     assert_eq!(frame.json()["id"], unannounced.id.to_string());
     assert_eq!(server.metric(MALFORMED).await, malformed + 1.0);

@@ -224,3 +224,49 @@ async fn a_cursor_from_another_history_is_told_to_resync() {
     assert!(resync, "a horizon no transaction here has reached");
     assert_eq!(server.metric(UNKNOWN).await, 1.0);
 }
+
+/// A late commit owed to a resuming cursor, pruned before the resume: the
+/// replay cannot give it, and the seqs alone do not show it (everything
+/// pruned lies below the cursor's seq), so the stream must be told to
+/// resync, never left with a silent hole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_commit_pruned_before_the_resume_makes_it_resync() {
+    const PRUNED: &str = r#"eventrelay_resyncs_total{reason="pruned"}"#;
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let alice = token("alice", "org-x", json!({}));
+    let (mut stream, _) = server.subscribe(&alice, None, "").await;
+    let mut long = db.connect().await;
+    let open = long.transaction().await.unwrap();
+    let late = db
+        .emit_in(&open, NewEvent::durable("late", "org-x", json!({})))
+        .await;
+    db.emit(NewEvent::durable("seen", "org-x", json!({}))).await;
+    let id = stream.next_event().await.id.unwrap();
+    drop(stream);
+    open.commit().await.unwrap();
+
+    let client = db.connect().await;
+    client
+        .execute(
+            &format!(
+                "UPDATE {}.outbox SET written_at = now() - interval '30 days' WHERE id = $1",
+                db.schema
+            ),
+            &[&late.id],
+        )
+        .await
+        .unwrap();
+    let outbox = eventrelay::store::Outbox::new(&db.schema);
+    let pruned = outbox
+        .prune_before(&client, chrono::Utc::now() - chrono::Duration::days(1))
+        .await
+        .unwrap();
+    assert_eq!(pruned, 1, "only the late commit is old enough");
+
+    let (resumed, resync) = server.subscribe(&alice, Some(&id), "").await;
+    assert!(resync, "the late commit is gone: the client must re-read");
+    assert!(resumed.replayed.is_empty());
+    assert_eq!(server.metric(PRUNED).await, 1.0);
+}
