@@ -4,13 +4,29 @@
 //! find it, however far below the newest seq it lies.
 
 use eventrelay::store::WakeupMode;
-use eventrelay::wire::NewEvent;
+use eventrelay::wire::{EventEnvelope, NewEvent};
 use serde_json::json;
 use tokio_postgres::Client;
 
 use crate::support::freezer::{Freezer, postgres_addr};
-use crate::support::server::{TestServer, token};
+use crate::support::server::{SseStream, TestServer, token};
 use crate::support::{TestDb, eventually};
+
+/// A relay, and alice subscribed to `org-x` on it, with no cursor.
+async fn alice_subscribed() -> (TestDb, TestServer, String, SseStream) {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let alice = token("alice", "org-x", json!({}));
+    let (stream, _) = server.subscribe(&alice, None, "").await;
+    (db, server, alice, stream)
+}
+
+/// Emits the late event into `org-x` in `open`, which stays open.
+async fn emit_late(db: &TestDb, open: &impl eventrelay::publisher::PgExecutor) -> EventEnvelope {
+    db.emit_in(open, NewEvent::durable("late", "org-x", json!({})))
+        .await
+}
 
 /// Commits `count` events in `scope` in one statement.
 async fn fill(db: &TestDb, client: &Client, scope: &str, count: i64) {
@@ -51,9 +67,7 @@ async fn resume_after_a_long_transaction(mode: WakeupMode, keep_hub: bool) {
 
     let mut long = db.connect().await;
     let open = long.transaction().await.unwrap();
-    let late = db
-        .emit_in(&open, NewEvent::durable("late", "org-x", json!({})))
-        .await;
+    let late = emit_late(&db, &open).await;
     let others = db.connect().await;
     fill(&db, &others, "org-y", 150).await;
     let last = db.emit(NewEvent::durable("seen", "org-x", json!({}))).await;
@@ -117,16 +131,10 @@ async fn logical_a_resume_from_the_tail_gets_a_late_commit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_whose_late_commit_is_still_open_gets_it_live() {
-    let db = TestDb::new().await;
-    let server = TestServer::start(&db, |_| {});
-    server.ready().await;
-    let alice = token("alice", "org-x", json!({}));
-    let (mut stream, _) = server.subscribe(&alice, None, "").await;
+    let (db, server, alice, mut stream) = alice_subscribed().await;
     let mut long = db.connect().await;
     let open = long.transaction().await.unwrap();
-    let late = db
-        .emit_in(&open, NewEvent::durable("late", "org-x", json!({})))
-        .await;
+    let late = emit_late(&db, &open).await;
     fill(&db, &db.connect().await, "org-y", 150).await;
     db.emit(NewEvent::durable("seen", "org-x", json!({}))).await;
     let id = stream.next_event().await.id.unwrap();
@@ -166,9 +174,7 @@ async fn a_reconnect_finds_a_late_commit_far_below_the_watermark(mode: WakeupMod
 
     let mut long = db.connect().await;
     let open = long.transaction().await.unwrap();
-    let late = db
-        .emit_in(&open, NewEvent::durable("late", "org-x", json!({})))
-        .await;
+    let late = emit_late(&db, &open).await;
     fill(&db, &db.connect().await, "org-y", 1_200).await;
     let seen = db.emit(NewEvent::durable("seen", "org-x", json!({}))).await;
     assert_eq!(stream.next_event().await.json()["id"], seen.id.to_string());
@@ -206,11 +212,7 @@ async fn logical_a_stream_reconnect_finds_a_late_commit_far_below_the_watermark(
 #[tokio::test]
 async fn a_cursor_from_another_history_is_told_to_resync() {
     const UNKNOWN: &str = r#"eventrelay_resyncs_total{reason="unknown_cursor"}"#;
-    let db = TestDb::new().await;
-    let server = TestServer::start(&db, |_| {});
-    server.ready().await;
-    let alice = token("alice", "org-x", json!({}));
-    let (mut stream, _) = server.subscribe(&alice, None, "").await;
+    let (db, server, alice, mut stream) = alice_subscribed().await;
     db.emit(NewEvent::durable("seen", "org-x", json!({}))).await;
     let id = stream.next_event().await.id.unwrap();
     drop(stream);
@@ -232,16 +234,10 @@ async fn a_cursor_from_another_history_is_told_to_resync() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_commit_pruned_before_the_resume_makes_it_resync() {
     const PRUNED: &str = r#"eventrelay_resyncs_total{reason="pruned"}"#;
-    let db = TestDb::new().await;
-    let server = TestServer::start(&db, |_| {});
-    server.ready().await;
-    let alice = token("alice", "org-x", json!({}));
-    let (mut stream, _) = server.subscribe(&alice, None, "").await;
+    let (db, server, alice, mut stream) = alice_subscribed().await;
     let mut long = db.connect().await;
     let open = long.transaction().await.unwrap();
-    let late = db
-        .emit_in(&open, NewEvent::durable("late", "org-x", json!({})))
-        .await;
+    let late = emit_late(&db, &open).await;
     db.emit(NewEvent::durable("seen", "org-x", json!({}))).await;
     let id = stream.next_event().await.id.unwrap();
     drop(stream);
