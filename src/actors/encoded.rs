@@ -31,7 +31,7 @@ pub struct EncodedEvent {
 impl EncodedEvent {
     /// An ephemeral event, or a durable one whose `id:` is its plain seq.
     pub fn new(envelope: EventEnvelope) -> Self {
-        let cursor = envelope.seq.map(|seq| ResumeCursor { seq, horizon: None });
+        let cursor = envelope.seq.map(ResumeCursor::plain);
         Self::encode(envelope, None, cursor)
     }
 

@@ -300,7 +300,7 @@ impl ScopeState {
             }
             self.recent.insert(seq);
             self.watermark = self.watermark.max(seq);
-            let cursor = ResumeCursor::at(seq, stamp);
+            let cursor = ResumeCursor::at(seq, stamp).naming(&envelope.id);
             fresh.push(Arc::new(EncodedEvent::written_by(envelope, txid, cursor)));
         }
         while self.above_horizon.len() > ABOVE_HORIZON_MEMORY {
@@ -381,7 +381,8 @@ mod tests {
         seqs.iter().map(|&seq| row(seq, 200)).collect()
     }
 
-    /// Each batch as its `read_after` and its events' `id:` cursors.
+    /// Each batch as its `read_after` and its events' `id:` cursors (their
+    /// seqs and horizons).
     fn handed_on(batches: &[Batch]) -> Vec<(i64, Vec<String>)> {
         batches
             .iter()
@@ -391,12 +392,10 @@ mod tests {
                     .iter()
                     .map(|e| {
                         let frame = std::str::from_utf8(&e.frame).unwrap();
-                        frame
-                            .lines()
-                            .next()
-                            .unwrap()
-                            .trim_start_matches("id: ")
-                            .to_owned()
+                        let id = frame.lines().next().unwrap().trim_start_matches("id: ");
+                        let cursor: ResumeCursor = id.parse().unwrap();
+                        assert!(cursor.check.is_some(), "{id} names its event");
+                        format!("{}.{}", cursor.seq, cursor.horizon.unwrap())
                     })
                     .collect();
                 (b.read_after, ids)

@@ -190,6 +190,13 @@ impl SharedReads {
             .await
     }
 
+    /// The id of the event at `seq`, if the outbox holds one: what a
+    /// resume cursor's check is compared with.
+    pub async fn event_at(&self, seq: i64) -> Result<Option<uuid::Uuid>, StoreError> {
+        let client = self.db.get().await?;
+        self.outbox.event_at(&client, seq).await
+    }
+
     /// The page of the scope's outbox in `window`, its frames stamped as
     /// `stamp` says, read after this call.
     pub async fn replay_page(
@@ -210,10 +217,10 @@ impl SharedReads {
                             .read_window(&client, &scope, window, REPLAY_PAGE)
                             .await?;
                         let snapshot_xmin = page.snapshot_xmin;
-                        let cursor = |seq: i64| match stamp {
+                        let cursor = |seq: i64, id: &uuid::Uuid| match stamp {
                             Stamp::Fixed(cursor) => cursor,
                             Stamp::Horizon(horizon) => {
-                                ResumeCursor::at(seq, horizon.unwrap_or(snapshot_xmin))
+                                ResumeCursor::at(seq, horizon.unwrap_or(snapshot_xmin)).naming(id)
                             }
                         };
                         Ok(ReplayPage {
@@ -225,7 +232,8 @@ impl SharedReads {
                                 .into_iter()
                                 .map(|row| {
                                     let seq = row.envelope.seq.unwrap_or_default();
-                                    Arc::new(EncodedEvent::replayed(row.envelope, cursor(seq)))
+                                    let cursor = cursor(seq, &row.envelope.id);
+                                    Arc::new(EncodedEvent::replayed(row.envelope, cursor))
                                 })
                                 .collect(),
                         })

@@ -151,6 +151,22 @@ pub async fn stream_events(
         .map_err(|error| {
             ApiError::failed("the stream could not start (the database failed)", &*error)
         })?;
+    // A cursor that names its event must find that event at its seq, or
+    // one pruning could have deleted: else it comes from a history this
+    // database no longer has.
+    let rewritten = match last_event_id.and_then(|cursor| Some((cursor.seq, cursor.check?))) {
+        Some((seq, check)) => match Box::pin(state.reads.event_at(seq)).await {
+            Ok(Some(id)) => ResumeCursor::check_of(&id) != check,
+            Ok(None) => seq > view.pruned_through,
+            Err(error) => {
+                return Err(ApiError::failed(
+                    "the stream could not start (the database failed)",
+                    &error,
+                ));
+            }
+        },
+        None => false,
+    };
     let (queue, receiver) = mpsc::channel(sse.queue_capacity);
     let attached = Box::pin(state.relay.send(Subscribe {
         subscriber: subscriber.clone(),
@@ -197,7 +213,7 @@ pub async fn stream_events(
                 Some(late) => outbox_replay(Some(late), AfterCursor::Tail(events)),
                 None => Replay::FromTail(events),
             };
-            let gap = if from_elsewhere(&view, cursor) {
+            let gap = if rewritten || from_elsewhere(&view, cursor) {
                 Some("unknown_cursor")
             } else {
                 late_commits_pruned(&view, cursor).then_some("pruned")
@@ -206,7 +222,10 @@ pub async fn stream_events(
         }
         (Some(cursor), Some(from), None) => {
             count_replay(&state.metrics, "outbox");
-            let gap = gap_before(&view, cursor);
+            let gap = match rewritten {
+                true => Some("unknown_cursor"),
+                false => gap_before(&view, cursor),
+            };
             (
                 outbox_replay(late, AfterCursor::Outbox(from)),
                 counted_resync(&state.metrics, gap),
@@ -311,7 +330,7 @@ mod tests {
 
     #[test]
     fn last_event_id_must_be_a_cursor() {
-        let plain = |seq| ResumeCursor { seq, horizon: None };
+        let plain = ResumeCursor::plain;
         assert_eq!(parse_last_event_id("42").unwrap(), plain(42));
         assert_eq!(parse_last_event_id(" 7 ").unwrap(), plain(7));
         assert_eq!(parse_last_event_id("0").unwrap(), plain(0));

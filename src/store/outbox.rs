@@ -97,6 +97,7 @@ pub struct Outbox {
     prune_sql: String,
     oldest_sql: String,
     horizon_sql: String,
+    event_at_sql: String,
 }
 
 impl Outbox {
@@ -157,6 +158,7 @@ impl Outbox {
             ),
             oldest_sql: format!("SELECT min(seq) FROM {schema}.outbox WHERE scope_key = $1"),
             horizon_sql: format!("SELECT min(seq) FROM {schema}.outbox"),
+            event_at_sql: format!("SELECT id FROM {schema}.outbox WHERE seq = $1"),
         }
     }
 
@@ -290,6 +292,18 @@ impl Outbox {
             .query_typed(&self.oldest_sql, &[(&scope_key, Type::TEXT)])
             .await?;
         Ok(rows.first().and_then(|row| row.get(0)))
+    }
+
+    /// The id of the event at `seq`, if the outbox holds one.
+    pub async fn event_at(
+        &self,
+        db: &impl PgExecutor,
+        seq: i64,
+    ) -> Result<Option<uuid::Uuid>, StoreError> {
+        let rows = db
+            .query_typed(&self.event_at_sql, &[(&seq, Type::INT8)])
+            .await?;
+        Ok(rows.first().map(|row| row.get(0)))
     }
 
     /// The lowest seq the outbox still holds in any scope. Pruning removes

@@ -84,8 +84,14 @@ impl Cluster {
 
     /// Stops the primary, promotes the standby, and makes a new standby of
     /// the new primary on the old primary's port, so the URL still names
-    /// both servers.
+    /// both servers. A planned failover that loses nothing: the primary
+    /// stops only once the standby streams from it, and a fast shutdown
+    /// sends a streaming standby every commit before the primary is down.
+    /// (A standby that is not streaming then, such as one just made or
+    /// whose primary just restarted, would be promoted without the last
+    /// commits, and the history the clients saw would be rewritten.)
     pub fn fail_over(&mut self) -> BenchResult<()> {
+        self.wait_streaming()?;
         self.stop_server(&self.primary)?;
         run(self
             .tool("pg_ctl")
@@ -108,6 +114,23 @@ impl Cluster {
             &self.standby.data,
         ))?;
         self.start_server(&self.standby)
+    }
+
+    /// Waits until the standby streams from the primary (at most 30 s).
+    fn wait_streaming(&self) -> BenchResult<()> {
+        let port = self.primary.port.to_string();
+        for _ in 0..300 {
+            let output = self
+                .tool("psql")
+                .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Atc"])
+                .arg("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
+                .output()?;
+            if String::from_utf8_lossy(&output.stdout).trim() != "0" && output.status.success() {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Err("the standby did not stream from the primary within 30 s".into())
     }
 
     fn fresh_dir(&mut self) -> PathBuf {

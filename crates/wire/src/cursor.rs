@@ -11,11 +11,18 @@
 //! higher seq **and** every event written by a transaction at or above the
 //! horizon, whatever its seq: nothing that committed late is left out.
 //!
-//! The text form is `<seq>.<horizon>`, both unsigned decimal integers, for
-//! example `152.88410`. A plain `<seq>` (the form before horizons) is still
-//! read; a relay then replays from a fixed look-back below it, which is a
-//! guess. To a client the id is opaque: a native `EventSource` sends it back
-//! unchanged.
+//! The cursor also names its event: the last six hex digits of the event's
+//! id (its `check`). A relay resuming from a cursor whose seq holds another
+//! event, or none it could have pruned, knows the cursor comes from a
+//! history this database no longer has (a failover that lost the old
+//! primary's last commits) and tells the client to re-read its state.
+//!
+//! The text form is `<seq>.<horizon>.<check>`: two unsigned decimal integers
+//! and six lowercase hex digits, for example `152.88410.3fa2c1`. The forms
+//! without the check, `<seq>.<horizon>`, and without either, `<seq>` (from
+//! before cursors had them), are still read; a plain seq replays from a
+//! fixed look-back below it, which is a guess. To a client the id is
+//! opaque: a native `EventSource` sends it back unchanged.
 
 use std::fmt;
 use std::str::FromStr;
@@ -29,6 +36,8 @@ pub struct ResumeCursor {
     /// Every event of the scope written by a transaction below this id had
     /// been sent; `None` for the plain-seq form.
     pub horizon: Option<u64>,
+    /// The last 24 bits of the id of the event at `seq`, when known.
+    pub check: Option<u32>,
 }
 
 /// Why a `Last-Event-ID` is not a cursor.
@@ -39,8 +48,11 @@ pub struct ResumeCursor {
 )]
 pub struct CursorParseError(String);
 
-/// The longest cursor text accepted: two 20-digit integers and the dot.
-const MAX_CURSOR_LEN: usize = 41;
+/// The longest cursor text accepted: two 20-digit integers, the check and
+/// the dots.
+const MAX_CURSOR_LEN: usize = 48;
+/// The check's digits.
+const CHECK_DIGITS: usize = 6;
 
 impl ResumeCursor {
     /// A cursor with a horizon.
@@ -48,16 +60,41 @@ impl ResumeCursor {
         ResumeCursor {
             seq,
             horizon: Some(horizon),
+            check: None,
         }
+    }
+
+    /// A plain seq, the form without a horizon.
+    pub fn plain(seq: i64) -> Self {
+        ResumeCursor {
+            seq,
+            horizon: None,
+            check: None,
+        }
+    }
+
+    /// This cursor, naming the event with id `event` as the one at its seq.
+    pub fn naming(mut self, event: &uuid::Uuid) -> Self {
+        self.check = Some(Self::check_of(event));
+        self
+    }
+
+    /// The check a cursor at the event with id `event` carries.
+    pub fn check_of(event: &uuid::Uuid) -> u32 {
+        (event.as_u128() & 0xff_ffff) as u32
     }
 }
 
 impl fmt::Display for ResumeCursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.horizon {
-            Some(horizon) => write!(f, "{}.{}", self.seq, horizon),
-            None => write!(f, "{}", self.seq),
+        write!(f, "{}", self.seq)?;
+        if let Some(horizon) = self.horizon {
+            write!(f, ".{horizon}")?;
+            if let Some(check) = self.check {
+                write!(f, ".{check:06x}")?;
+            }
         }
+        Ok(())
     }
 }
 
@@ -79,12 +116,34 @@ impl FromStr for ResumeCursor {
         if trimmed.len() > MAX_CURSOR_LEN {
             return Err(invalid());
         }
-        let (seq, horizon) = match trimmed.split_once('.') {
-            Some((seq, horizon)) => (seq, Some(unsigned::<u64>(horizon).ok_or_else(invalid)?)),
-            None => (trimmed, None),
+        let mut parts = trimmed.split('.');
+        let seq = parts.next().and_then(unsigned::<i64>).ok_or_else(invalid)?;
+        let horizon = match parts.next() {
+            None => None,
+            Some(horizon) => Some(unsigned::<u64>(horizon).ok_or_else(invalid)?),
         };
-        let seq = unsigned::<i64>(seq).ok_or_else(invalid)?;
-        Ok(ResumeCursor { seq, horizon })
+        let check = match parts.next() {
+            None => None,
+            Some(check) => {
+                let hex = check.len() == CHECK_DIGITS
+                    && check
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                Some(
+                    hex.then(|| u32::from_str_radix(check, 16).ok())
+                        .flatten()
+                        .ok_or_else(invalid)?,
+                )
+            }
+        };
+        if parts.next().is_some() {
+            return Err(invalid());
+        }
+        Ok(ResumeCursor {
+            seq,
+            horizon,
+            check,
+        })
     }
 }
 
@@ -94,18 +153,21 @@ mod tests {
 
     #[test]
     fn both_forms_read_back_as_written() {
+        let event = uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0011_2233_443f_a2c1);
         for cursor in [
             ResumeCursor::at(152, 88_410),
-            ResumeCursor::at(0, 0),
-            ResumeCursor::at(i64::MAX, u64::MAX),
-            ResumeCursor {
-                seq: 42,
-                horizon: None,
-            },
+            ResumeCursor::at(152, 88_410).naming(&event),
+            ResumeCursor::at(0, 0).naming(&uuid::Uuid::nil()),
+            ResumeCursor::at(i64::MAX, u64::MAX).naming(&uuid::Uuid::max()),
+            ResumeCursor::plain(42),
         ] {
             assert_eq!(cursor.to_string().parse::<ResumeCursor>(), Ok(cursor));
         }
         assert_eq!(ResumeCursor::at(152, 88_410).to_string(), "152.88410");
+        assert_eq!(
+            ResumeCursor::at(152, 88_410).naming(&event).to_string(),
+            "152.88410.3fa2c1"
+        );
         assert_eq!(" 7 ".parse::<ResumeCursor>().unwrap().seq, 7);
     }
 
@@ -127,6 +189,12 @@ mod tests {
             "1.99999999999999999999",
             "1,5",
             "1e3",
+            "1.2.3",
+            "1.2.3fa2c",
+            "1.2.3FA2C1",
+            "1.2.3fa2c1.4",
+            "1.2.gggggg",
+            "1.2.+3fa2c",
         ] {
             assert!(bad.parse::<ResumeCursor>().is_err(), "{bad:?}");
         }

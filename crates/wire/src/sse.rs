@@ -26,7 +26,7 @@ pub const REAUTH_EVENT: &str = "reauth";
 /// events get an `id:` line, because an ephemeral id would point at nothing
 /// in the outbox.
 pub fn event_frame(envelope: &EventEnvelope) -> String {
-    let id = envelope.seq.map(|seq| ResumeCursor { seq, horizon: None });
+    let id = envelope.seq.map(ResumeCursor::plain);
     event_frame_at(envelope, id)
 }
 
@@ -178,10 +178,7 @@ mod tests {
     #[test]
     fn a_newline_in_the_event_type_cannot_break_framing() {
         let text = frame(
-            Some(ResumeCursor {
-                seq: 1,
-                horizon: None,
-            }),
+            Some(ResumeCursor::plain(1)),
             Some("evil\n\ndata: forged\r"),
             "{}",
         );

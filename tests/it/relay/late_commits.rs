@@ -206,9 +206,10 @@ async fn logical_a_stream_reconnect_finds_a_late_commit_far_below_the_watermark(
 }
 
 /// A cursor whose horizon is above every transaction id the server has
-/// assigned comes from another history (a restore, or a failover to a
-/// standby that missed the old primary's last commits): what it vouches for
-/// means nothing here, so the stream is told to resync, and it is counted.
+/// assigned, or whose seq holds another event than the one it names, comes
+/// from another history (a restore, or a failover to a standby that missed
+/// the old primary's last commits): what it vouches for means nothing here,
+/// so the stream is told to resync, and it is counted.
 #[tokio::test]
 async fn a_cursor_from_another_history_is_told_to_resync() {
     const UNKNOWN: &str = r#"eventrelay_resyncs_total{reason="unknown_cursor"}"#;
@@ -225,6 +226,19 @@ async fn a_cursor_from_another_history_is_told_to_resync() {
     let (_, resync) = server.subscribe(&alice, Some(&beyond), "").await;
     assert!(resync, "a horizon no transaction here has reached");
     assert_eq!(server.metric(UNKNOWN).await, 1.0);
+
+    // The seq and horizon of this history, but another event at that seq:
+    // the commits the cursor came after were lost (a failover that
+    // rewrote the end of the history), and seqs were taken again.
+    let cursor: eventrelay::wire::ResumeCursor = id.parse().unwrap();
+    let check = cursor.check.expect("a live frame names its event");
+    let other = eventrelay::wire::ResumeCursor {
+        check: Some(check ^ 1),
+        ..cursor
+    };
+    let (_, resync) = server.subscribe(&alice, Some(&other.to_string()), "").await;
+    assert!(resync, "the event at the cursor's seq is another one");
+    assert_eq!(server.metric(UNKNOWN).await, 2.0);
 }
 
 /// A late commit owed to a resuming cursor, pruned before the resume: the
