@@ -24,9 +24,12 @@ pub struct Cluster {
     made: usize,
 }
 
-/// Server settings: logical decoding possible in both modes, no fsync.
+/// Server settings: logical decoding possible in both modes, no fsync, and
+/// enough WAL kept for a standby that fell behind (a primary restarting
+/// under load) to catch up rather than be stranded, and then promoted
+/// without the last commits.
 const SETTINGS: &str = "-c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 \
-     -c hot_standby_feedback=on -c fsync=off -c max_connections=200";
+     -c hot_standby_feedback=on -c fsync=off -c max_connections=200 -c wal_keep_size=2048";
 
 impl Cluster {
     /// Creates the primary under `root`, and a standby copied from it.
@@ -123,7 +126,12 @@ impl Cluster {
             let output = self
                 .tool("psql")
                 .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Atc"])
-                .arg("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
+                .arg(
+                    // The physical standby's connection, not a relay's
+                    // logical stream.
+                    "SELECT count(*) FROM pg_stat_replication \
+                     WHERE state = 'streaming' AND application_name = 'walreceiver'",
+                )
                 .output()?;
             if String::from_utf8_lossy(&output.stdout).trim() != "0" && output.status.success() {
                 return Ok(());
