@@ -36,8 +36,9 @@ pub struct RelaySettings {
     pub listen_url: Option<String>,
     /// `http.header_timeout_secs`; unset, the relay's default.
     pub header_timeout_secs: Option<u64>,
-    /// `webhooks.lease_ms` (and a request timeout of a third of it); unset,
-    /// the relay's defaults.
+    /// `webhooks.lease_ms` (and a request timeout of a third of it, and
+    /// retries 1, 2, 3, 5, 8, 13 and 20 s apart, so a run can wait for
+    /// them); unset, the relay's defaults.
     pub webhook_lease_ms: Option<u64>,
     /// Write only the settings every release has had, for an earlier
     /// binary run side by side (its configuration refuses unknown keys).
@@ -169,7 +170,8 @@ workers = {webhook_workers}
             text = text.replacen(
                 "[webhooks]\n",
                 &format!(
-                    "[webhooks]\nlease_ms = {lease}\nrequest_timeout_ms = {}\n",
+                    "[webhooks]\nlease_ms = {lease}\nrequest_timeout_ms = {}\n\
+                     retry_schedule_ms = [1000, 2000, 3000, 5000, 8000, 13000, 20000]\n",
                     lease / 3
                 ),
                 1,
