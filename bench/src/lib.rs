@@ -9,6 +9,7 @@ pub mod box_client;
 pub mod campaign;
 pub mod clock;
 pub mod database;
+pub mod freezer;
 pub mod in_process;
 pub mod postgres_tools;
 pub mod proc_stats;

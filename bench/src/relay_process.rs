@@ -40,6 +40,10 @@ pub struct RelaySettings {
     /// retries 1, 2, 3, 5, 8, 13 and 20 s apart, so a run can wait for
     /// them); unset, the relay's defaults.
     pub webhook_lease_ms: Option<u64>,
+    /// How soon a silent path to Postgres counts as dead:
+    /// `database.listen_health_secs` and `tcp_user_timeout_secs` (with
+    /// keepalive probes every second); unset, the relay's defaults.
+    pub dead_path_secs: Option<u64>,
     /// Write only the settings every release has had, for an earlier
     /// binary run side by side (its configuration refuses unknown keys).
     pub baseline: bool,
@@ -71,6 +75,7 @@ impl RelaySettings {
             listen_url: None,
             header_timeout_secs: None,
             webhook_lease_ms: None,
+            dead_path_secs: None,
             baseline: false,
             own_session: false,
         }
@@ -156,6 +161,16 @@ workers = {webhook_workers}
             text = text.replacen(
                 "[database]\n",
                 &format!("[database]\nlisten_url = \"{url}\"\n"),
+                1,
+            );
+        }
+        if let Some(secs) = self.dead_path_secs {
+            text = text.replacen(
+                "[database]\n",
+                &format!(
+                    "[database]\nlisten_health_secs = {secs}\ntcp_keepalive_secs = 1\n\
+                     tcp_user_timeout_secs = {secs}\n"
+                ),
                 1,
             );
         }

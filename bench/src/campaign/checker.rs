@@ -105,6 +105,7 @@ pub fn check(
             if let Some((at, true)) = connection.ready {
                 resyncs.push(at);
             }
+            resyncs.extend(&connection.resyncs);
             let mut in_connection: HashSet<Uuid> = HashSet::new();
             for frame in &connection.received {
                 verdict.deliveries += 1;

@@ -24,12 +24,14 @@ pub struct Cluster {
     made: usize,
 }
 
-/// Server settings: logical decoding possible in both modes, no fsync, and
+/// Server settings: logical decoding possible in both modes, no fsync,
 /// enough WAL kept for a standby that fell behind (a primary restarting
 /// under load) to catch up rather than be stranded, and then promoted
-/// without the last commits.
+/// without the last commits, and a short `wal_sender_timeout`: a WAL
+/// sender whose relay's path froze holds up a fast shutdown until then.
 const SETTINGS: &str = "-c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 \
-     -c hot_standby_feedback=on -c fsync=off -c max_connections=200 -c wal_keep_size=2048";
+     -c hot_standby_feedback=on -c fsync=off -c max_connections=200 -c wal_keep_size=2048 \
+     -c wal_sender_timeout=5s";
 
 impl Cluster {
     /// Creates the primary under `root`, and a standby copied from it.
@@ -69,6 +71,12 @@ impl Cluster {
             "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
             self.primary.port, self.standby.port
         )
+    }
+
+    /// Both servers' ports. They stay the same through failovers: the
+    /// servers swap roles, and a new standby takes the old primary's port.
+    pub fn ports(&self) -> [u16; 2] {
+        [self.primary.port, self.standby.port]
     }
 
     /// The current primary alone.

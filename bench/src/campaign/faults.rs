@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use super::cluster::Cluster;
 use super::subscribers::Away;
 use crate::BenchResult;
+use crate::freezer::Freezer;
 use crate::relay_process::{RelayProcess, RelaySettings};
 
 /// Every kind of fault the campaign makes.
@@ -35,10 +36,14 @@ pub enum Fault {
     /// The outbox pruned of everything written more than 2 s ago, under
     /// clients that may be replaying.
     OutboxPruned,
+    /// Every relay's path to Postgres goes silent (no FIN, no RST) for 4
+    /// to 10 s (less in short runs), as when a NAT gateway drops its flows; then new flows pass
+    /// again and the dead ones are closed.
+    PathFrozen,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 9] = [
         Fault::RelayKilled,
         Fault::RelayStopped,
         Fault::ListenerTerminated,
@@ -47,6 +52,7 @@ impl Fault {
         Fault::SubscribersAway,
         Fault::ReconnectStorm,
         Fault::OutboxPruned,
+        Fault::PathFrozen,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,6 +65,7 @@ impl Fault {
             Fault::SubscribersAway => "subscribers_away",
             Fault::ReconnectStorm => "reconnect_storm",
             Fault::OutboxPruned => "outbox_pruned",
+            Fault::PathFrozen => "path_frozen",
         }
     }
 }
@@ -94,6 +101,10 @@ pub struct Target {
     pub wakeup_logical: bool,
     pub away: Vec<watch::Sender<Away>>,
     pub orders: u64,
+    /// The relays' paths to the two servers.
+    pub paths: Vec<Freezer>,
+    /// The time between faults, on average.
+    pub fault_every: Duration,
 }
 
 impl Target {
@@ -155,6 +166,20 @@ impl Target {
                 );
                 let cutoff = chrono::Utc::now() - chrono::Duration::seconds(2);
                 outbox.prune_before(&client, cutoff).await?;
+            }
+            Fault::PathFrozen => {
+                for path in &self.paths {
+                    path.freeze();
+                }
+                // Longer than the relays' 3 s to call a path dead, and
+                // shorter in the short campaigns, whose faults come faster.
+                let longest = (self.fault_every.as_millis() as u64 * 4).clamp(4_500, 10_000);
+                let silent = fastrand::Rng::with_seed(pick).u64(4_000..longest);
+                tokio::time::sleep(Duration::from_millis(silent)).await;
+                for path in &self.paths {
+                    path.restore();
+                    path.sever();
+                }
             }
         }
         Ok(())

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::BenchResult;
+use crate::freezer::Freezer;
 use crate::relay_process::{RelayProcess, RelaySettings};
 use checker::Verdict;
 use faults::{Fault, Target};
@@ -77,9 +78,21 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
     // The first relay migrates the schema for its mode, as it would in
     // production: the campaign runs any relay binary, of any version.
     let url = cluster.url();
+    // The relays reach both servers through paths that can go silent;
+    // writers and the checker connect directly.
+    let mut paths = Vec::new();
+    for port in cluster.ports() {
+        let server = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        paths.push(Freezer::start_on(([127, 0, 0, 1], 0).into(), server).await?);
+    }
+    let relay_url = format!(
+        "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
+        paths[0].addr, paths[1].addr
+    );
     let hooks = hooks::start().await?;
-    let mut settings = RelaySettings::new(&url, &schema);
+    let mut settings = RelaySettings::new(&relay_url, &schema);
     settings.wakeup = plan.wakeup;
+    settings.dead_path_secs = Some(3);
     settings.webhook_url = Some(hooks.receiver.url.clone());
     // A delivery whose relay died mid-request is sent again once its lease
     // runs out: short enough to happen while the run drains.
@@ -127,6 +140,8 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
             token: crate::subscriber_token_with(id, &scope, grants),
             relays: Arc::clone(&bases),
             slow: i == 1,
+            // Every fourth subscriber uses the Rust client.
+            via_client: i % 4 == 3,
             seed: plan.seed ^ ((i as u64 + 1) * 0x9e37),
             clock,
             log: Arc::clone(&log),
@@ -175,6 +190,8 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
         wakeup_logical: logical,
         away,
         orders: 0,
+        paths,
+        fault_every: plan.fault_every,
     };
     let started = Instant::now();
     let mut inflicted = Vec::new();

@@ -56,6 +56,9 @@ pub struct Connection {
     pub resumed_from: Option<String>,
     /// When `ready` came, and whether it said resync.
     pub ready: Option<(f64, bool)>,
+    /// When a later `ready` said resync, on a connection that spans
+    /// several streams (the Rust client's).
+    pub resyncs: Vec<f64>,
     pub received: Vec<Received>,
 }
 

@@ -4,11 +4,18 @@
 //! written down for the checker. Each drops its stream after a few seconds
 //! and comes back up to 2 s later; the fault schedule can also send a
 //! subscriber away for longer, or make every subscriber reconnect at once.
+//!
+//! Some subscribers use the Rust client instead: it reconnects and
+//! resumes by itself (to a relay picked at random on every connect) and
+//! drops envelopes it has already delivered, so one run of the client is
+//! one connection in the records, and a repeat within it is the client's
+//! own failure to de-duplicate.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use eventrelay_client::sse::{SseItem, SseParser};
+use eventrelay_client::{ClientBuilder, State};
 use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::watch;
@@ -34,6 +41,8 @@ pub struct Subscriber {
     /// Reads slowly: a few milliseconds after every chunk, so its queue on
     /// the relay fills under load and the relay drops it.
     pub slow: bool,
+    /// Subscribes through the Rust client.
+    pub via_client: bool,
     pub seed: u64,
     pub clock: Clock,
     pub log: Arc<Mutex<SubscriberLog>>,
@@ -41,7 +50,21 @@ pub struct Subscriber {
 
 impl Subscriber {
     /// Subscribes and resumes until `stop` turns true.
-    pub async fn run(self, mut away: watch::Receiver<Away>, mut stop: watch::Receiver<bool>) {
+    pub async fn run(self, away: watch::Receiver<Away>, stop: watch::Receiver<bool>) {
+        if self.via_client {
+            self.run_client(away, stop).await
+        } else {
+            self.run_event_source(away, stop).await
+        }
+    }
+
+    /// As a browser's `EventSource` does: one stream at a time, resumed
+    /// with the last `id:` seen.
+    async fn run_event_source(
+        self,
+        mut away: watch::Receiver<Away>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut rng = fastrand::Rng::with_seed(self.seed);
         let Ok(http) = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
@@ -103,6 +126,95 @@ impl Subscriber {
                 _ = tokio::time::sleep(stay_away) => {}
                 _ = stop.changed() => {}
             }
+        }
+    }
+
+    /// Through the Rust client: each run of it lasts 5 to 20 s (through
+    /// the faults, which make it reconnect by itself), and the next starts
+    /// from the last `id:` it delivered, as an application that persists
+    /// its position does.
+    async fn run_client(self, mut away: watch::Receiver<Away>, mut stop: watch::Receiver<bool>) {
+        let mut rng = fastrand::Rng::with_seed(self.seed);
+        let mut last_id: Option<String> = None;
+        while !*stop.borrow() {
+            // Every connect picks a relay; the first one's is recorded.
+            let mut picks = fastrand::Rng::with_seed(rng.u64(..));
+            let first = picks.usize(0..self.relays.len());
+            let connection = self.open_connection(first, last_id.clone());
+            let next_relay = Mutex::new((Some(first), picks));
+            let (relays, token) = (Arc::clone(&self.relays), self.token.clone());
+            let (log, clock) = (Arc::clone(&self.log), self.clock);
+            let mut builder = ClientBuilder::new(move |http| {
+                let relay = match next_relay.lock() {
+                    Ok(mut next) => match next.0.take() {
+                        Some(first) => first,
+                        None => next.1.usize(0..relays.len()),
+                    },
+                    Err(_) => 0,
+                };
+                http.get(format!("{}/v1/events", relays[relay]))
+                    .bearer_auth(&token)
+            })
+            .backoff(Duration::from_millis(100), Duration::from_secs(1))
+            .idle_timeout(Some(SILENCE))
+            .on_resync(move || {
+                if let Ok(mut log) = log.lock()
+                    && let Some(record) = log.connections.get_mut(connection)
+                {
+                    record.resyncs.push(clock.now());
+                }
+            });
+            if let Some(id) = &last_id {
+                builder = builder.last_event_id(id.clone());
+            }
+            let (handle, mut events) = builder.start();
+            let mut status = handle.subscribe();
+            let mut stay_away = Duration::from_millis(rng.u64(20..200));
+            let leaves = tokio::time::sleep(Duration::from_millis(rng.u64(5_000..20_000)));
+            tokio::pin!(leaves);
+            loop {
+                tokio::select! {
+                    _ = &mut leaves => break,
+                    event = events.recv() => {
+                        let Some(event) = event else { break };
+                        let Ok(data) = serde_json::to_string(&event.envelope) else { continue };
+                        self.frame(connection, &event.event_type, &data, event.sse_id, &mut last_id);
+                    }
+                    changed = status.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        if status.borrow().state == State::Connected {
+                            self.connected(connection);
+                        }
+                    }
+                    changed = away.changed() => {
+                        if changed.is_ok() {
+                            stay_away = Duration::from_millis(away.borrow().millis);
+                        }
+                        break;
+                    }
+                    _ = stop.changed() => break,
+                }
+            }
+            let _ = handle.stop().await;
+            // What the client had received but not yet handed over is
+            // dropped with it, as an application that stops loses it.
+            tokio::select! {
+                _ = tokio::time::sleep(stay_away) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    /// The client said it is connected: the first time is the record's
+    /// `ready` (its resyncs are written down apart).
+    fn connected(&self, connection: usize) {
+        if let Ok(mut log) = self.log.lock()
+            && let Some(record) = log.connections.get_mut(connection)
+            && record.ready.is_none()
+        {
+            record.ready = Some((self.clock.now(), false));
         }
     }
 
