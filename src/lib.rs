@@ -14,7 +14,7 @@
 //! - [`sse`]: the SSE connection: the `GET /v1/events` handler, the session
 //!   (the response stream itself), the closed-client check.
 //! - [`http`]: the rest of the HTTP API (publish, admin, operations, CORS,
-//!   TLS) and its one error type with stable [`http::error::ErrorCode`]s.
+//!   TLS) and its one error type with stable [`api_error::ErrorCode`]s.
 //! - [`webhooks`]: the webhook domain: model and rules, store, admin logic,
 //!   settings, and the dispatcher actor.
 //! - [`store`]: Postgres: the pool, migrations, the outbox read side,
@@ -33,6 +33,7 @@
 //! a thin layer over this library.
 
 pub mod actors;
+pub mod api_error;
 pub mod auth;
 pub mod config;
 pub mod group_commit;
@@ -44,6 +45,7 @@ pub mod reload;
 pub mod secret;
 pub mod server;
 pub mod sse;
+pub mod state;
 pub mod store;
 pub mod webhooks;
 

@@ -22,11 +22,11 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::AppState;
 use super::body::read_body;
-use super::error::{ApiError, ErrorCode};
 use super::token::Guard;
+use crate::api_error::{ApiError, ErrorCode};
 use crate::reload::ReloadError;
+use crate::state::AppState;
 use crate::store::{Connection, StoreError};
 use crate::webhooks::{
     DeliveriesDue, DeliveryFilter, DeliveryStatus, InvalidSubscription, MAX_PAGE, Subscription,

@@ -18,7 +18,7 @@ use actix_web::web;
 use bytes::BytesMut;
 use futures_util::StreamExt;
 
-use super::error::{ApiError, ErrorCode};
+use crate::api_error::{ApiError, ErrorCode};
 use crate::config::HttpConfig;
 
 /// Reads the body, refusing it as soon as it passes `http.max_body_bytes`,

@@ -9,8 +9,8 @@
 
 use actix_web::{HttpResponse, web};
 
-use super::AppState;
-use super::error::ApiError;
+use crate::api_error::ApiError;
+use crate::state::AppState;
 
 const PAGE: &str = include_str!("console/index.html");
 const SCRIPT: &str = include_str!("console/console.js");

@@ -17,10 +17,10 @@ use actix_web::http::{Method, StatusCode};
 use actix_web::middleware::Next;
 use actix_web::{HttpResponse, ResponseError, web};
 
-use super::AppState;
-use super::error::{ApiError, ErrorCode};
+use crate::api_error::{ApiError, ErrorCode};
 use crate::config::HttpConfig;
 pub use crate::config::origins::{OriginPatternError, OriginRules};
+use crate::state::AppState;
 
 /// Request headers a page may send on `GET /v1/events`: the credentials,
 /// the replay watermark, and the cache directive some clients add.

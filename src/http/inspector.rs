@@ -9,10 +9,10 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::AppState;
 use super::body::read_body;
-use super::error::{ApiError, ErrorCode};
+use crate::api_error::{ApiError, ErrorCode};
 use crate::auth::{Algorithm, MintOptions, TokenSpec, mint_token};
+use crate::state::AppState;
 
 const PAGE: &str = include_str!("inspector.html");
 const CLIENT: &str = include_str!("../../clients/js/eventrelay-client.js");

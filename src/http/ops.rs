@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
-use super::AppState;
+use crate::state::AppState;
 
 /// The process is up.
 pub async fn healthz() -> HttpResponse {

@@ -20,15 +20,15 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio_postgres::error::SqlState;
 
-use super::AppState;
 use super::body::read_body;
-use super::error::{ApiError, ErrorCode};
 use super::json_numbers::{MAX_EXACT_INTEGER, inexact_integer};
 use super::token::Guard;
 use crate::actors::EncodedEvent;
 use crate::actors::relay::DeliveredHere;
+use crate::api_error::{ApiError, ErrorCode};
 use crate::group_commit::GroupError;
 use crate::latency::Stage;
+use crate::state::AppState;
 
 const PUBLISH: Guard = Guard {
     setting: "publish.token",

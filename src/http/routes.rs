@@ -3,8 +3,8 @@
 
 use actix_web::web;
 
-use super::error::{ApiError, ErrorCode};
 use super::{admin, console, cors, inspector, ops, publish, subscribers};
+use crate::api_error::{ApiError, ErrorCode};
 
 /// The pages the relay serves besides its API, each behind a setting.
 #[derive(Debug, Clone, Copy)]

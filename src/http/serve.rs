@@ -103,8 +103,7 @@ where
     } = settings;
     let builder = match tls {
         None => builder.listen("eventrelay-http", listener, move || {
-            let http = http_builder(address, header_timeout, on_connect)
-                .h1(application(&factory, false, address));
+            let http = http_builder(address, header_timeout, on_connect).h1(application(&factory));
             // Per worker: a connection is read by the worker it landed on.
             let opening = Arc::new(Semaphore::new(opening_per_worker));
             (move |tcp: TcpStream| {
@@ -130,8 +129,8 @@ where
             protocols.append(&mut config.alpn_protocols);
             config.alpn_protocols = protocols;
             builder.listen("eventrelay-https", listener, move || {
-                let http = http_builder(address, header_timeout, on_connect)
-                    .finish(application(&factory, true, address));
+                let http =
+                    http_builder(address, header_timeout, on_connect).finish(application(&factory));
                 Acceptor::new(config.clone())
                     .map_err(TlsError::into_service_error)
                     .and_then(move |tls: TlsStream<TcpStream>| {
@@ -213,12 +212,12 @@ where
         })
 }
 
-/// The application as actix-http serves it, for one worker.
-fn application<F, I, S, B>(
-    factory: &F,
-    secure: bool,
-    address: SocketAddr,
-) -> Application<S::Response, S::InitError>
+/// The application as actix-http serves it, for one worker. It gets
+/// actix-web's default `AppConfig`: what that holds (a host, a scheme and
+/// an address for `ConnectionInfo` to fall back on when a request names
+/// none) is read nowhere in the relay, and the constructor `HttpServer`
+/// uses is private to actix-web.
+fn application<F, I, S, B>(factory: &F) -> Application<S::Response, S::InitError>
 where
     F: Fn() -> I,
     I: IntoServiceFactory<S, Request>,
@@ -233,11 +232,5 @@ where
     let application = factory()
         .into_factory()
         .map_err(|error| error.into().error_response());
-    let host = address.to_string();
-    boxed::factory(map_config(application, move |()| {
-        // The values `HttpServer` gives the application (what
-        // `ConnectionInfo` falls back on); actix-web builds them with
-        // this constructor outside its own crate too (actix-test).
-        AppConfig::__priv_test_new(secure, host.clone(), address)
-    }))
+    boxed::factory(map_config(application, |()| AppConfig::default()))
 }

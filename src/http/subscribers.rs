@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::admin::Admin;
-use super::error::{ApiError, ErrorCode};
+use crate::api_error::{ApiError, ErrorCode};
 use crate::store::disconnections::Disconnection;
 
 /// The most streams one listing page holds.

@@ -4,7 +4,7 @@ use actix_web::HttpRequest;
 use actix_web::http::{StatusCode, header};
 use sha2::{Digest, Sha256};
 
-use super::error::{ApiError, ErrorCode};
+use crate::api_error::{ApiError, ErrorCode};
 
 /// One token-guarded API, for its error messages.
 pub struct Guard {

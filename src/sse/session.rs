@@ -212,7 +212,7 @@ pub struct Registration {
     pub session: u64,
     pub metrics: Arc<Metrics>,
     /// Held for the stream's life: shutdown waits until every stream has
-    /// dropped its hold (see [`crate::http::OpenStreams`]).
+    /// dropped its hold (see [`crate::state::OpenStreams`]).
     _open: Option<tokio::sync::mpsc::Sender<()>>,
 }
 

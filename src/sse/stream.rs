@@ -21,10 +21,10 @@ use super::session::{
     count_replay,
 };
 use crate::actors::relay::{JoinPoint, Subscribe, SubscribeError};
+use crate::api_error::{ApiError, ErrorCode};
 use crate::auth::Credentials;
-use crate::http::AppState;
-use crate::http::error::{ApiError, ErrorCode};
 use crate::metrics::{Metrics, ReasonLabel};
+use crate::state::AppState;
 use crate::store::JoinView;
 use eventrelay_wire::ResumeCursor;
 
