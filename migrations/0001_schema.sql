@@ -82,14 +82,32 @@ CREATE TABLE notify_key (
 -- module). The origin tells the relay what the sender could choose: `P`
 -- for what these functions wrote from committed rows (pointers, `due`),
 -- `E` for an ephemeral event as its emitter encoded it, which a relay
--- takes only as ephemeral events. pgcrypto may live in any schema, so the
--- migration runner replaces this body after the file with one that names
--- pgcrypto's functions by their schema, or, for the embedded database,
--- with one that returns the payload as it is. Until then it refuses.
+-- takes only as ephemeral events. This is the one body: pgcrypto may live
+-- in any schema, so the migration runner pins this function's search_path
+-- to pg_catalog, pgcrypto's schema and this one after the file, and
+-- writes the key. A schema with no key refuses, unless its settings say
+-- the channel is open (the embedded database's), where the payload goes
+-- as it is. Every pgcrypto call has exact argument types, so no function
+-- of the same name in a schema others can write to is a better match.
 CREATE FUNCTION seal(origin text, payload text) RETURNS text
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    k bytea;
+    iv bytea;
+    body bytea;
 BEGIN
-    RAISE EXCEPTION 'eventrelay: notification sealing is not set up; run `eventrelay migrate`';
+    SELECT n.key INTO k FROM notify_key n;
+    IF k IS NULL THEN
+        IF (SELECT NOT s.sealed FROM settings s) THEN
+            RETURN payload;
+        END IF;
+        RAISE EXCEPTION 'eventrelay: notification sealing is not set up; run `eventrelay migrate`';
+    END IF;
+    iv := gen_random_bytes(16);
+    body := iv || encrypt_iv(convert_to(origin || payload, 'UTF8'), substring(k FROM 1 FOR 32), iv,
+                             'aes-cbc/pad:pkcs'::text);
+    RETURN translate(encode(body || hmac(body, substring(k FROM 33 FOR 32), 'sha256'::text), 'base64'),
+                     E'\n', '');
 END
 $$;
 

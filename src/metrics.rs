@@ -174,6 +174,9 @@ pub struct Metrics {
     /// Pointers that announced nothing new (a seq already delivered, or
     /// older than any late commit): no read.
     pub pointers_ignored: Counter,
+    /// Times the database's history was found rewound under the relay
+    /// (see [`crate::store::Outbox::still_holds`]).
+    pub history_rewinds: Counter,
     /// Logical wake-up mode: times the replication stream was re-established.
     pub replication_reconnects: Counter,
     /// Logical wake-up mode: WAL between the change last read and the
@@ -238,6 +241,7 @@ impl Metrics {
             notifications_malformed: Counter::default(),
             notifications_rejected: Family::default(),
             pointers_ignored: Counter::default(),
+            history_rewinds: Counter::default(),
             horizon_marks_sent: Counter::default(),
             replication_reconnects: Counter::default(),
             replication_lag_bytes: Gauge::default(),
@@ -353,6 +357,11 @@ impl Metrics {
             "horizon_marks_sent",
             "Horizon marks sent; while they fail, resumes replay more (never less)",
             metrics.horizon_marks_sent.clone(),
+        );
+        registry.register(
+            "history_rewinds",
+            "Times the database no longer held events this relay had read (a standby promoted without the last commits, a restore): every stream ended, to resume against the new history",
+            metrics.history_rewinds.clone(),
         );
         registry.register(
             "pointers_ignored",

@@ -28,7 +28,7 @@ use super::scope::{History, ReadEnd, ReadPlan, ScopeState};
 use super::tail::Bound;
 use super::tail_budget::TailBudget;
 use crate::metrics::{ActorKind, Metrics};
-use crate::store::{Database, Outbox, Snapshot, StoreError, StoredEvent, Window};
+use crate::store::{Database, Outbox, Snapshot, StoreError, StoredEvent, Window, Witness};
 
 /// Rows per outbox read, and events per hub message.
 const PAGE: i64 = 500;
@@ -44,6 +44,9 @@ const READ_MAX_BYTES: i64 = 8 << 20;
 const DELIVERED_HERE: usize = 16_384;
 /// Wait before retrying a failed outbox read.
 const READ_RETRY: Duration = Duration::from_secs(1);
+/// The newest rows read, checked after the listener reconnects: a history
+/// rewound under the relay loses its newest commits first.
+const WITNESSES: usize = 32;
 
 /// The bounds every scope's tail is created with.
 pub struct TailSettings {
@@ -68,6 +71,8 @@ pub struct Relay {
     /// Ephemeral events this relay delivered before their commit, whose
     /// notification is still to come back.
     delivered_here: RecentIds,
+    /// The rows read most recently (see [`WITNESSES`]).
+    witnesses: VecDeque<Witness>,
     /// Dropped with the relay once it has stopped: shutdown waits for that.
     _running: tokio::sync::mpsc::Sender<()>,
 }
@@ -104,6 +109,7 @@ impl Relay {
             directory,
             next_session: 0,
             delivered_here: RecentIds::new(DELIVERED_HERE),
+            witnesses: VecDeque::with_capacity(WITNESSES),
             _running: running,
         }
     }
@@ -157,9 +163,58 @@ impl Relay {
                 scopes = self.scopes.len(),
                 "the relay failed; restarting it: every stream ends and its client reconnects"
             );
-            self.scopes.clear();
-            self.directory.clear();
-            self.metrics.active_scopes.set(0);
+            self.drop_every_scope();
+        }
+    }
+
+    /// Drops every scope: its hub stops and its streams end cleanly, and
+    /// their clients resume from their `Last-Event-ID`.
+    fn drop_every_scope(&mut self) {
+        self.scopes.clear();
+        self.directory.clear();
+        self.metrics.active_scopes.set(0);
+    }
+
+    /// Remembers the newest rows read, as witnesses of the history.
+    fn witness(&mut self, rows: &[StoredEvent]) {
+        for row in rows.iter().rev().take(WITNESSES).rev() {
+            if let Some(seq) = row.envelope.seq {
+                push_witness(
+                    &mut self.witnesses,
+                    Witness {
+                        seq,
+                        id: row.envelope.id,
+                        txid: row.txid,
+                    },
+                );
+            }
+        }
+    }
+
+    /// After a reconnect: checks that the database still holds what this
+    /// relay read before re-reading every scope (see [`HistoryChecked`]).
+    fn check_history(&mut self, ctx: &mut Context<Self>) {
+        if self.witnesses.is_empty() {
+            self.reread_every_scope(ctx);
+            return;
+        }
+        let witnesses: Vec<Witness> = self.witnesses.iter().copied().collect();
+        let (db, outbox) = (self.db.clone(), self.outbox.clone());
+        let relay = Counted::new(ctx.address(), self.metrics.actor(ActorKind::Relay).clone());
+        actix::spawn(async move {
+            let result = async {
+                let client = db.get().await?;
+                outbox.still_holds(&client, &witnesses).await
+            }
+            .await;
+            relay.do_send(HistoryChecked { result });
+        });
+    }
+
+    fn reread_every_scope(&mut self, ctx: &mut Context<Self>) {
+        let scopes: Vec<String> = self.scopes.keys().cloned().collect();
+        for scope in scopes {
+            self.schedule_whole_read(&scope, ctx);
         }
     }
 
@@ -170,6 +225,19 @@ impl Relay {
         };
         match msg.result {
             Ok(read) => {
+                if let Some(last) = read.rows.len().checked_sub(1) {
+                    let row = &read.rows[last];
+                    if let Some(seq) = row.envelope.seq {
+                        push_witness(
+                            &mut self.witnesses,
+                            Witness {
+                                seq,
+                                id: row.envelope.id,
+                                txid: row.txid,
+                            },
+                        );
+                    }
+                }
                 for batch in scope
                     .state
                     .read_done(msg.plan, read.rows, read.end, PAGE as usize)
@@ -239,6 +307,13 @@ impl Relay {
             });
         });
     }
+}
+
+fn push_witness(witnesses: &mut VecDeque<Witness>, witness: Witness) {
+    if witnesses.len() == WITNESSES {
+        witnesses.pop_front();
+    }
+    witnesses.push_back(witness);
 }
 
 /// A set of event ids that forgets its oldest past a capacity.
@@ -430,6 +505,7 @@ impl Relay {
     /// Hands each active scope its new rows. A scope whose read is running
     /// leaves them to the read after it, which that read's end starts.
     fn decoded(&mut self, rows: Vec<StoredEvent>, heard_at: Instant) {
+        self.witness(&rows);
         let mut by_scope: HashMap<String, Vec<StoredEvent>> = HashMap::new();
         for row in rows {
             if self.scopes.contains_key(&row.envelope.scope_key) {
@@ -514,9 +590,46 @@ impl Handler<ListenerConnected> for Relay {
 
     fn handle(&mut self, _: ListenerConnected, ctx: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        let scopes: Vec<String> = self.scopes.keys().cloned().collect();
-        for scope in scopes {
-            self.schedule_whole_read(&scope, ctx);
+        self.check_history(ctx);
+    }
+}
+
+/// Whether the database, once the listener reconnected, still holds the
+/// rows this relay read most recently. When it does not, its history was
+/// rewound (a standby promoted without the last commits, a restore): seqs
+/// and transaction ids this relay sent may now name other events, and its
+/// scopes' positions mean nothing there. Every scope is dropped, so every
+/// stream ends; each client resumes with its cursor, which the resume
+/// checks against the new history and answers with a resync where it no
+/// longer holds (see `docs/src/reliability.md`).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct HistoryChecked {
+    result: Result<bool, StoreError>,
+}
+
+impl Handler<HistoryChecked> for Relay {
+    type Result = ();
+
+    fn handle(&mut self, msg: HistoryChecked, ctx: &mut Context<Self>) {
+        let _handling = self.metrics.actor(ActorKind::Relay).handling();
+        match msg.result {
+            Ok(true) => self.reread_every_scope(ctx),
+            Ok(false) => {
+                self.metrics.history_rewinds.inc();
+                tracing::error!(
+                    scopes = self.scopes.len(),
+                    "the database no longer holds events this relay read: its history was \
+                     rewound (a failover that lost commits, or a restore); every stream ends \
+                     and resumes against the new history"
+                );
+                self.witnesses.clear();
+                self.drop_every_scope();
+            }
+            Err(error) => {
+                tracing::warn!(%error, "checking the history after a reconnect failed; retrying");
+                ctx.run_later(READ_RETRY, |relay, ctx| relay.check_history(ctx));
+            }
         }
     }
 }

@@ -215,21 +215,22 @@ pub async fn migrate_with(
     Ok(report)
 }
 
-/// Writes the notification key (once) and `seal` with pgcrypto's
-/// functions named by their schema, creating the extension (in a schema
-/// named `pgcrypto`) when the database has none; or, for [`Sealing::Open`], a `seal` that
-/// sends payloads as they are.
+/// Writes the notification key (once), creating pgcrypto (in a schema
+/// named `pgcrypto`) when the database has none, and pins `seal`'s
+/// search_path to pgcrypto's schema and this one; for [`Sealing::Open`],
+/// writes no key, so `seal` sends payloads as they are.
 async fn set_up_sealing(
     tx: &tokio_postgres::Transaction<'_>,
     schema: &Identifier,
     sealing: Sealing,
 ) -> Result<(), MigrateError> {
+    let pin = |path: &str| {
+        format!(
+            "ALTER FUNCTION {schema}.seal(text, text) SET search_path = pg_catalog, {path}pg_temp"
+        )
+    };
     if sealing == Sealing::Open {
-        tx.batch_execute(&format!(
-            "CREATE OR REPLACE FUNCTION {schema}.seal(origin text, payload text) RETURNS text
-             LANGUAGE sql IMMUTABLE AS $seal$ SELECT payload $seal$"
-        ))
-        .await?;
+        tx.batch_execute(&pin(&format!("{schema}, "))).await?;
         return Ok(());
     }
     let installed =
@@ -256,30 +257,11 @@ async fn set_up_sealing(
             }
         }
     };
-    // Every pgcrypto call has exact argument types, so no function of the
-    // same name in a schema others can write to is a better match.
     tx.batch_execute(&format!(
         "INSERT INTO {schema}.notify_key (key) VALUES ({crypto}.gen_random_bytes(64))
              ON CONFLICT (singleton) DO NOTHING;
-         CREATE OR REPLACE FUNCTION {schema}.seal(origin text, payload text) RETURNS text
-         LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, {schema}, pg_temp AS $seal$
-         DECLARE
-             k bytea;
-             iv bytea := {crypto}.gen_random_bytes(16);
-             body bytea;
-         BEGIN
-             SELECT n.key INTO k FROM notify_key n;
-             IF k IS NULL THEN
-                 RAISE EXCEPTION 'eventrelay: the notification key is missing; run `eventrelay migrate`';
-             END IF;
-             body := iv || {crypto}.encrypt_iv(convert_to(origin || payload, 'UTF8'),
-                                               substring(k FROM 1 FOR 32), iv,
-                                               'aes-cbc/pad:pkcs'::text);
-             RETURN translate(encode(body || {crypto}.hmac(body, substring(k FROM 33 FOR 32),
-                                                           'sha256'::text), 'base64'),
-                              E'\\n', '');
-         END
-         $seal$;"
+         {};",
+        pin(&format!("{crypto}, {schema}, "))
     ))
     .await?;
     Ok(())

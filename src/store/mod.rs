@@ -21,7 +21,7 @@ pub use migrate::{
     MIGRATIONS, MigrateError, Migration, MigrationReport, Sealing, check_schema, migrate,
     migrate_for, migrate_with,
 };
-pub use outbox::{JoinView, Outbox, StoredEvent, Window, WindowPage};
+pub use outbox::{JoinView, Outbox, StoredEvent, Window, WindowPage, Witness};
 pub use snapshot::Snapshot;
 pub use statements::{Pipeline, StatementKey, Transaction};
 pub use wakeup::{WakeupError, WakeupMode};

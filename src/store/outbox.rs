@@ -2,6 +2,7 @@
 //! subscriber joins at, and pruning by age. The relay's live path and every
 //! replay path read through here.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -98,6 +99,16 @@ pub struct Outbox {
     oldest_sql: String,
     horizon_sql: String,
     event_at_sql: String,
+    witnessed_sql: String,
+}
+
+/// An event a relay read, kept to check later that the database's history
+/// still holds it (see [`Outbox::still_holds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Witness {
+    pub seq: i64,
+    pub id: uuid::Uuid,
+    pub txid: u64,
 }
 
 impl Outbox {
@@ -159,6 +170,11 @@ impl Outbox {
             oldest_sql: format!("SELECT min(seq) FROM {schema}.outbox WHERE scope_key = $1"),
             horizon_sql: format!("SELECT min(seq) FROM {schema}.outbox"),
             event_at_sql: format!("SELECT id FROM {schema}.outbox WHERE seq = $1"),
+            witnessed_sql: format!(
+                "SELECT (SELECT pruned_txid::text FROM {schema}.settings),
+                        coalesce(array_agg(o.seq), '{{}}'), coalesce(array_agg(o.id), '{{}}')
+                 FROM {schema}.outbox o WHERE o.seq = ANY($1)"
+            ),
         }
     }
 
@@ -306,6 +322,32 @@ impl Outbox {
         Ok(rows.first().map(|row| row.get(0)))
     }
 
+    /// Whether the outbox still holds every one of `witnesses` as it was
+    /// read, or holds none of them for a reason other than pruning: false
+    /// means the database's history was rewound under the relay (a standby
+    /// promoted without the last commits, a restore), so seqs it sent may
+    /// now name other events.
+    pub async fn still_holds(
+        &self,
+        db: &impl PgExecutor,
+        witnesses: &[Witness],
+    ) -> Result<bool, StoreError> {
+        let seqs: Vec<i64> = witnesses.iter().map(|w| w.seq).collect();
+        let rows = db
+            .query_typed(&self.witnessed_sql, &[(&seqs, Type::INT8_ARRAY)])
+            .await?;
+        // An aggregate: always one row.
+        let Some(row) = rows.first() else {
+            return Ok(true);
+        };
+        let pruned_txid: Option<&str> = row.get(0);
+        let pruned_txid = pruned_txid.and_then(|t| t.parse().ok()).unwrap_or(0);
+        let found: Vec<i64> = row.get(1);
+        let ids: Vec<uuid::Uuid> = row.get(2);
+        let held: HashMap<i64, uuid::Uuid> = found.into_iter().zip(ids).collect();
+        Ok(history_holds(witnesses, &held, pruned_txid))
+    }
+
     /// The lowest seq the outbox still holds in any scope. Pruning removes
     /// rows by age across all scopes, so every seq below this is gone.
     pub async fn horizon(&self, db: &impl PgExecutor) -> Result<Option<i64>, StoreError> {
@@ -428,5 +470,50 @@ impl OutboxRow {
             occurred_at,
         };
         Some(StoredEvent { envelope, txid })
+    }
+}
+
+/// [`Outbox::still_holds`]'s decision: every witness is held under its own
+/// id, or is missing because pruning took it (its transaction is at or
+/// below the newest one pruning deleted rows of).
+fn history_holds(witnesses: &[Witness], held: &HashMap<i64, uuid::Uuid>, pruned_txid: u64) -> bool {
+    witnesses.iter().all(|w| match held.get(&w.seq) {
+        Some(id) => *id == w.id,
+        None => w.txid <= pruned_txid,
+    })
+}
+
+#[cfg(test)]
+mod history_tests {
+    use super::*;
+
+    fn witness(seq: i64, txid: u64) -> Witness {
+        Witness {
+            seq,
+            id: uuid::Uuid::from_u128(seq as u128),
+            txid,
+        }
+    }
+
+    #[test]
+    fn a_history_that_holds_every_witness_holds() {
+        let witnesses = [witness(1, 10), witness(2, 11)];
+        let held = witnesses.iter().map(|w| (w.seq, w.id)).collect();
+        assert!(history_holds(&witnesses, &held, 0));
+    }
+
+    #[test]
+    fn a_seq_that_names_another_event_is_a_rewound_history() {
+        let witnesses = [witness(1, 10), witness(2, 11)];
+        let held = [(1, witnesses[0].id), (2, uuid::Uuid::from_u128(99))].into();
+        assert!(!history_holds(&witnesses, &held, 100));
+    }
+
+    #[test]
+    fn a_missing_event_is_pruned_only_at_or_below_the_pruned_transaction() {
+        let witnesses = [witness(1, 10), witness(2, 11)];
+        let held = [(2, witnesses[1].id)].into();
+        assert!(history_holds(&witnesses, &held, 10));
+        assert!(!history_holds(&witnesses, &held, 9));
     }
 }

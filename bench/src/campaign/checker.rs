@@ -14,6 +14,12 @@
 //! - `audience`: an event of another scope, or whose `audience.users`
 //!   leaves the subscriber out, or whose permission it does not hold,
 //!   received;
+//! - `phantom`: an event a lossy failover took from the history, received,
+//!   and no resync after it: the client keeps an event that never was.
+//!
+//! Events a lossy failover took (found by the campaign on the new primary
+//! right after it) are the database's loss, not the relay's: they need not
+//! arrive, and their seqs may come back under other ids.
 //! - for webhooks, once the run has drained: `hook_lost`, a committed
 //!   durable event of the subscribed type that the receiver never answered
 //!   with 2xx; `hook_unverified`, a request whose signature does not
@@ -57,6 +63,10 @@ pub struct Verdict {
     pub resyncs: usize,
     /// Webhook requests received.
     pub hook_requests: usize,
+    /// Committed events lossy failovers took from the history.
+    pub vanished: usize,
+    /// Receipts of such events that a later resync covered.
+    pub phantoms_resynced: usize,
     pub anomalies: Vec<Anomaly>,
 }
 
@@ -74,8 +84,12 @@ pub fn check(
     outbox: &[StoredRow],
     subscribers: &[SubscriberLog],
     hooks: &[HookReceived],
+    vanished: &HashSet<Uuid>,
 ) -> Verdict {
-    let mut verdict = Verdict::default();
+    let mut verdict = Verdict {
+        vanished: vanished.len(),
+        ..Verdict::default()
+    };
     let by_id: HashMap<Uuid, &Written> = written.iter().map(|w| (w.id, w)).collect();
     let stored: HashMap<Uuid, &StoredRow> = outbox.iter().map(|row| (row.id, row)).collect();
     for w in written {
@@ -161,8 +175,10 @@ pub fn check(
                     );
                 }
                 if let Some(seq) = frame.seq
+                    && !vanished.contains(&frame.id)
                     && let Some(other) = seq_ids.insert(seq, frame.id)
                     && other != frame.id
+                    && !vanished.contains(&other)
                 {
                     anomaly(
                         "two_ids",
@@ -174,8 +190,26 @@ pub fn check(
             }
         }
         verdict.resyncs += resyncs.len().saturating_sub(1);
+        for (index, connection) in subscriber.connections.iter().enumerate() {
+            for frame in connection.received.iter().filter(|f| vanished.contains(&f.id)) {
+                if resyncs.iter().any(|&at| at > frame.at) {
+                    verdict.phantoms_resynced += 1;
+                } else {
+                    anomaly(
+                        "phantom",
+                        Some(index),
+                        frame.id,
+                        format!("received at {:.3} s, no resync after it", frame.at),
+                    );
+                }
+            }
+        }
         for w in written {
-            if w.outcome != Outcome::Committed || !w.durable || !entitled(w, subscriber) {
+            if w.outcome != Outcome::Committed
+                || !w.durable
+                || !entitled(w, subscriber)
+                || vanished.contains(&w.id)
+            {
                 continue;
             }
             if received_ever.contains(&w.id) {
@@ -197,7 +231,7 @@ pub fn check(
             anomaly("lost", None, w.id, detail);
         }
     }
-    check_hooks(written, &by_id, hooks, &mut verdict);
+    check_hooks(written, &by_id, hooks, vanished, &mut verdict);
     verdict
 }
 
@@ -205,6 +239,7 @@ fn check_hooks(
     written: &[Written],
     by_id: &HashMap<Uuid, &Written>,
     hooks: &[HookReceived],
+    vanished: &HashSet<Uuid>,
     verdict: &mut Verdict,
 ) {
     verdict.hook_requests = hooks.len();
@@ -233,7 +268,11 @@ fn check_hooks(
     }
     for w in written {
         let subscribed = w.durable && w.event_type == HOOK_TYPE;
-        if subscribed && w.outcome == Outcome::Committed && !answered.contains(&w.id) {
+        if subscribed
+            && w.outcome == Outcome::Committed
+            && !answered.contains(&w.id)
+            && !vanished.contains(&w.id)
+        {
             anomaly(
                 "hook_lost",
                 w.id,
@@ -281,6 +320,7 @@ mod tests {
             event_type: w.event_type.clone(),
             data: w.data.clone(),
             frame_id: seq.to_string(),
+            at: 2.5,
         }
     }
 
@@ -316,7 +356,8 @@ mod tests {
             got(&undone, true, 200),
             got(&hook, false, 200),
         ];
-        let verdict = check(&[hook, retried, missing, undone], &[], &[], &hooks);
+        let none = HashSet::new();
+        let verdict = check(&[hook, retried, missing, undone], &[], &[], &hooks, &none);
         assert_eq!(
             kinds(&verdict),
             vec!["hook_rolled_back", "hook_unverified", "hook_lost"]
@@ -351,6 +392,7 @@ mod tests {
             &outbox,
             &[subscriber(vec![first.clone()])],
             &[],
+            &HashSet::new(),
         );
         assert!(clean.anomalies.is_empty(), "{:?}", clean.anomalies);
         assert_eq!(
@@ -374,6 +416,7 @@ mod tests {
             &outbox,
             &[subscriber(vec![bad])],
             &[],
+            &HashSet::new(),
         );
         assert_eq!(
             kinds(&verdict),
@@ -387,5 +430,46 @@ mod tests {
                 "lost"
             ]
         );
+    }
+
+    #[test]
+    fn what_a_lossy_failover_took_need_not_arrive_but_must_be_resynced_away() {
+        let kept = written(1, "s", Outcome::Committed, 1.0);
+        let taken = written(2, "s", Outcome::Committed, 2.0);
+        let reused = written(3, "s", Outcome::Committed, 4.0);
+        // The new history gives the taken event's seq to another.
+        let outbox = vec![row(&kept, 1), row(&reused, 2)];
+        let vanished: HashSet<Uuid> = [taken.id].into();
+        let first = Connection {
+            ready: Some((0.5, true)),
+            received: vec![received(&kept, 1), received(&taken, 2)],
+            ..Connection::default()
+        };
+        let resumed = Connection {
+            ready: Some((3.0, true)),
+            received: vec![received(&reused, 2)],
+            ..Connection::default()
+        };
+        let all = [kept, taken, reused];
+        let resynced = check(
+            &all,
+            &outbox,
+            &[subscriber(vec![first.clone(), resumed.clone()])],
+            &[],
+            &vanished,
+        );
+        assert!(resynced.anomalies.is_empty(), "{:?}", resynced.anomalies);
+        assert_eq!((resynced.vanished, resynced.phantoms_resynced), (1, 1));
+
+        let mut not_told = resumed;
+        not_told.ready = Some((3.0, false));
+        let verdict = check(
+            &all,
+            &outbox,
+            &[subscriber(vec![first, not_told])],
+            &[],
+            &vanished,
+        );
+        assert_eq!(kinds(&verdict), vec!["phantom"]);
     }
 }

@@ -104,6 +104,29 @@ impl Cluster {
     pub fn fail_over(&mut self) -> BenchResult<()> {
         self.wait_streaming()?;
         self.stop_server(&self.primary)?;
+        self.promote_standby()
+    }
+
+    /// A failover that loses commits, as an asynchronous standby's does
+    /// when its primary dies: the standby stops receiving, the primary goes
+    /// on taking commits for `alone`, then crashes; the standby starts
+    /// again and is promoted without them.
+    pub fn fail_over_losing_commits(&mut self, alone: std::time::Duration) -> BenchResult<()> {
+        self.wait_streaming()?;
+        self.stop_server(&self.standby)?;
+        std::thread::sleep(alone);
+        run(self
+            .tool("pg_ctl")
+            .arg("-D")
+            .arg(&self.primary.data)
+            .args(["-w", "-m", "immediate", "stop"]))?;
+        self.start_server(&self.standby)?;
+        self.promote_standby()
+    }
+
+    /// Promotes the standby, swaps the roles, and makes a new standby on
+    /// the old primary's port.
+    fn promote_standby(&mut self) -> BenchResult<()> {
         run(self
             .tool("pg_ctl")
             .arg("-D")

@@ -3,12 +3,18 @@
 //! seed shuffles), then kinds at random; the same seed draws the same
 //! schedule.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use uuid::Uuid;
+
+use super::Clock;
 use super::cluster::Cluster;
+use super::records::{Outcome, Written};
 use super::subscribers::Away;
 use crate::BenchResult;
 use crate::freezer::Freezer;
@@ -29,6 +35,11 @@ pub enum Fault {
     PostgresRestarted,
     /// The primary stopped, the standby promoted, a new standby made.
     FailedOver,
+    /// The standby stopped, the primary alone for a second, then crashed,
+    /// and the stale standby promoted: the commits of that second are
+    /// gone from the new history, which gives their seqs and transaction
+    /// ids to other events.
+    FailedOverLosingCommits,
     /// A third of the subscribers drop their streams for 0.5 to 3 s.
     SubscribersAway,
     /// Every subscriber drops its stream and comes back at once.
@@ -43,12 +54,13 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 10] = [
         Fault::RelayKilled,
         Fault::RelayStopped,
         Fault::ListenerTerminated,
         Fault::PostgresRestarted,
         Fault::FailedOver,
+        Fault::FailedOverLosingCommits,
         Fault::SubscribersAway,
         Fault::ReconnectStorm,
         Fault::OutboxPruned,
@@ -62,6 +74,7 @@ impl Fault {
             Fault::ListenerTerminated => "listener_terminated",
             Fault::PostgresRestarted => "postgres_restarted",
             Fault::FailedOver => "failed_over",
+            Fault::FailedOverLosingCommits => "failed_over_losing_commits",
             Fault::SubscribersAway => "subscribers_away",
             Fault::ReconnectStorm => "reconnect_storm",
             Fault::OutboxPruned => "outbox_pruned",
@@ -105,6 +118,13 @@ pub struct Target {
     pub paths: Vec<Freezer>,
     /// The time between faults, on average.
     pub fault_every: Duration,
+    /// What the writers committed, to find what a lossy failover took.
+    pub written: Arc<Mutex<Vec<Written>>>,
+    pub clock: Clock,
+    /// Events whose commit a lossy failover took from the history.
+    pub vanished: HashSet<Uuid>,
+    /// When the outbox was last pruned (seconds since the start).
+    pub last_prune_at: f64,
 }
 
 impl Target {
@@ -141,6 +161,14 @@ impl Target {
             }
             Fault::PostgresRestarted => self.cluster.restart_primary()?,
             Fault::FailedOver => self.cluster.fail_over()?,
+            Fault::FailedOverLosingCommits => {
+                let began = self.clock.now();
+                let lost = self
+                    .cluster
+                    .fail_over_losing_commits(Duration::from_secs(1));
+                self.find_vanished(began).await?;
+                lost?;
+            }
             Fault::SubscribersAway | Fault::ReconnectStorm => {
                 self.orders += 1;
                 let mut rng = fastrand::Rng::with_seed(pick);
@@ -165,6 +193,7 @@ impl Target {
                     &eventrelay::publisher::Identifier::new(&self.schema)?,
                 );
                 let cutoff = chrono::Utc::now() - chrono::Duration::seconds(2);
+                self.last_prune_at = self.clock.now();
                 outbox.prune_before(&client, cutoff).await?;
             }
             Fault::PathFrozen => {
@@ -182,6 +211,36 @@ impl Target {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// After a lossy failover: which committed events the new primary
+    /// lacks. Candidates are those that ended from a second before the
+    /// standby stopped (what it had not yet received) and after anything a
+    /// prune could have taken (rows written 2 s before it, by transactions
+    /// of at most 2 s).
+    async fn find_vanished(&mut self, began: f64) -> BenchResult<()> {
+        let since = (began - 1.0).max(self.last_prune_at + 0.5);
+        let candidates: Vec<Uuid> = self
+            .written
+            .lock()
+            .map_err(|_| "a writer panicked")?
+            .iter()
+            .filter(|w| w.outcome == Outcome::Committed && w.durable && w.ended_at >= since)
+            .map(|w| w.id)
+            .collect();
+        let client = eventrelay::connect(&self.cluster.primary_url()).await?;
+        let held: HashSet<Uuid> = client
+            .query(
+                &format!("SELECT id FROM {}.outbox WHERE id = ANY($1)", self.schema),
+                &[&candidates],
+            )
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        self.vanished
+            .extend(candidates.into_iter().filter(|id| !held.contains(id)));
         Ok(())
     }
 

@@ -13,7 +13,7 @@ pub mod records;
 pub mod subscribers;
 pub mod writers;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -192,6 +192,10 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
         orders: 0,
         paths,
         fault_every: plan.fault_every,
+        written: Arc::clone(&written),
+        clock,
+        vanished: HashSet::new(),
+        last_prune_at: f64::NEG_INFINITY,
     };
     let started = Instant::now();
     let mut inflicted = Vec::new();
@@ -217,7 +221,7 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
     let outbox_url = target.cluster.primary_url();
     let verdict = loop {
         let outbox = read_outbox(&outbox_url, &schema).await?;
-        let verdict = judge(&written, &logs, &outbox, &hooks.log);
+        let verdict = judge(&written, &logs, &outbox, &hooks.log, &target.vanished);
         let missing = verdict
             .anomalies
             .iter()
@@ -259,6 +263,7 @@ fn judge(
     logs: &[Arc<Mutex<SubscriberLog>>],
     outbox: &[StoredRow],
     hooks: &Mutex<Vec<hooks::HookReceived>>,
+    vanished: &HashSet<uuid::Uuid>,
 ) -> Verdict {
     let hooks = hooks.lock().map(|h| h.clone()).unwrap_or_default();
     let written = written.lock().map(|w| w.clone()).unwrap_or_default();
@@ -266,7 +271,7 @@ fn judge(
         .iter()
         .filter_map(|log| log.lock().ok().map(|log| log.clone()))
         .collect();
-    checker::check(&written, outbox, &logs, &hooks)
+    checker::check(&written, outbox, &logs, &hooks, vanished)
 }
 
 async fn read_outbox(url: &str, schema: &str) -> BenchResult<Vec<StoredRow>> {
@@ -333,6 +338,10 @@ impl Report {
                 v.resyncs,
                 v.hook_requests,
                 self.drained_in.as_secs_f64()
+            ),
+            format!(
+                "events lost by lossy failovers (not the relay's to deliver)={} phantoms resynced={}",
+                v.vanished, v.phantoms_resynced
             ),
             format!("anomalies={}", v.anomalies.len()),
         ];

@@ -45,6 +45,8 @@ pub struct Received {
     pub data: Value,
     /// The frame's `id:`, empty for ephemeral events.
     pub frame_id: String,
+    /// When it arrived.
+    pub at: f64,
 }
 
 /// One connection of a subscriber.

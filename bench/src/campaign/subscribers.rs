@@ -267,6 +267,7 @@ impl Subscriber {
             event_type: envelope["type"].as_str().unwrap_or_default().to_owned(),
             data: envelope["data"].clone(),
             frame_id: frame_id.unwrap_or_default(),
+            at: self.clock.now(),
         });
     }
 }

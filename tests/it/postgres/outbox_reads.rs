@@ -109,7 +109,36 @@ async fn prunes_rows_written_before_a_time_whatever_their_occurred_at() {
 async fn reserved_event_types_are_refused_by_sql_and_withheld_when_read() {
     let db = TestDb::new().await;
     let client = db.connect().await;
-    for reserved in ["ready", "error", "open", "eventrelay.ping"] {
+    // The CHECK names the same types as the wire crate, all of them.
+    let definition: String = client
+        .query_one(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+             WHERE conname = 'outbox_type_not_reserved' AND connamespace = $1::text::regnamespace",
+            &[&db.schema.as_str()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let mut in_sql: Vec<&str> = definition
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .filter(|quoted| !quoted.ends_with('.'))
+        .collect();
+    in_sql.sort_unstable();
+    let mut in_rust = eventrelay::wire::RESERVED_EVENT_TYPES.to_vec();
+    in_rust.sort_unstable();
+    assert_eq!(in_sql, in_rust, "{definition}");
+    let prefix = eventrelay::wire::RESERVED_EVENT_TYPE_PREFIX;
+    assert!(
+        definition.contains(&format!("'{prefix}'")),
+        "{definition}"
+    );
+    let prefixed = format!("{prefix}ping");
+    let mut reserved_types = eventrelay::wire::RESERVED_EVENT_TYPES.to_vec();
+    reserved_types.push(&prefixed);
+    for reserved in reserved_types {
+        assert!(eventrelay::wire::is_reserved_event_type(reserved));
         let error = client
             .execute(
                 &format!("SELECT {}.emit($1, 'org-a')", db.schema),

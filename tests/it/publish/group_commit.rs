@@ -7,21 +7,24 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::support::TestDb;
+use crate::support::{TestDb, eventually};
 use crate::support::server::TestServer;
 use serde_json::{Value, json};
 
-/// Makes inserting an event of type `test.slow` take half a second, and one
-/// of type `test.outage` fail the way a lost database does.
+/// Makes inserting an event of type `test.slow` take half a second (and
+/// say so in `pg_stat_activity`, see [`slow_insert_running`]), and one of
+/// type `test.outage` fail the way a lost database does.
 async fn install_triggers(db: &TestDb) {
     db.connect()
         .await
         .batch_execute(&format!(
             "CREATE FUNCTION {s}.test_trouble() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN
-                 IF NEW.type = 'test.slow' THEN PERFORM pg_sleep(0.5); END IF;
+                 IF NEW.type = 'test.slow' THEN
+                     PERFORM set_config('application_name', 'slow-{s}', true);
+                     PERFORM pg_sleep(0.5);
+                 END IF;
                  IF NEW.type = 'test.outage' THEN
                      RAISE EXCEPTION 'simulated outage' USING ERRCODE = '57P01';
                  END IF;
@@ -41,13 +44,17 @@ fn event(event_type: &str, n: usize) -> Value {
 
 /// Sends the slow request, then `bodies` concurrently while it is being
 /// written; answers in the order of `bodies`.
-async fn behind_a_slow_one(server: &Arc<TestServer>, bodies: Vec<Value>) -> Vec<(u16, Value)> {
+async fn behind_a_slow_one(
+    db: &TestDb,
+    server: &Arc<TestServer>,
+    bodies: Vec<Value>,
+) -> Vec<(u16, Value)> {
     let slow = {
         let server = Arc::clone(server);
         tokio::spawn(async move { server.publish(event("test.slow", 0)).await })
     };
     // Until the slow insert is running, nothing else is queued behind it.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    slow_insert_running(db).await;
     let sends: Vec<_> = bodies
         .into_iter()
         .map(|body| {
@@ -61,6 +68,23 @@ async fn behind_a_slow_one(server: &Arc<TestServer>, bodies: Vec<Value>) -> Vec<
         answers.push(send.await.unwrap());
     }
     answers
+}
+
+/// Waits until the relay's slow insert is in its trigger's sleep.
+async fn slow_insert_running(db: &TestDb) {
+    let client = db.connect().await;
+    let name = format!("slow-{}", db.schema);
+    eventually("the slow insert runs", async || {
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&name],
+            )
+            .await
+            .ok()?;
+        (row.get::<_, i64>(0) > 0).then_some(())
+    })
+    .await;
 }
 
 async fn stored_ids(db: &TestDb) -> HashSet<String> {
@@ -99,7 +123,7 @@ async fn a_group_keeps_every_requests_events_ids_and_order() {
             ])
         })
         .collect();
-    let answers = behind_a_slow_one(&server, bodies).await;
+    let answers = behind_a_slow_one(&db, &server, bodies).await;
     let mut all_seqs = Vec::new();
     for (r, (status, body)) in answers.iter().enumerate() {
         assert_eq!(*status, 200, "{body}");
@@ -136,27 +160,13 @@ async fn a_group_keeps_every_requests_events_ids_and_order() {
 
 /// How many groups held more than `size` requests.
 async fn group_sizes_above(server: &TestServer, size: f64) -> f64 {
-    let text = reqwest::get(server.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let count = |le: f64| -> f64 {
-        text.lines()
-            .find(|line| {
-                line.starts_with("eventrelay_publish_group_requests_bucket")
-                    && line.contains(&format!("le=\"{le:.1}\""))
-            })
-            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-            .unwrap_or(0.0)
-    };
-    let total = text
-        .lines()
-        .find(|line| line.starts_with("eventrelay_publish_group_requests_count"))
-        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0);
-    total - count(size)
+    let total = server.metric("eventrelay_publish_group_requests_count").await;
+    let at_most = server
+        .metric(&format!(
+            "eventrelay_publish_group_requests_bucket{{le=\"{size:.1}\"}}"
+        ))
+        .await;
+    total - at_most
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,7 +183,7 @@ async fn a_bad_request_fails_alone() {
     duplicate["id"] = used_id;
     bodies.insert(2, json!([event("fine", 50), duplicate]));
     bodies.insert(4, event("ready", 51));
-    let answers = behind_a_slow_one(&server, bodies).await;
+    let answers = behind_a_slow_one(&db, &server, bodies).await;
     let stored = stored_ids(&db).await;
     for (i, (status, body)) in answers.iter().enumerate() {
         match i {
@@ -223,7 +233,7 @@ async fn a_database_failure_answers_the_whole_group_with_503_and_writes_none() {
     let mut bodies: Vec<Value> = (1..=6).map(|n| event("fine", n)).collect();
     bodies.insert(3, event("test.outage", 7));
     let before = stored_ids(&db).await.len();
-    let answers = behind_a_slow_one(&server, bodies).await;
+    let answers = behind_a_slow_one(&db, &server, bodies).await;
     for (status, body) in &answers {
         assert_eq!(*status, 503, "{body}");
         assert_eq!(body["error"]["code"], "unavailable");
@@ -246,7 +256,7 @@ async fn a_second_writer_commits_while_the_first_group_is_still_being_written() 
         let server = Arc::clone(&server);
         tokio::spawn(async move { server.publish(event("test.slow", 0)).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    slow_insert_running(&db).await;
     // The slow insert holds one writer for half a second; these requests
     // are written by the other one meanwhile.
     let sends: Vec<_> = (1..=4)

@@ -128,6 +128,85 @@ async fn a_failover_behind_a_frozen_path_loses_nothing(mode: WakeupMode) {
     drill(mode, OldPath::Frozen).await;
 }
 
+test_in_both_wakeup_modes!(
+    a_failover_that_loses_commits_ends_every_stream_and_resyncs,
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+
+/// An asynchronous failover that loses the primary's last commits: the
+/// standby stops receiving, the primary commits events a subscriber
+/// receives, then the primary crashes and the stale standby is promoted.
+/// Those events are gone from the new history, where their seqs and
+/// transaction ids may name other events. The relay finds out when its
+/// listener reconnects, ends every stream, and the resume answers a resync.
+async fn a_failover_that_loses_commits_ends_every_stream_and_resyncs(mode: WakeupMode) {
+    let primary = Cluster::start_logical_and(20, 20, "-c wal_sender_timeout=2s")
+        .expect("Postgres server binaries");
+    let standby = Cluster::start_standby_of(&primary);
+    let url = multi_host_url(
+        &format!("127.0.0.1:{}", primary.port),
+        &format!("127.0.0.1:{}", standby.port),
+    );
+    let db = match mode {
+        WakeupMode::Notify => TestDb::new_on(&url).await,
+        WakeupMode::Logical => TestDb::logical_on(&url).await,
+    };
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let bearer = token("alice", "org-1", json!({}));
+    let (mut stream, _) = server.subscribe(&bearer, None, "").await;
+    let tick = |i: i64| NewEvent::durable("tick", "org-1", json!({ "i": i }));
+
+    // Kept: committed and on the standby before it stops.
+    let kept = db.emit(tick(0)).await;
+    assert_eq!(stream.next_event().await.json()["id"], kept.id.to_string());
+    let (replica, connection) = tokio_postgres::connect(&standby.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let query = format!("SELECT count(*) FROM {}.outbox", db.schema);
+    eventually("the standby replays the first event", async || {
+        let row = replica.query_one(&query, &[]).await.ok()?;
+        (row.get::<_, i64>(0) == 1).then_some(())
+    })
+    .await;
+    drop(replica);
+
+    // Lost: committed on the primary alone, and delivered.
+    standby.stop();
+    let mut cursor = None;
+    for i in 1..=3 {
+        let lost = db.emit(tick(i)).await;
+        let frame = stream.next_event().await;
+        assert_eq!(frame.json()["id"], lost.id.to_string());
+        cursor = frame.id;
+    }
+    let cursor = cursor.unwrap();
+    tokio::task::block_in_place(|| {
+        primary.crash();
+        standby.start_again();
+        standby.promote();
+    });
+
+    // The stream the lost events went out on ends...
+    assert!(
+        stream.ends_within(Duration::from_secs(60)).await,
+        "{mode:?}: the stream that carried lost events stays open"
+    );
+    assert_eq!(server.metric("eventrelay_history_rewinds_total").await, 1.0);
+    // ...and a resume from the last of them is told to re-read its state,
+    // then receives the new history's events.
+    let (mut resumed, resync) = server.subscribe(&bearer, Some(&cursor), "").await;
+    assert!(resync, "{mode:?}: a resume from a lost event must resync");
+    let after = db.emit(tick(10)).await;
+    let frame = loop {
+        let frame = resumed.next_event().await;
+        if frame.json()["id"] == after.id.to_string() {
+            break frame;
+        }
+    };
+    assert_eq!(frame.json()["data"]["i"], 10);
+}
+
 fn multi_host_url(first: &str, second: &str) -> String {
     format!("postgres://postgres@{first},{second}/postgres?target_session_attrs=read-write")
 }

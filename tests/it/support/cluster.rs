@@ -162,6 +162,21 @@ impl Cluster {
             .args(["-w", "-m", "fast", "stop"]));
     }
 
+    /// Stops the server at once, as a crash would: no shutdown checkpoint,
+    /// and a standby gets nothing more.
+    pub fn crash(&self) {
+        run(self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-w", "-m", "immediate", "stop"]));
+    }
+
+    /// Starts a stopped server again with its settings.
+    pub fn start_again(&self) {
+        self.pg_ctl_start();
+    }
+
     /// A data directory's place and a free port; nothing in it yet.
     fn prepare(bin: PathBuf) -> Cluster {
         let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))

@@ -78,7 +78,10 @@ pub async fn wait_ready(base: &str) {
     .await;
 }
 
-/// A metric's value from the relay's `/metrics` (0 when absent).
+/// A metric's value from the relay's `/metrics`. A labelled series not
+/// yet created reads 0 (its family is declared, with no such child); a
+/// name whose family the relay does not declare at all fails the test,
+/// so a renamed metric cannot pass as a zero.
 pub async fn metric(base: &str, name: &str) -> f64 {
     metric_with(&reqwest::Client::new(), base, name).await
 }
@@ -93,12 +96,31 @@ pub async fn metric_with(client: &reqwest::Client, base: &str, name: &str) -> f6
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find_map(|line| {
-            let (key, value) = line.rsplit_once(' ')?;
-            (key == name).then(|| value.parse().ok())?
+    series_value(&text, name)
+}
+
+/// `name`'s value in a Prometheus text exposition (see [`metric`]).
+pub fn series_value(exposition: &str, name: &str) -> f64 {
+    if let Some(value) = exposition.lines().find_map(|line| {
+        let (key, value) = line.rsplit_once(' ')?;
+        (key == name).then(|| value.parse().ok())?
+    }) {
+        return value;
+    }
+    let series = name.split('{').next().unwrap_or(name);
+    let declared = exposition.lines().any(|line| {
+        let Some(family) = line
+            .strip_prefix("# TYPE ")
+            .and_then(|rest| rest.split(' ').next())
+        else {
+            return false;
+        };
+        series.strip_prefix(family).is_some_and(|suffix| {
+            ["", "_total", "_bucket", "_sum", "_count", "_created", "_info"].contains(&suffix)
         })
-        .unwrap_or(0.0)
+    });
+    assert!(declared, "the relay declares no metric {series} (asked for {name})");
+    0.0
 }
 
 pub fn database_url() -> String {

@@ -243,7 +243,7 @@ impl RelayProcess {
             .count()
     }
 
-    /// A metric's value from `/metrics` (0 when absent).
+    /// A metric's value from `/metrics` (see [`super::metric`]).
     pub async fn metric(&self, name: &str) -> f64 {
         super::metric(&self.base, name).await
     }

@@ -166,7 +166,7 @@ impl TestServer {
         (status, body)
     }
 
-    /// A metric's value from `/metrics` (0 when absent).
+    /// A metric's value from `/metrics` (see [`super::metric`]).
     pub async fn metric(&self, name: &str) -> f64 {
         super::metric(&self.base, name).await
     }
@@ -509,6 +509,23 @@ impl SseStream {
                 // The warning that the token expires comes before its end.
                 Some(frame) if frame.event.as_deref() == Some("reauth") => continue,
                 Some(frame) => panic!("expected the end of the stream, got {frame:?}"),
+            }
+        }
+    }
+}
+
+impl SseStream {
+    /// Whether the stream ends (skipping heartbeats) within `limit`: for
+    /// ends that wait on something slower than [`DEADLINE`], such as a
+    /// failover.
+    pub async fn ends_within(&mut self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            match tokio::time::timeout_at(deadline, self.read_frame()).await {
+                Err(_) => return false,
+                Ok(None) => return true,
+                Ok(Some(frame)) if frame.comment.is_some() => continue,
+                Ok(Some(frame)) => panic!("expected the end of the stream, got {frame:?}"),
             }
         }
     }
