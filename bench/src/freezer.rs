@@ -39,13 +39,6 @@ pub struct Freezer {
 }
 
 impl Freezer {
-    /// Forwards a free loopback port to `upstream`.
-    pub async fn start(upstream: SocketAddr) -> Freezer {
-        Self::start_on("127.0.0.1:0".parse().expect("a socket address"), upstream)
-            .await
-            .expect("a free loopback port")
-    }
-
     /// Forwards `local` to `upstream`.
     pub async fn start_on(local: SocketAddr, upstream: SocketAddr) -> std::io::Result<Freezer> {
         let listener = TcpListener::bind(local).await?;

@@ -191,7 +191,11 @@ pub fn check(
         }
         verdict.resyncs += resyncs.len().saturating_sub(1);
         for (index, connection) in subscriber.connections.iter().enumerate() {
-            for frame in connection.received.iter().filter(|f| vanished.contains(&f.id)) {
+            for frame in connection
+                .received
+                .iter()
+                .filter(|f| vanished.contains(&f.id))
+            {
                 if resyncs.iter().any(|&at| at > frame.at) {
                     verdict.phantoms_resynced += 1;
                 } else {

@@ -115,11 +115,12 @@ impl Cluster {
         self.wait_streaming()?;
         self.stop_server(&self.standby)?;
         std::thread::sleep(alone);
-        run(self
-            .tool("pg_ctl")
-            .arg("-D")
-            .arg(&self.primary.data)
-            .args(["-w", "-m", "immediate", "stop"]))?;
+        run(self.tool("pg_ctl").arg("-D").arg(&self.primary.data).args([
+            "-w",
+            "-m",
+            "immediate",
+            "stop",
+        ]))?;
         self.start_server(&self.standby)?;
         self.promote_standby()
     }

@@ -15,81 +15,35 @@
 // it) and the eventrelay binary (EVENTRELAY_BIN).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:http';
-import { tmpdir } from 'node:os';
-import { fileURLToPath } from 'node:url';
+import { readFileSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { randomUUID } from 'node:crypto';
-import { startRelay, until } from './support.js';
+import {
+  DEADLINE_MS,
+  emitter,
+  makeWorkdir,
+  relayEnv,
+  skipWithoutChromium,
+  startReceiver,
+  startRelayAndBrowser,
+  stopRelayAndBrowser,
+  targetDir,
+  uniqueSuffix,
+  until,
+} from './support.js';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
-const chromium = process.env.CHROMIUM ?? '/usr/bin/chromium';
-const screenshots = process.env.CONSOLE_SCREENSHOTS ?? path.join(here, '../../../target');
-const suffix = randomUUID().replaceAll('-', '').slice(0, 16);
-const workdir = mkdtempSync(path.join(tmpdir(), 'eventrelay-console-'));
+const screenshots = process.env.CONSOLE_SCREENSHOTS ?? targetDir;
+const suffix = uniqueSuffix();
+const workdir = makeWorkdir('console');
 const adminToken = `console-admin-${suffix}`;
 const TOKEN_KEY = 'eventrelay.adminToken';
-// EVENTRELAY_BIN is for this test, not a relay setting: keep it from the relay.
-const { EVENTRELAY_BIN: _binary, ...inherited } = process.env;
-const env = {
-  ...inherited,
-  DATABASE_URL: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
-  EVENTRELAY_DATABASE__SCHEMA: `console_${suffix}`,
-  EVENTRELAY_DATABASE__CHANNEL: `console_${suffix}`,
+const env = relayEnv(`console_${suffix}`, {
   EVENTRELAY_ADMIN__TOKEN: adminToken,
   EVENTRELAY_CONFIG: path.join(workdir, 'eventrelay.toml'),
   EVENTRELAY_HTTP__BIND: '127.0.0.1:0',
-  RUST_LOG: 'warn',
-};
-const LAUNCH_ARGS = ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'];
-const DEADLINE_MS = 15000;
-
-after(() => {
-  try {
-    execFileSync('psql', [env.DATABASE_URL, '-qc', `DROP SCHEMA IF EXISTS ${env.EVENTRELAY_DATABASE__SCHEMA} CASCADE`], {
-      stdio: 'ignore',
-    });
-  } catch {}
-  rmSync(workdir, { recursive: true, force: true });
 });
+const emit = emitter(env, { cwd: workdir });
 
-/** Emits straight into Postgres, as an application's transaction would. */
-function emit(type, data) {
-  const out = execFileSync(binary, ['emit', '--type', type, '--scope', 'org-1', '--data', JSON.stringify(data)], {
-    env,
-    cwd: workdir,
-  });
-  return JSON.parse(out.toString());
-}
-
-/** A webhook receiver that answers 500 `receiver down` until `succeed` is set, then 200. */
-async function startReceiver() {
-  const receiver = { succeed: false, received: [] };
-  receiver.server = createServer((request, response) => {
-    request.resume();
-    request.on('end', () => {
-      receiver.received.push({ id: request.headers['webhook-id'], ok: receiver.succeed });
-      response.writeHead(receiver.succeed ? 200 : 500, { 'content-type': 'text/plain' });
-      response.end(receiver.succeed ? 'thanks' : 'receiver down');
-    });
-  });
-  await new Promise((resolve) => receiver.server.listen(0, '127.0.0.1', resolve));
-  receiver.url = `http://127.0.0.1:${receiver.server.address().port}/hook`;
-  return receiver;
-}
-
-async function waitForReady(base) {
-  await until(async () => {
-    try {
-      return (await fetch(`${base}/readyz`)).ok;
-    } catch {
-      return false;
-    }
-  }, 'the relay to be ready', DEADLINE_MS);
-}
+after(() => rmSync(workdir, { recursive: true, force: true }));
 
 /** The admin API from Node, to check what the page did. */
 async function adminApi(base, method, urlPath, { token = adminToken, body } = {}) {
@@ -151,12 +105,11 @@ async function shoot(page, name, options = {}) {
 }
 
 test('the operator console manages webhooks, shows live figures and disconnects streams', {
-  skip: !existsSync(chromium) && `no Chromium at ${chromium}`,
+  skip: skipWithoutChromium,
   timeout: 180000,
 }, async (t) => {
-  const { chromium: launcher } = await import('playwright-core');
   mkdirSync(screenshots, { recursive: true });
-  const receiver = await startReceiver();
+  const receiver = await startReceiver({ succeed: false });
   writeFileSync(
     env.EVENTRELAY_CONFIG,
     [
@@ -166,12 +119,11 @@ test('the operator console manages webhooks, shows live figures and disconnects 
       'retry_schedule_ms = [100]',
     ].join('\n'),
   );
-  const relay = await startRelay(binary, env, { cwd: workdir });
+  let relay;
   let browser;
   const streams = [];
   try {
-    await waitForReady(relay.base);
-    browser = await launcher.launch({ executablePath: chromium, headless: true, args: LAUNCH_ARGS });
+    ({ relay, browser } = await startRelayAndBrowser(env, { cwd: workdir }));
     const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
     const problems = [];
     page.on('console', (message) => {
@@ -386,11 +338,7 @@ test('the operator console manages webhooks, shows live figures and disconnects 
     assert.deepEqual(unexpected, [], 'no script error and no Content-Security-Policy violation');
   } finally {
     for (const stream of streams) stream.controller.abort();
-    await browser?.close();
-    await new Promise((resolve) => {
-      relay.child.once('exit', resolve);
-      relay.child.kill('SIGTERM');
-    });
+    await stopRelayAndBrowser({ relay, browser }, env);
     receiver.server.close();
   }
 });

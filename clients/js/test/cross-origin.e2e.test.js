@@ -13,30 +13,30 @@
 // (EVENTRELAY_BIN).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
-import { createInterface } from 'node:readline';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:http';
-import { request as httpsRequest } from 'node:https';
-import { createHash, createHmac, randomUUID, X509Certificate } from 'node:crypto';
-import { tmpdir } from 'node:os';
-import { fileURLToPath } from 'node:url';
+import { execFileSync } from 'node:child_process';
+import { readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createHash, createHmac, X509Certificate } from 'node:crypto';
 import path from 'node:path';
-import { until as untilWithin } from './support.js';
+import {
+  databaseUrl,
+  DEADLINE_MS,
+  dropSchema,
+  launchChromium,
+  makeWorkdir,
+  publishEvent,
+  serveApp,
+  skipWithoutChromium,
+  startReadyRelay,
+  stopRelay,
+  uniqueSuffix,
+  until,
+} from './support.js';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
-const chromium = process.env.CHROMIUM ?? '/usr/bin/chromium';
-const clientSource = path.join(here, '../eventrelay-client.js');
-const suffix = randomUUID().replaceAll('-', '').slice(0, 16);
-const databaseUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
-const schema = `cors_${suffix}`;
+const schema = `cors_${uniqueSuffix()}`;
 const SECRET = 'cross-origin-e2e-secret-long-enough-for-hs256';
 const PUBLISH_TOKEN = 'cross-origin-e2e-publish-token';
 const SESSION = 'alice-session-cookie-value';
-const DEADLINE_MS = 15000;
-const until = (condition, what) => untilWithin(condition, what, DEADLINE_MS);
-const workdir = mkdtempSync(path.join(tmpdir(), 'eventrelay-cors-'));
+const workdir = makeWorkdir('cors');
 
 function which(command) {
   try {
@@ -46,7 +46,7 @@ function which(command) {
     return false;
   }
 }
-const skip = (!existsSync(chromium) && `no Chromium at ${chromium}`) || (!which('openssl') && 'no openssl command');
+const skip = skipWithoutChromium || (!which('openssl') && 'no openssl command');
 
 // The application's page: opens clients and EventSources on request and
 // keeps what they report for the test to read.
@@ -90,16 +90,9 @@ window.loaded = true;
  * An application origin: its page, the client, and (for forward auth) the
  * endpoint the relay asks who a session cookie belongs to.
  */
-async function startApp() {
-  const server = createServer((request, response) => {
-    const url = new URL(request.url, 'http://app');
-    if (url.pathname === '/') {
-      response.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store' });
-      response.end(PAGE);
-    } else if (url.pathname === '/eventrelay-client.js') {
-      response.writeHead(200, { 'content-type': 'text/javascript; charset=utf-8', 'cache-control': 'no-store' });
-      response.end(readFileSync(clientSource));
-    } else if (url.pathname === '/auth') {
+function startApp() {
+  return serveApp(PAGE, {
+    '/auth': (request, response) => {
       const cookies = (request.headers.cookie ?? '').split(';').map((c) => c.trim());
       if (cookies.includes(`session=${SESSION}`)) {
         response.writeHead(200, { 'content-type': 'application/json' });
@@ -107,12 +100,8 @@ async function startApp() {
       } else {
         response.writeHead(401).end();
       }
-    } else {
-      response.writeHead(404).end();
-    }
+    },
   });
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { origin: `http://127.0.0.1:${server.address().port}`, server };
 }
 
 const base64url = (value) => Buffer.from(value).toString('base64url');
@@ -185,44 +174,13 @@ async function startRelay(name, { http = [], auth, tls }) {
   // The file is the whole configuration: no EVENTRELAY_* from outside.
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('EVENTRELAY_')));
   delete env.DATABASE_URL;
-  const child = spawn(binary, ['serve', '--config', config], { env, cwd: workdir, stdio: ['ignore', 'pipe', 'inherit'] });
-  relays.push(child);
-  const port = await new Promise((resolve, reject) => {
-    createInterface({ input: child.stdout }).once('line', (line) => {
-      const match = /listening on https?:\/\/\S+:(\d+)/.exec(line);
-      if (match) resolve(match[1]);
-      else reject(new Error(`unexpected first line: ${line}`));
-    });
-    child.once('exit', (code) => reject(new Error(`relay ${name} exited with ${code}`)));
-  });
-  const base = `${tls ? 'https' : 'http'}://127.0.0.1:${port}`;
-  await until(async () => (await get(`${base}/readyz`, tls?.ca)) === 200, `relay ${name} to be ready`);
-  return base;
+  const relay = await startReadyRelay(env, { cwd: workdir, args: ['--config', config], ca: tls?.ca });
+  relays.push(relay.child);
+  return relay.base;
 }
-
-/** The status of a GET, or 0 when the request fails; `ca` for https. */
-function get(url, ca) {
-  if (!url.startsWith('https:')) {
-    return fetch(url).then((r) => r.status, () => 0);
-  }
-  return new Promise((resolve) => {
-    const request = httpsRequest(url, { ca }, (response) => {
-      response.resume();
-      resolve(response.statusCode);
-    });
-    request.on('error', () => resolve(0));
-    request.end();
-  });
-}
-
 
 async function publish(type) {
-  const response = await fetch(`${plain}/v1/events`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${PUBLISH_TOKEN}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ type, scopeKey: 'org-1', lane: 'durable', data: {} }),
-  });
-  assert.equal(response.status, 200, await response.clone().text());
+  await publishEvent(plain, PUBLISH_TOKEN, { type, scopeKey: 'org-1', data: {} });
 }
 
 /** A fresh browser profile (its own connections and cookies) with one app page. */
@@ -261,34 +219,14 @@ before(async () => {
     auth: ['mode = "forward"', `url = "${app.origin}/auth"`, 'cache_secs = 0'],
   });
   secure = await startRelay('secure', { http: [allowed], auth: jwt, tls: certificate });
-  const { chromium: launcher } = await import('playwright-core');
-  browser = await launcher.launch({
-    executablePath: chromium,
-    headless: true,
-    args: [
-      '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-      '--disable-component-update', '--disable-sync',
-      `--ignore-certificate-errors-spki-list=${certificate.spki}`,
-    ],
-  });
+  browser = await launchChromium({ args: [`--ignore-certificate-errors-spki-list=${certificate.spki}`] });
 });
 
 after(async () => {
   await browser?.close();
-  await Promise.all(
-    relays.map((child) => new Promise((resolve) => {
-      if (child.exitCode !== null) return resolve();
-      child.once('exit', resolve);
-      child.kill('SIGTERM');
-    })),
-  );
-  for (const server of [app?.server, other?.server]) {
-    server?.closeAllConnections();
-    server?.close();
-  }
-  try {
-    execFileSync('psql', [databaseUrl, '-qc', `DROP SCHEMA IF EXISTS ${schema} CASCADE`], { stdio: 'ignore' });
-  } catch {}
+  await Promise.all(relays.map(stopRelay));
+  await Promise.all([app?.close(), other?.close()]);
+  dropSchema(databaseUrl, schema);
   rmSync(workdir, { recursive: true, force: true });
 });
 

@@ -7,88 +7,41 @@
 // it) and the eventrelay binary (EVENTRELAY_BIN).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, mkdirSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:http';
-import { tmpdir } from 'node:os';
-import { fileURLToPath } from 'node:url';
+import { readFileSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { randomUUID } from 'node:crypto';
-import { startRelay as startRelayWith } from './support.js';
+import {
+  dropSchema,
+  emitter,
+  launchChromium,
+  makeWorkdir,
+  relayEnv,
+  skipWithoutChromium,
+  startReadyRelay,
+  startReceiver,
+  stopRelay,
+  targetDir,
+  uniqueSuffix,
+} from './support.js';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
-const chromium = process.env.CHROMIUM ?? '/usr/bin/chromium';
-const screenshot = process.env.INSPECTOR_SCREENSHOT ?? path.join(here, '../../../target/inspector.png');
-const suffix = randomUUID().replaceAll('-', '').slice(0, 16);
-const workdir = mkdtempSync(path.join(tmpdir(), 'eventrelay-e2e-'));
-// EVENTRELAY_BIN is for this test, not a relay setting: keep it from the relay.
-const { EVENTRELAY_BIN: _binary, ...inherited } = process.env;
-const env = {
-  ...inherited,
-  DATABASE_URL: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
-  EVENTRELAY_DATABASE__SCHEMA: `e2e_${suffix}`,
-  EVENTRELAY_DATABASE__CHANNEL: `e2e_${suffix}`,
+const screenshot = process.env.INSPECTOR_SCREENSHOT ?? path.join(targetDir, 'inspector.png');
+const workdir = makeWorkdir('e2e');
+const env = relayEnv(`e2e_${uniqueSuffix()}`, {
   EVENTRELAY_ADMIN__TOKEN: 'inspector-admin-token',
   EVENTRELAY_CONFIG: path.join(workdir, 'eventrelay.toml'),
-  RUST_LOG: 'warn',
-};
+});
+const emit = emitter(env, { cwd: workdir });
 
+/** Starts the relay on `bind` and waits until it is ready. */
 function startRelay(bind) {
-  return startRelayWith(binary, { ...env, EVENTRELAY_HTTP__BIND: bind }, { cwd: workdir });
-}
-
-async function ready(base) {
-  const deadline = Date.now() + 10000;
-  while (Date.now() < deadline) {
-    try {
-      if ((await fetch(`${base}/readyz`)).ok) return;
-    } catch {}
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  throw new Error('relay never became ready');
-}
-
-function stopRelay(child) {
-  return new Promise((resolve) => {
-    child.once('exit', resolve);
-    child.kill('SIGTERM');
-  });
-}
-
-/** Emits straight into Postgres, as an application's transaction would. */
-function emit(type, data) {
-  const out = execFileSync(binary, ['emit', '--type', type, '--scope', 'org-1', '--data', JSON.stringify(data)], {
-    env,
-    cwd: workdir,
-  });
-  return JSON.parse(out.toString());
+  return startReadyRelay({ ...env, EVENTRELAY_HTTP__BIND: bind }, { cwd: workdir });
 }
 
 after(() => {
-  try {
-    execFileSync('psql', [env.DATABASE_URL, '-qc', `DROP SCHEMA IF EXISTS ${env.EVENTRELAY_DATABASE__SCHEMA} CASCADE`], {
-      stdio: 'ignore',
-    });
-  } catch {}
+  dropSchema(env.DATABASE_URL, env.EVENTRELAY_DATABASE__SCHEMA);
+  rmSync(workdir, { recursive: true, force: true });
 });
 
-/** A webhook receiver that answers 200 and counts what it got. */
-async function startReceiver() {
-  const received = [];
-  const server = createServer((request, response) => {
-    request.resume();
-    request.on('end', () => {
-      received.push(request.headers['webhook-id']);
-      response.end();
-    });
-  });
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { url: `http://127.0.0.1:${server.address().port}/hook`, received, server };
-}
-
-test('the inspector shows live events and replays across a relay restart', { skip: !existsSync(chromium) && `no Chromium at ${chromium}` }, async () => {
-  const { chromium: launcher } = await import('playwright-core');
+test('the inspector shows live events and replays across a relay restart', { skip: skipWithoutChromium }, async () => {
   const receiver = await startReceiver();
   writeFileSync(
     env.EVENTRELAY_CONFIG,
@@ -104,14 +57,9 @@ test('the inspector shows live events and replays across a relay restart', { ski
     ].join('\n'),
   );
   let relay = await startRelay('127.0.0.1:0');
-  await ready(relay.base);
   const bind = new URL(relay.base).host;
 
-  const browser = await launcher.launch({
-    executablePath: chromium,
-    headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-  });
+  const browser = await launchChromium();
   try {
     const page = await browser.newPage({ viewport: { width: 1200, height: 800 } });
     await page.goto(`${relay.base}/inspector?admin=inspector-admin-token`);
@@ -130,7 +78,6 @@ test('the inspector shows live events and replays across a relay restart', { ski
     await page.waitForSelector('#state:not([data-state="connected"])');
     const whileDown = [emit('order.shipped', { orderId: 1 }), emit('order.delivered', { orderId: 1 })];
     relay = await startRelay(bind);
-    await ready(relay.base);
     for (const event of whileDown) await page.waitForSelector(`tr[data-id="${event.id}"]`, { timeout: 15000 });
     await page.waitForSelector('#state[data-state="connected"]');
 

@@ -10,27 +10,22 @@
 // it), Postgres (DATABASE_URL) and the eventrelay binary (EVENTRELAY_BIN).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
-import { createServer, request as httpRequest } from 'node:http';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
-import path from 'node:path';
-import { randomUUID } from 'node:crypto';
-import { startRelayAndBrowser, stopRelayAndBrowser, until as untilWithin } from './support.js';
+import {
+  DEADLINE_MS,
+  forwardStream,
+  mintToken,
+  publishEvent,
+  relayEnv,
+  serveApp,
+  skipWithoutChromium as skip,
+  startRelayAndBrowser,
+  stopRelayAndBrowser,
+  tabState,
+  uniqueSuffix,
+  until,
+} from './support.js';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
-const chromium = process.env.CHROMIUM ?? '/usr/bin/chromium';
-const clientSource = path.join(here, '../eventrelay-client.js');
-const suffix = randomUUID().replaceAll('-', '').slice(0, 16);
-// EVENTRELAY_BIN is for this test, not a relay setting: keep it from the relay.
-const { EVENTRELAY_BIN: _binary, ...inherited } = process.env;
-const env = {
-  ...inherited,
-  DATABASE_URL: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
-  EVENTRELAY_DATABASE__SCHEMA: `reauth_${suffix}`,
-  EVENTRELAY_DATABASE__CHANNEL: `reauth_${suffix}`,
+const env = relayEnv(`reauth_${uniqueSuffix()}`, {
   EVENTRELAY_HTTP__BIND: '127.0.0.1:0',
   EVENTRELAY_AUTH__MODE: 'jwt',
   EVENTRELAY_AUTH__SECRET: 'reauth-e2e-test-secret-long-enough-for-hs256',
@@ -38,14 +33,10 @@ const env = {
   EVENTRELAY_SSE__HEARTBEAT_SECS: '1',
   EVENTRELAY_SSE__REAUTH_LEAD_SECS: '2',
   EVENTRELAY_WEBHOOKS__ENABLED: 'false',
-  RUST_LOG: 'warn',
-};
+});
 const TOKEN_TTL_SECS = '6';
 const PUBLISH_FOR_MS = 20000;
 const PUBLISH_EVERY_MS = 100;
-const DEADLINE_MS = 15000;
-const until = (condition, what) => untilWithin(condition, what, DEADLINE_MS);
-const skip = !existsSync(chromium) && `no Chromium at ${chromium}`;
 
 // The page fetches its tokens from the app, as an application's would, and
 // counts how often it asked.
@@ -70,72 +61,34 @@ window.client = createEventStreamClient({
 client.start();
 </script>`;
 
-
-
 /**
  * The application's origin: the page, the client, a 6-second token for
  * `scope` per call, and /v1/events passed through to the relay, counting
  * the streams open at once.
  */
 async function startApp(relayBase, scope) {
-  const relay = new URL(relayBase);
   const streams = { open: 0, mostOpen: 0, requests: [], tokens: 0 };
-
-  const server = createServer(async (request, response) => {
-    const url = new URL(request.url, 'http://app');
-    if (url.pathname === '/') {
-      response.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store' });
-      response.end(PAGE);
-    } else if (url.pathname === '/eventrelay-client.js') {
-      response.writeHead(200, { 'content-type': 'text/javascript; charset=utf-8', 'cache-control': 'no-store' });
-      response.end(readFileSync(clientSource));
-    } else if (url.pathname === '/token' && request.method === 'POST') {
-      const args = ['token', '--subscriber', 'alice', '--scope', scope, '--ttl-secs', TOKEN_TTL_SECS];
-      const { stdout } = await promisify(execFile)(binary, args, { env });
+  const app = await serveApp(PAGE, {
+    '/token': async (request, response) => {
+      if (request.method !== 'POST') return response.writeHead(404).end();
+      const token = await mintToken(env, 'alice', scope, TOKEN_TTL_SECS);
       streams.tokens += 1;
-      response.end(stdout.trim());
-    } else if (url.pathname === '/v1/events') {
+      response.end(token);
+    },
+    '/v1/events': (request, response) => {
       streams.requests.push({ lastEventId: request.headers['last-event-id'] });
-      const headers = { ...request.headers, host: relay.host };
-      const upstream = httpRequest(
-        { host: relay.hostname, port: relay.port, path: request.url, method: 'GET', headers },
-        (answer) => {
-          response.writeHead(answer.statusCode, answer.headers);
-          answer.pipe(response);
-        },
-      );
-      upstream.on('error', () => response.destroy());
-      upstream.end();
+      forwardStream(relayBase, request, response);
       streams.open += 1;
       streams.mostOpen = Math.max(streams.mostOpen, streams.open);
       response.on('close', () => {
         streams.open -= 1;
-        upstream.destroy();
       });
-    } else {
-      response.writeHead(404).end();
-    }
-  });
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return {
-    base: `http://127.0.0.1:${server.address().port}`,
-    streams,
-    close() {
-      server.closeAllConnections();
-      return new Promise((resolve) => server.close(resolve));
     },
-  };
+  });
+  return { base: app.origin, streams, close: app.close };
 }
 
-async function publish(base, event) {
-  const response = await fetch(`${base}/v1/events`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${env.EVENTRELAY_PUBLISH__TOKEN}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ lane: 'durable', ...event }),
-  });
-  assert.equal(response.status, 200, await response.clone().text());
-  return (await response.json()).events[0];
-}
+const publish = (base, event) => publishEvent(base, env.EVENTRELAY_PUBLISH__TOKEN, event);
 
 /** Publishes a durable event every 100 ms for 20 s; answers their ids in order. */
 async function publishForAWhile(scope) {
@@ -148,15 +101,12 @@ async function publishForAWhile(scope) {
   return ids;
 }
 
-const tabState = (page) =>
-  page.evaluate(() => ({ ...window.tab, state: window.client?.state, leader: window.client?.isLeader }));
-
 let relay;
 let browser;
 
 before(async () => {
   if (skip) return;
-  ({ relay, browser } = await startRelayAndBrowser(binary, env, chromium, DEADLINE_MS));
+  ({ relay, browser } = await startRelayAndBrowser(env));
 });
 
 after(() => stopRelayAndBrowser({ relay, browser }, env));

@@ -8,38 +8,29 @@
 // it), Postgres (DATABASE_URL) and the eventrelay binary (EVENTRELAY_BIN).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
-import { createServer, request as httpRequest } from 'node:http';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
-import path from 'node:path';
-import { randomUUID } from 'node:crypto';
-import { startRelayAndBrowser, stopRelayAndBrowser, until as untilWithin } from './support.js';
+import {
+  DEADLINE_MS,
+  forwardStream,
+  mintToken,
+  publishEvent,
+  relayEnv,
+  serveApp,
+  skipWithoutChromium as skip,
+  startRelayAndBrowser,
+  stopRelayAndBrowser,
+  tabState,
+  uniqueSuffix,
+  until,
+} from './support.js';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const binary = process.env.EVENTRELAY_BIN ?? path.join(here, '../../../target/debug/eventrelay');
-const chromium = process.env.CHROMIUM ?? '/usr/bin/chromium';
-const clientSource = path.join(here, '../eventrelay-client.js');
-const suffix = randomUUID().replaceAll('-', '').slice(0, 16);
-// EVENTRELAY_BIN is for this test, not a relay setting: keep it from the relay.
-const { EVENTRELAY_BIN: _binary, ...inherited } = process.env;
-const env = {
-  ...inherited,
-  DATABASE_URL: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
-  EVENTRELAY_DATABASE__SCHEMA: `tabs_${suffix}`,
-  EVENTRELAY_DATABASE__CHANNEL: `tabs_${suffix}`,
+const env = relayEnv(`tabs_${uniqueSuffix()}`, {
   EVENTRELAY_HTTP__BIND: '127.0.0.1:0',
   EVENTRELAY_AUTH__MODE: 'jwt',
   EVENTRELAY_AUTH__SECRET: 'tabs-e2e-test-secret-long-enough-for-hs256',
   EVENTRELAY_PUBLISH__TOKEN: 'tabs-e2e-publish-token',
   EVENTRELAY_SSE__HEARTBEAT_SECS: '1',
   EVENTRELAY_WEBHOOKS__ENABLED: 'false',
-  RUST_LOG: 'warn',
-};
-const DEADLINE_MS = 15000;
-const until = (condition, what) => untilWithin(condition, what, DEADLINE_MS);
-const skip = !existsSync(chromium) && `no Chromium at ${chromium}`;
+});
 
 // Each tab runs the client and keeps what it reports for the test to read.
 const PAGE = `<!doctype html>
@@ -64,15 +55,12 @@ window.client = createEventStreamClient({
 client.start();
 </script>`;
 
-
-
 /**
  * The application's origin: the page, the client, a token per call, and
  * /v1/events passed through to the relay. Its tokens are for `scope`. Streams are counted while open;
  * with the gate closed, new streams wait here until it opens.
  */
 async function startApp(relayBase, scope) {
-  const relay = new URL(relayBase);
   const streams = { open: 0, requests: [], tokens: [] };
   let held = [];
   let gateOpen = true;
@@ -80,40 +68,23 @@ async function startApp(relayBase, scope) {
 
   function pass(request, response, record) {
     record.forwarded = true;
-    const headers = { ...request.headers, host: relay.host };
-    const upstream = httpRequest(
-      { host: relay.hostname, port: relay.port, path: request.url, method: 'GET', headers },
-      (answer) => {
-        response.writeHead(answer.statusCode, answer.headers);
-        answer.pipe(response);
-      },
-    );
-    upstream.on('error', () => response.destroy());
-    upstream.end();
+    forwardStream(relayBase, request, response);
     streams.open += 1;
     response.on('close', () => {
       streams.open -= 1;
-      upstream.destroy();
     });
   }
 
-  const server = createServer(async (request, response) => {
-    const url = new URL(request.url, 'http://app');
-    if (url.pathname === '/') {
-      response.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store' });
-      response.end(PAGE);
-    } else if (url.pathname === '/eventrelay-client.js') {
-      response.writeHead(200, { 'content-type': 'text/javascript; charset=utf-8', 'cache-control': 'no-store' });
-      response.end(readFileSync(clientSource));
-    } else if (url.pathname === '/token' && request.method === 'POST') {
+  const app = await serveApp(PAGE, {
+    '/token': async (request, response, url) => {
+      if (request.method !== 'POST') return response.writeHead(404).end();
       // A different lifetime each time, so no two tabs hold the same token.
-      const ttl = String(3600 + minted++);
-      const subscriber = url.searchParams.get('subscriber');
-      const args = ['token', '--subscriber', subscriber, '--scope', scope, '--ttl-secs', ttl];
-      const { stdout } = await promisify(execFile)(binary, args, { env });
-      streams.tokens.push(stdout.trim());
-      response.end(stdout.trim());
-    } else if (url.pathname === '/v1/events') {
+      const ttl = 3600 + minted++;
+      const token = await mintToken(env, url.searchParams.get('subscriber'), scope, ttl);
+      streams.tokens.push(token);
+      response.end(token);
+    },
+    '/v1/events': (request, response) => {
       const record = { lastEventId: request.headers['last-event-id'], forwarded: false };
       streams.requests.push(record);
       if (gateOpen) {
@@ -125,13 +96,10 @@ async function startApp(relayBase, scope) {
           held = held.filter((e) => e !== entry);
         });
       }
-    } else {
-      response.writeHead(404).end();
-    }
+    },
   });
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
   return {
-    base: `http://127.0.0.1:${server.address().port}`,
+    base: app.origin,
     streams,
     closeGate() {
       gateOpen = false;
@@ -142,10 +110,7 @@ async function startApp(relayBase, scope) {
       held = [];
       for (const forward of waiting) forward();
     },
-    close() {
-      server.closeAllConnections();
-      return new Promise((resolve) => server.close(resolve));
-    },
+    close: app.close,
   };
 }
 
@@ -166,19 +131,7 @@ async function freshApp(scope) {
   return startApp(relay.base, scope);
 }
 
-async function publish(base, event) {
-  const response = await fetch(`${base}/v1/events`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${env.EVENTRELAY_PUBLISH__TOKEN}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ lane: 'durable', ...event }),
-  });
-  assert.equal(response.status, 200, await response.clone().text());
-  return (await response.json()).events[0];
-}
-
-/** What a tab's client reported, its state, and whether it holds the connection. */
-const tabState = (page) =>
-  page.evaluate(() => ({ ...window.tab, state: window.client?.state, leader: window.client?.isLeader }));
+const publish = (base, event) => publishEvent(base, env.EVENTRELAY_PUBLISH__TOKEN, event);
 
 async function openTabs(context, app, count, query = '') {
   const pages = [];
@@ -205,7 +158,7 @@ let browser;
 
 before(async () => {
   if (skip) return;
-  ({ relay, browser } = await startRelayAndBrowser(binary, env, chromium, DEADLINE_MS));
+  ({ relay, browser } = await startRelayAndBrowser(env));
 });
 
 after(() => stopRelayAndBrowser({ relay, browser }, env));

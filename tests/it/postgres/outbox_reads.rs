@@ -130,10 +130,7 @@ async fn reserved_event_types_are_refused_by_sql_and_withheld_when_read() {
     in_rust.sort_unstable();
     assert_eq!(in_sql, in_rust, "{definition}");
     let prefix = eventrelay::wire::RESERVED_EVENT_TYPE_PREFIX;
-    assert!(
-        definition.contains(&format!("'{prefix}'")),
-        "{definition}"
-    );
+    assert!(definition.contains(&format!("'{prefix}'")), "{definition}");
     let prefixed = format!("{prefix}ping");
     let mut reserved_types = eventrelay::wire::RESERVED_EVENT_TYPES.to_vec();
     reserved_types.push(&prefixed);

@@ -8,8 +8,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::support::{TestDb, eventually};
 use crate::support::server::TestServer;
+use crate::support::{TestDb, eventually};
 use serde_json::{Value, json};
 
 /// Makes inserting an event of type `test.slow` take half a second (and
@@ -160,7 +160,9 @@ async fn a_group_keeps_every_requests_events_ids_and_order() {
 
 /// How many groups held more than `size` requests.
 async fn group_sizes_above(server: &TestServer, size: f64) -> f64 {
-    let total = server.metric("eventrelay_publish_group_requests_count").await;
+    let total = server
+        .metric("eventrelay_publish_group_requests_count")
+        .await;
     let at_most = server
         .metric(&format!(
             "eventrelay_publish_group_requests_bucket{{le=\"{size:.1}\"}}"

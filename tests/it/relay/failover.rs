@@ -161,7 +161,9 @@ async fn a_failover_that_loses_commits_ends_every_stream_and_resyncs(mode: Wakeu
     // Kept: committed and on the standby before it stops.
     let kept = db.emit(tick(0)).await;
     assert_eq!(stream.next_event().await.json()["id"], kept.id.to_string());
-    let (replica, connection) = tokio_postgres::connect(&standby.url(), NoTls).await.unwrap();
+    let (replica, connection) = tokio_postgres::connect(&standby.url(), NoTls)
+        .await
+        .unwrap();
     tokio::spawn(connection);
     let query = format!("SELECT count(*) FROM {}.outbox", db.schema);
     eventually("the standby replays the first event", async || {

@@ -165,11 +165,12 @@ impl Cluster {
     /// Stops the server at once, as a crash would: no shutdown checkpoint,
     /// and a standby gets nothing more.
     pub fn crash(&self) {
-        run(self
-            .command("pg_ctl")
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-w", "-m", "immediate", "stop"]));
+        run(self.command("pg_ctl").arg("-D").arg(&self.data).args([
+            "-w",
+            "-m",
+            "immediate",
+            "stop",
+        ]));
     }
 
     /// Starts a stopped server again with its settings.

@@ -20,6 +20,13 @@ pub fn postgres_addr() -> SocketAddr {
 }
 
 impl Freezer {
+    /// Forwards a free loopback port to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Freezer {
+        Freezer::start_on("127.0.0.1:0".parse().unwrap(), upstream)
+            .await
+            .unwrap()
+    }
+
     /// `db`'s URL on the shared server, through this proxy.
     pub fn url_for(&self, db: &super::TestDb) -> String {
         db.url

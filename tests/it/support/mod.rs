@@ -116,10 +116,16 @@ pub fn series_value(exposition: &str, name: &str) -> f64 {
             return false;
         };
         series.strip_prefix(family).is_some_and(|suffix| {
-            ["", "_total", "_bucket", "_sum", "_count", "_created", "_info"].contains(&suffix)
+            [
+                "", "_total", "_bucket", "_sum", "_count", "_created", "_info",
+            ]
+            .contains(&suffix)
         })
     });
-    assert!(declared, "the relay declares no metric {series} (asked for {name})");
+    assert!(
+        declared,
+        "the relay declares no metric {series} (asked for {name})"
+    );
     0.0
 }
 
