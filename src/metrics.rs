@@ -17,6 +17,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use strum::IntoEnumIterator;
 
 use crate::latency::Stages;
 
@@ -28,9 +29,12 @@ pub struct OutcomeLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
-    /// `memory` (the hub's tail) or `outbox`.
+    /// One of [`REPLAY_SOURCES`].
     pub source: &'static str,
 }
+
+/// Where a replay is served from: the hub's tail, or the outbox.
+pub const REPLAY_SOURCES: [&str; 2] = ["memory", "outbox"];
 
 /// Why a resuming stream was told to re-read its state (see
 /// `sse::stream`): its cursor is older than what the outbox keeps, or is
@@ -308,6 +312,11 @@ impl Metrics {
             "Events withheld from a subscriber by the audience rule",
             metrics.events_filtered.clone(),
         );
+        // Every known label value from the start, at 0: a series that
+        // appears only once it moves hides its first increase from rate().
+        for source in REPLAY_SOURCES {
+            let _ = metrics.replays.get_or_create(&SourceLabel { source });
+        }
         registry.register(
             "replays",
             "Replays served, by source",
@@ -423,6 +432,11 @@ impl Metrics {
             "Outbox rows removed by the janitor",
             metrics.outbox_rows_pruned.clone(),
         );
+        for outcome in crate::webhooks::AttemptOutcome::iter() {
+            let _ = metrics.webhook_deliveries.get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str(),
+            });
+        }
         registry.register(
             "webhook_deliveries",
             "Webhook attempts, by outcome",

@@ -24,7 +24,8 @@ use eventrelay_bench::scenarios::floor;
 use eventrelay_bench::scenarios::paired_fanout::{self, PairedPlan};
 use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
-    connection_heap, emit_cost, outage, pools, publish_throughput, replay, seal_cost, standby,
+    connection_heap, emit_cost, outage, pools, publish_throughput, replay, resume_cost, seal_cost,
+    standby,
     storm, streams, tail_memory, tails_budget, webhooks,
 };
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
@@ -73,7 +74,7 @@ struct Args {
     #[arg(long)]
     standby_primary_data: Option<PathBuf>,
     /// Run only these scenarios (comma separated: tail, emit, publish,
-    /// wakeup, fanout, floor, pools, http2, scopes, replay, webhooks,
+    /// wakeup, fanout, floor, pools, http2, scopes, replay, resume, webhooks,
     /// storm, memory, streams, streams-box, seal, standby, outage;
     /// wakeup-latency is the wake-up modes' commit-to-receive rows without
     /// their emit-cost rounds; box, 100,000 streams over 6 relays, runs only
@@ -396,6 +397,36 @@ async fn run_scenarios(
                     f.served_from
                 ),
                 format!("all received: {}", verdict(f.received == f.events)),
+            );
+        }
+    }
+    if wanted("resume") {
+        // Each relay in a schema of its own, which it migrates at start;
+        // the earlier release beside this one when BASELINE_REV names it.
+        let mut relays = vec![("this build", args.relay_bin.clone(), false)];
+        if let Some(binary) = &args.baseline_relay_bin {
+            relays.push(("the earlier release", binary.clone(), true));
+        }
+        for (label, binary, baseline) in relays {
+            eprintln!("resumes against {label}");
+            let schema = eventrelay_bench::database::unique_schema("bench_resume");
+            let mut settings = RelaySettings::new(db, &schema);
+            settings.baseline = baseline;
+            let relay = RelayProcess::start(&binary, &args.work_dir, &settings).await?;
+            let f = resume_cost::run(&relay, db, &schema, 20).await;
+            drop(relay);
+            drop_schema(db, &schema).await;
+            let f = f?;
+            table.add(
+                format!(
+                    "{} resumes after 200 ms away, 100 of 500 events/s in the scope, {label}",
+                    f.resumes
+                ),
+                format!(
+                    "{:.1} events sent again per resume (at most {}), {} missed",
+                    f.resent_mean, f.resent_max, f.missed
+                ),
+                format!("none missed: {}", verdict(f.missed == 0)),
             );
         }
     }

@@ -73,6 +73,11 @@ pub struct Relay {
     delivered_here: RecentIds,
     /// The rows read most recently (see [`WITNESSES`]).
     witnesses: VecDeque<Witness>,
+    /// The whole reads a reconnect owes every scope, taken at once (so
+    /// each scope holds what the listener hands it meanwhile, and no
+    /// horizon mark passes what they are to find) and started once the
+    /// history is known to hold (see [`HistoryChecked`]).
+    owed_reads: Vec<(String, ReadPlan)>,
     /// Dropped with the relay once it has stopped: shutdown waits for that.
     _running: tokio::sync::mpsc::Sender<()>,
 }
@@ -110,6 +115,7 @@ impl Relay {
             next_session: 0,
             delivered_here: RecentIds::new(DELIVERED_HERE),
             witnesses: VecDeque::with_capacity(WITNESSES),
+            owed_reads: Vec::new(),
             _running: running,
         }
     }
@@ -170,6 +176,7 @@ impl Relay {
     /// Drops every scope: its hub stops and its streams end cleanly, and
     /// their clients resume from their `Last-Event-ID`.
     fn drop_every_scope(&mut self) {
+        self.owed_reads.clear();
         self.scopes.clear();
         self.directory.clear();
         self.metrics.active_scopes.set(0);
@@ -191,11 +198,21 @@ impl Relay {
         }
     }
 
-    /// After a reconnect: checks that the database still holds what this
-    /// relay read before re-reading every scope (see [`HistoryChecked`]).
+    /// After a reconnect: every scope owes a whole read, which starts once
+    /// the database is known to still hold what this relay read (see
+    /// [`HistoryChecked`]).
+    fn reconnected(&mut self, ctx: &mut Context<Self>) {
+        for (scope_key, scope) in &mut self.scopes {
+            if let Some(plan) = scope.state.whole_read() {
+                self.owed_reads.push((scope_key.clone(), plan));
+            }
+        }
+        self.check_history(ctx);
+    }
+
     fn check_history(&mut self, ctx: &mut Context<Self>) {
         if self.witnesses.is_empty() {
-            self.reread_every_scope(ctx);
+            self.start_owed_reads(ctx);
             return;
         }
         let witnesses: Vec<Witness> = self.witnesses.iter().copied().collect();
@@ -211,10 +228,10 @@ impl Relay {
         });
     }
 
-    fn reread_every_scope(&mut self, ctx: &mut Context<Self>) {
-        let scopes: Vec<String> = self.scopes.keys().cloned().collect();
-        for scope in scopes {
-            self.schedule_whole_read(&scope, ctx);
+    fn start_owed_reads(&mut self, ctx: &mut Context<Self>) {
+        // A scope dropped meanwhile took its owed read with it.
+        for (scope_key, plan) in std::mem::take(&mut self.owed_reads) {
+            self.spawn_read(&scope_key, plan, ctx);
         }
     }
 
@@ -590,7 +607,7 @@ impl Handler<ListenerConnected> for Relay {
 
     fn handle(&mut self, _: ListenerConnected, ctx: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        self.check_history(ctx);
+        self.reconnected(ctx);
     }
 }
 
@@ -614,7 +631,7 @@ impl Handler<HistoryChecked> for Relay {
     fn handle(&mut self, msg: HistoryChecked, ctx: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
         match msg.result {
-            Ok(true) => self.reread_every_scope(ctx),
+            Ok(true) => self.start_owed_reads(ctx),
             Ok(false) => {
                 self.metrics.history_rewinds.inc();
                 tracing::error!(
@@ -760,6 +777,7 @@ impl Handler<Unsubscribe> for Relay {
         if scope.sessions.is_empty() {
             // Dropping the last address stops the hub once its mailbox drains.
             self.scopes.remove(&msg.scope_key);
+            self.owed_reads.retain(|(scope_key, _)| *scope_key != msg.scope_key);
             self.directory.remove(&msg.scope_key);
             self.metrics.active_scopes.set(self.scopes.len() as i64);
         }

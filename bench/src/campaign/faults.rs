@@ -123,8 +123,8 @@ pub struct Target {
     pub clock: Clock,
     /// Events whose commit a lossy failover took from the history.
     pub vanished: HashSet<Uuid>,
-    /// When the outbox was last pruned (seconds since the start).
-    pub last_prune_at: f64,
+    /// Events the outbox was pruned of (read just before each prune).
+    pub pruned: HashSet<Uuid>,
 }
 
 impl Target {
@@ -193,7 +193,15 @@ impl Target {
                     &eventrelay::publisher::Identifier::new(&self.schema)?,
                 );
                 let cutoff = chrono::Utc::now() - chrono::Duration::seconds(2);
-                self.last_prune_at = self.clock.now();
+                // What the prune takes, so a lossy failover later can tell
+                // an event it took from one pruned.
+                let taken = client
+                    .query(
+                        &format!("SELECT id FROM {}.outbox WHERE occurred_at < $1", self.schema),
+                        &[&cutoff],
+                    )
+                    .await?;
+                self.pruned.extend(taken.iter().map(|row| row.get::<_, Uuid>(0)));
                 outbox.prune_before(&client, cutoff).await?;
             }
             Fault::PathFrozen => {
@@ -216,17 +224,17 @@ impl Target {
 
     /// After a lossy failover: which committed events the new primary
     /// lacks. Candidates are those that ended from a second before the
-    /// standby stopped (what it had not yet received) and after anything a
-    /// prune could have taken (rows written 2 s before it, by transactions
-    /// of at most 2 s).
+    /// standby stopped (what it had not yet received), less those a prune
+    /// took.
     async fn find_vanished(&mut self, began: f64) -> BenchResult<()> {
-        let since = (began - 1.0).max(self.last_prune_at + 0.5);
+        let since = began - 1.0;
         let candidates: Vec<Uuid> = self
             .written
             .lock()
             .map_err(|_| "a writer panicked")?
             .iter()
             .filter(|w| w.outcome == Outcome::Committed && w.durable && w.ended_at >= since)
+            .filter(|w| !self.pruned.contains(&w.id))
             .map(|w| w.id)
             .collect();
         let client = eventrelay::connect(&self.cluster.primary_url()).await?;

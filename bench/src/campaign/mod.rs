@@ -195,7 +195,7 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
         written: Arc::clone(&written),
         clock,
         vanished: HashSet::new(),
-        last_prune_at: f64::NEG_INFINITY,
+        pruned: HashSet::new(),
     };
     let started = Instant::now();
     let mut inflicted = Vec::new();

@@ -11,6 +11,7 @@ pub mod paired_fanout;
 pub mod pools;
 pub mod publish_throughput;
 pub mod replay;
+pub mod resume_cost;
 pub mod seal_cost;
 pub mod standby;
 pub mod storm;
