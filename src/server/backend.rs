@@ -2,7 +2,6 @@
 //! Postgres (checked, migrated, its notification key read) or the
 //! embedded database.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +30,7 @@ pub(super) async fn open_backend(config: &Config) -> Result<Backend, ServeError>
         #[cfg(feature = "embedded")]
         {
             let mut embedded = crate::store::embedded::EmbeddedDatabase::start(
-                Path::new(&config.database.embedded_dir),
+                std::path::Path::new(&config.database.embedded_dir),
                 &schema,
                 &channel,
             )
