@@ -25,8 +25,7 @@ use eventrelay_bench::scenarios::paired_fanout::{self, PairedPlan};
 use eventrelay_bench::scenarios::storm::StormPlan;
 use eventrelay_bench::scenarios::{
     connection_heap, emit_cost, outage, pools, publish_throughput, replay, resume_cost, seal_cost,
-    standby,
-    storm, streams, tail_memory, tails_budget, webhooks,
+    standby, storm, streams, tail_memory, tails_budget, webhooks,
 };
 use eventrelay_bench::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::{BenchResult, proc_stats};

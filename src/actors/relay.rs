@@ -777,7 +777,8 @@ impl Handler<Unsubscribe> for Relay {
         if scope.sessions.is_empty() {
             // Dropping the last address stops the hub once its mailbox drains.
             self.scopes.remove(&msg.scope_key);
-            self.owed_reads.retain(|(scope_key, _)| *scope_key != msg.scope_key);
+            self.owed_reads
+                .retain(|(scope_key, _)| *scope_key != msg.scope_key);
             self.directory.remove(&msg.scope_key);
             self.metrics.active_scopes.set(self.scopes.len() as i64);
         }

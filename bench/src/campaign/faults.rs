@@ -197,11 +197,15 @@ impl Target {
                 // an event it took from one pruned.
                 let taken = client
                     .query(
-                        &format!("SELECT id FROM {}.outbox WHERE occurred_at < $1", self.schema),
+                        &format!(
+                            "SELECT id FROM {}.outbox WHERE occurred_at < $1",
+                            self.schema
+                        ),
                         &[&cutoff],
                     )
                     .await?;
-                self.pruned.extend(taken.iter().map(|row| row.get::<_, Uuid>(0)));
+                self.pruned
+                    .extend(taken.iter().map(|row| row.get::<_, Uuid>(0)));
                 outbox.prune_before(&client, cutoff).await?;
             }
             Fault::PathFrozen => {

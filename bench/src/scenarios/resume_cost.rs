@@ -68,7 +68,9 @@ pub async fn run(
         let until = Instant::now() + CONNECTED;
         while let Ok(Some(chunk)) = tokio::time::timeout_at(until.into(), body.next()).await {
             for item in parser.feed(&chunk?) {
-                let SseItem::Event(event) = item else { continue };
+                let SseItem::Event(event) = item else {
+                    continue;
+                };
                 if event.event_type == "ready" {
                     ready = true;
                     continue;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::support::server::{TestServer, token};
-use crate::support::{DEADLINE, TestDb};
+use crate::support::{DEADLINE, TestDb, eventually};
 use eventrelay::publisher::NewEvent;
 use eventrelay_client::{ClientBuilder, ClientError, ClientHandle, Event, State, Status};
 use serde_json::json;
@@ -67,14 +67,10 @@ async fn wait_for_state(handle: &ClientHandle, state: State) -> Status {
 
 /// Polls the relay's open-connection gauge until it equals `expected`.
 async fn wait_for_connections(server: &TestServer, expected: f64) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while server.metric("eventrelay_sse_connections").await != expected {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the relay never had {expected} connections"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the relay has the expected connections", async || {
+        (server.metric("eventrelay_sse_connections").await == expected).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -151,18 +151,13 @@ async fn exercise(
     let frame = stream.next_event().await;
     assert_eq!(frame.json()["id"], second.id.to_string());
     receiver.wait_for(2).await;
-    let deadline = tokio::time::Instant::now() + crate::support::DEADLINE;
-    while server
-        .metric("eventrelay_webhook_deliveries_total{outcome=\"delivered\"}")
-        .await
-        < 2.0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the webhook deliveries were never counted"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    crate::support::eventually("the webhook deliveries are counted", async || {
+        let delivered = server
+            .metric("eventrelay_webhook_deliveries_total{outcome=\"delivered\"}")
+            .await;
+        (delivered >= 2.0).then_some(())
+    })
+    .await;
     stream
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::process::{RelayProcess, relay_config};
 use crate::support::server::{TestServer, token};
-use crate::support::{DEADLINE, TestDb};
+use crate::support::{TestDb, eventually};
 use eventrelay::publisher::NewEvent;
 use serde_json::json;
 
@@ -236,18 +236,13 @@ async fn sighup_reloads_the_running_binary() {
         .replace("level = \"warn\"", "level = \"info\"");
     relay.rewrite_config(&reloaded);
     relay.signal("HUP");
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while relay
-        .metric("eventrelay_config_reloads_total{result=\"applied\"}")
-        .await
-        < 1.0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no reload after SIGHUP"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("a reload after SIGHUP", async || {
+        let applied = relay
+            .metric("eventrelay_config_reloads_total{result=\"applied\"}")
+            .await;
+        (applied >= 1.0).then_some(())
+    })
+    .await;
     let alice = token("alice", "org-1", json!({}));
     let open = |relay: &RelayProcess| {
         reqwest::Client::new()
@@ -259,14 +254,9 @@ async fn sighup_reloads_the_running_binary() {
     assert_eq!(first.status(), 200);
     let second = open(&relay).await.unwrap();
     assert_eq!(second.status(), 429);
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !relay.log().contains("configuration reloaded") {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the reloaded log.level did not take effect: {}",
-            relay.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the reloaded log.level takes effect", async || {
+        relay.log().contains("configuration reloaded").then_some(())
+    })
+    .await;
     relay.kill();
 }

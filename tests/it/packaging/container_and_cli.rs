@@ -158,14 +158,12 @@ async fn the_relay_logs_at_the_configured_level_and_format() {
             .replace("level = \"warn\"", "level = \"info\"\nformat = \"json\""),
     );
     json.ready().await;
-    let deadline = tokio::time::Instant::now() + crate::support::DEADLINE;
-    while !json.log().contains("listening for notifications") {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no INFO line logged"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    crate::support::eventually("an INFO line is logged", async || {
+        json.log()
+            .contains("listening for notifications")
+            .then_some(())
+    })
+    .await;
     for line in json.log().lines() {
         let parsed: serde_json::Value = serde_json::from_str(line)
             .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
