@@ -67,6 +67,8 @@ pub struct Verdict {
     pub vanished: usize,
     /// Receipts of such events that a later resync covered.
     pub phantoms_resynced: usize,
+    /// The longest wait from such a receipt to the resync that covered it.
+    pub phantom_resync_max_secs: f64,
     pub anomalies: Vec<Anomaly>,
 }
 
@@ -196,8 +198,15 @@ pub fn check(
                 .iter()
                 .filter(|f| vanished.contains(&f.id))
             {
-                if resyncs.iter().any(|&at| at > frame.at) {
+                let covered = resyncs
+                    .iter()
+                    .copied()
+                    .filter(|&at| at > frame.at)
+                    .reduce(f64::min);
+                if let Some(at) = covered {
                     verdict.phantoms_resynced += 1;
+                    verdict.phantom_resync_max_secs =
+                        verdict.phantom_resync_max_secs.max(at - frame.at);
                 } else {
                     anomaly(
                         "phantom",

@@ -340,8 +340,9 @@ impl Report {
                 self.drained_in.as_secs_f64()
             ),
             format!(
-                "events lost by lossy failovers (not the relay's to deliver)={} phantoms resynced={}",
-                v.vanished, v.phantoms_resynced
+                "events lost by lossy failovers (not the relay's to deliver)={} phantoms resynced={} \
+                 (at most {:.1} s after their receipt)",
+                v.vanished, v.phantoms_resynced, v.phantom_resync_max_secs
             ),
             format!("anomalies={}", v.anomalies.len()),
         ];
