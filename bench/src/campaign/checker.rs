@@ -18,8 +18,9 @@
 //!   and no resync after it: the client keeps an event that never was.
 //!
 //! Events a lossy failover took (found by the campaign on the new primary
-//! right after it) are the database's loss, not the relay's: they need not
-//! arrive, and their seqs may come back under other ids.
+//! right after it, among those that committed or whose outcome is unknown)
+//! are the database's loss, not the relay's: they need not arrive, and
+//! their seqs may come back under other ids.
 //! - for webhooks, once the run has drained: `hook_lost`, a committed
 //!   durable event of the subscribed type that the receiver never answered
 //!   with 2xx; `hook_unverified`, a request whose signature does not

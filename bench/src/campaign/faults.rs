@@ -226,10 +226,12 @@ impl Target {
         Ok(())
     }
 
-    /// After a lossy failover: which committed events the new primary
-    /// lacks. Candidates are those that ended from a second before the
-    /// standby stopped (what it had not yet received), less those a prune
-    /// took.
+    /// After a lossy failover: which events that committed, or whose
+    /// COMMIT got no answer, the new primary lacks. Candidates are those
+    /// that ended from a second before the standby stopped (what it had
+    /// not yet received), less those a prune took. An event whose outcome
+    /// is unknown may have committed on the old primary and been delivered
+    /// before it went: absent now, its seq may come back under another id.
     async fn find_vanished(&mut self, began: f64) -> BenchResult<()> {
         let since = began - 1.0;
         let candidates: Vec<Uuid> = self
@@ -237,7 +239,7 @@ impl Target {
             .lock()
             .map_err(|_| "a writer panicked")?
             .iter()
-            .filter(|w| w.outcome == Outcome::Committed && w.durable && w.ended_at >= since)
+            .filter(|w| w.outcome != Outcome::RolledBack && w.durable && w.ended_at >= since)
             .filter(|w| !self.pruned.contains(&w.id))
             .map(|w| w.id)
             .collect();

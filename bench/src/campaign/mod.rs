@@ -240,6 +240,7 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
             "subscribers": logs.iter().filter_map(|log| log.lock().ok().map(|l| l.clone())).collect::<Vec<_>>(),
             "outbox": outbox,
             "hooks": *hooks.log.lock().map_err(|_| "the receiver panicked")?,
+            "vanished": &target.vanished,
         });
         let path = plan.work_dir.join("records.json");
         std::fs::write(&path, serde_json::to_vec(&dump)?)?;
