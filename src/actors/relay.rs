@@ -182,22 +182,6 @@ impl Relay {
         self.metrics.active_scopes.set(0);
     }
 
-    /// Remembers the newest rows read, as witnesses of the history.
-    fn witness(&mut self, rows: &[StoredEvent]) {
-        for row in rows.iter().rev().take(WITNESSES).rev() {
-            if let Some(seq) = row.envelope.seq {
-                push_witness(
-                    &mut self.witnesses,
-                    Witness {
-                        seq,
-                        id: row.envelope.id,
-                        txid: row.txid,
-                    },
-                );
-            }
-        }
-    }
-
     /// After a reconnect: every scope owes a whole read, which starts once
     /// the database is known to still hold what this relay read (see
     /// [`HistoryChecked`]).
@@ -242,19 +226,9 @@ impl Relay {
         };
         match msg.result {
             Ok(read) => {
-                if let Some(last) = read.rows.len().checked_sub(1) {
-                    let row = &read.rows[last];
-                    if let Some(seq) = row.envelope.seq {
-                        push_witness(
-                            &mut self.witnesses,
-                            Witness {
-                                seq,
-                                id: row.envelope.id,
-                                txid: row.txid,
-                            },
-                        );
-                    }
-                }
+                // The last row of a read is as new as any it found.
+                let last = read.rows.len().saturating_sub(1);
+                remember_witnesses(&mut self.witnesses, &read.rows[last..]);
                 for batch in scope
                     .state
                     .read_done(msg.plan, read.rows, read.end, PAGE as usize)
@@ -326,11 +300,22 @@ impl Relay {
     }
 }
 
-fn push_witness(witnesses: &mut VecDeque<Witness>, witness: Witness) {
-    if witnesses.len() == WITNESSES {
-        witnesses.pop_front();
+/// Keeps the newest of `rows` as witnesses of the history, at most
+/// [`WITNESSES`] in all.
+fn remember_witnesses(witnesses: &mut VecDeque<Witness>, rows: &[StoredEvent]) {
+    for row in rows.iter().rev().take(WITNESSES).rev() {
+        let Some(seq) = row.envelope.seq else {
+            continue;
+        };
+        if witnesses.len() == WITNESSES {
+            witnesses.pop_front();
+        }
+        witnesses.push_back(Witness {
+            seq,
+            id: row.envelope.id,
+            txid: row.txid,
+        });
     }
-    witnesses.push_back(witness);
 }
 
 /// A set of event ids that forgets its oldest past a capacity.
@@ -522,7 +507,7 @@ impl Relay {
     /// Hands each active scope its new rows. A scope whose read is running
     /// leaves them to the read after it, which that read's end starts.
     fn decoded(&mut self, rows: Vec<StoredEvent>, heard_at: Instant) {
-        self.witness(&rows);
+        remember_witnesses(&mut self.witnesses, &rows);
         let mut by_scope: HashMap<String, Vec<StoredEvent>> = HashMap::new();
         for row in rows {
             if self.scopes.contains_key(&row.envelope.scope_key) {
