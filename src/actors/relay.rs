@@ -78,6 +78,8 @@ pub struct Relay {
     /// horizon mark passes what they are to find) and started once the
     /// history is known to hold (see [`HistoryChecked`]).
     owed_reads: Vec<(String, ReadPlan)>,
+    /// History checks that failed in a row since the last that answered.
+    failed_checks: u32,
     /// Dropped with the relay once it has stopped: shutdown waits for that.
     _running: tokio::sync::mpsc::Sender<()>,
 }
@@ -116,6 +118,7 @@ impl Relay {
             delivered_here: RecentIds::new(DELIVERED_HERE),
             witnesses: VecDeque::with_capacity(WITNESSES),
             owed_reads: Vec::new(),
+            failed_checks: 0,
             _running: running,
         }
     }
@@ -615,6 +618,9 @@ impl Handler<HistoryChecked> for Relay {
 
     fn handle(&mut self, msg: HistoryChecked, ctx: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
+        if msg.result.is_ok() {
+            self.failed_checks = 0;
+        }
         match msg.result {
             Ok(true) => self.start_owed_reads(ctx),
             Ok(false) => {
@@ -629,8 +635,14 @@ impl Handler<HistoryChecked> for Relay {
                 self.drop_every_scope();
             }
             Err(error) => {
-                tracing::warn!(%error, "checking the history after a reconnect failed; retrying");
-                ctx.run_later(READ_RETRY, |relay, ctx| relay.check_history(ctx));
+                // Soon at first: a pool that kept connections from before
+                // the reconnect drops one dead connection per failed
+                // checkout, and the reads wait on this check.
+                let wait = (Duration::from_millis(100) * 2u32.pow(self.failed_checks.min(4)))
+                    .min(READ_RETRY);
+                self.failed_checks += 1;
+                tracing::warn!(%error, ?wait, "checking the history after a reconnect failed; retrying");
+                ctx.run_later(wait, |relay, ctx| relay.check_history(ctx));
             }
         }
     }
