@@ -79,7 +79,7 @@ impl PeerSocket {
     }
 }
 
-/// The server's on-connect hook (see [`crate::http::serve`]): remembers
+/// The HTTP server's on-connect hook (the server module passes it in): remembers
 /// the TCP socket of each connection, plain or under TLS.
 pub fn on_connect(connection: &dyn Any, data: &mut Extensions) {
     type TlsOverTcp = actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>;
