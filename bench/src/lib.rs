@@ -6,7 +6,6 @@
 
 pub mod alloc_counter;
 pub mod box_client;
-pub mod campaign;
 pub mod clock;
 pub mod database;
 pub mod freezer;

@@ -1,6 +1,6 @@
 //! Finding and running Postgres's server programs (`initdb`, `pg_ctl`,
 //! `pg_basebackup`) for throwaway clusters: shared, by path, between the
-//! campaign here and the integration tests' clusters
+//! fault campaign (`campaign/`) and the integration tests' clusters
 //! (`tests/it/support/cluster.rs`), so it uses the standard library only.
 
 use std::path::{Path, PathBuf};

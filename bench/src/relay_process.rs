@@ -427,3 +427,26 @@ pub fn free_port() -> BenchResult<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
+
+/// The relay binary a workspace test build made, next to the running test's
+/// own directory (`target/<profile>/eventrelay`), or `EVENTRELAY_BIN`: what
+/// the bench's and the campaign's tests start.
+pub fn test_relay_binary() -> BenchResult<PathBuf> {
+    if let Ok(path) = std::env::var("EVENTRELAY_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let test = std::env::current_exe()?;
+    let binary = test
+        .parent()
+        .and_then(|deps| deps.parent())
+        .ok_or("a test binary lives in target/<profile>/deps")?
+        .join("eventrelay");
+    if !binary.exists() {
+        return Err(format!(
+            "no relay binary at {}: build the workspace's tests (`cargo nextest run --workspace`) or set EVENTRELAY_BIN",
+            binary.display()
+        )
+        .into());
+    }
+    Ok(binary)
+}

@@ -3,13 +3,19 @@
 //! comes at least once. The checker must find nothing. `bench/run --only
 //! campaign` runs the long campaign.
 
+#![allow(
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test code: a panic is the test failing, and the report is printed for the reader"
+)]
+
 use std::collections::HashSet;
 use std::time::Duration;
 
-use eventrelay_bench::campaign::faults::Fault;
-use eventrelay_bench::campaign::{Plan, run};
+use eventrelay_campaign::faults::Fault;
+use eventrelay_campaign::{Plan, run};
 
-use crate::relay_binary;
+use eventrelay_bench::relay_process::test_relay_binary;
 
 async fn campaign(seed: u64, wakeup: &'static str) {
     let plan = Plan {
@@ -21,7 +27,7 @@ async fn campaign(seed: u64, wakeup: &'static str) {
         subscribers: 12,
         writers: 3,
         fault_every: Duration::from_millis(1500),
-        binary: relay_binary(),
+        binary: test_relay_binary().expect("a relay binary"),
         work_dir: std::env::temp_dir()
             .join(format!("campaign-{wakeup}-{seed}-{}", std::process::id())),
     };

@@ -16,9 +16,9 @@ use super::Clock;
 use super::cluster::Cluster;
 use super::records::{Outcome, Written};
 use super::subscribers::Away;
-use crate::BenchResult;
-use crate::freezer::Freezer;
-use crate::relay_process::{RelayProcess, RelaySettings};
+use eventrelay_bench::BenchResult;
+use eventrelay_bench::freezer::Freezer;
+use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 
 /// Every kind of fault the campaign makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -299,7 +299,7 @@ fn check_hooks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::campaign::records::{Connection, Received};
+    use crate::records::{Connection, Received};
     use serde_json::json;
 
     fn written(n: u128, scope: &str, outcome: Outcome, ended_at: f64) -> Written {

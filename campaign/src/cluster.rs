@@ -6,8 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::BenchResult;
-use crate::postgres_tools::{base_backup, is_root, run_tool, server_binaries, server_tool};
+use eventrelay_bench::BenchResult;
+use eventrelay_bench::postgres_tools::{
+    base_backup, is_root, run_tool, server_binaries, server_tool,
+};
 
 /// One server: its data directory and port.
 struct Server {
@@ -44,11 +46,11 @@ impl Cluster {
             root: root.to_owned(),
             primary: Server {
                 data: PathBuf::new(),
-                port: crate::relay_process::free_port()?,
+                port: eventrelay_bench::relay_process::free_port()?,
             },
             standby: Server {
                 data: PathBuf::new(),
-                port: crate::relay_process::free_port()?,
+                port: eventrelay_bench::relay_process::free_port()?,
             },
             made: 0,
         };

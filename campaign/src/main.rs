@@ -1,6 +1,6 @@
-//! `eventrelay-campaign`: runs the fault campaign (see the bench crate's
-//! `campaign` module) and prints its report; exits 1 when the checker
-//! found an anomaly, 2 when the campaign could not run.
+//! `eventrelay-campaign`: runs the fault campaign (the `eventrelay_campaign`
+//! library) and prints its report; exits 1 when the checker found an
+//! anomaly, 2 when the campaign could not run.
 //!
 //! ```sh
 //! eventrelay-campaign --relay-bin target/release/eventrelay --seed 7 --duration 60 --mode notify
@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use eventrelay_bench::campaign::{Plan, run};
+use eventrelay_campaign::{Plan, run};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::BenchResult;
-use crate::freezer::Freezer;
-use crate::relay_process::{RelayProcess, RelaySettings};
 use checker::Verdict;
+use eventrelay_bench::BenchResult;
+use eventrelay_bench::freezer::Freezer;
+use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 use faults::{Fault, Target};
 use records::{StoredRow, SubscriberLog};
 
@@ -140,7 +140,7 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
         let (order, orders) = watch::channel(subscribers::Away::default());
         away.push(order);
         let subscriber = subscribers::Subscriber {
-            token: crate::subscriber_token_with(id, &scope, grants),
+            token: eventrelay_bench::subscriber_token_with(id, &scope, grants),
             relays: Arc::clone(&bases),
             slow: i == 1,
             // Every fourth subscriber uses the Rust client.
