@@ -5,8 +5,8 @@
 //! drives a small fan-out against an in-process relay.
 
 pub mod alloc_counter;
-pub mod box_client;
 pub mod clock;
+pub mod context;
 pub mod database;
 pub mod freezer;
 pub mod in_process;
@@ -18,6 +18,7 @@ pub mod relay_process;
 pub mod report;
 pub mod scenarios;
 pub mod sse_load;
+pub mod stream_client;
 pub mod webhook_receiver;
 
 /// Errors are reported, not handled: a tool, not a library.

@@ -44,6 +44,14 @@ pub enum Source {
 }
 
 impl Source {
+    /// Durable events emitted into `schema`.
+    pub fn emit(database_url: &str, schema: &str) -> Source {
+        Source::Emit {
+            database_url: database_url.to_owned(),
+            schema: schema.to_owned(),
+        }
+    }
+
     pub fn label(&self) -> &'static str {
         match self {
             Source::Emit { .. } => "emit (Postgres commit)",

@@ -1,6 +1,6 @@
 //! One machine's worth of streams (`--only box`): several relay processes
 //! on one database, the subscribers spread over several client processes
-//! (`box_client`) and loopback source addresses, one event per second to
+//! (`stream_client`) and loopback source addresses, one event per second to
 //! every stream, then a restart of every relay under all of them.
 //!
 //! Owns the plan, the pool sizing against Postgres's `max_connections`,
@@ -10,6 +10,8 @@
 //! connection, relay RSS and CPU, deliveries and commit-to-receive latency,
 //! and the storm's errors, connect times and time until all stream again.
 
+use crate::context::Context;
+use crate::report::{Table, ms, size, verdict};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
@@ -21,12 +23,11 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::BenchResult;
-use crate::box_client::{self, Arrival, ClientProcess, ClientSpec, Reconnect, realtime_ns};
 use crate::clock::Percentiles;
 use crate::proc_stats::{self, Usage};
 use crate::publish::{TICK_TYPE, event_data};
 use crate::relay_process::{RelayProcess, RelaySettings};
-use crate::report::{Table, ms, size, verdict};
+use crate::stream_client::{self, Arrival, ClientProcess, ClientSpec, Reconnect, realtime_ns};
 
 /// The relays' `application_name`, by which their Postgres connections are
 /// counted.
@@ -89,13 +90,13 @@ impl BoxPlan {
 
     fn streams_on(&self, relay: usize) -> usize {
         (0..self.streams)
-            .filter(|g| box_client::placement(*g, self.relays, self.scopes).0 == relay)
+            .filter(|g| stream_client::placement(*g, self.relays, self.scopes).0 == relay)
             .count()
     }
 
     fn streams_in(&self, scope: usize) -> u64 {
         (0..self.streams)
-            .filter(|g| box_client::placement(*g, self.relays, self.scopes).1 == scope)
+            .filter(|g| stream_client::placement(*g, self.relays, self.scopes).1 == scope)
             .count() as u64
     }
 
@@ -189,7 +190,7 @@ impl Emitter {
                 _ = stop.changed() => break,
             }
             let number = first + offset;
-            let scope = box_client::scope_name(&self.scope_prefix, number % self.scopes);
+            let scope = stream_client::scope_name(&self.scope_prefix, number % self.scopes);
             let transaction = client.transaction().await?;
             publisher
                 .emit(
@@ -333,7 +334,7 @@ const STORM_PATIENCE: Duration = Duration::from_secs(180);
 
 /// Runs the scenario and adds its rows to `table` as each phase ends, so a
 /// storm that does not settle still leaves the fan-out's figures.
-pub async fn rows(
+async fn run(
     plan: &BoxPlan,
     relay_bin: &Path,
     work_dir: &Path,
@@ -739,6 +740,29 @@ async fn max_seq(database_url: &str, schema: &str) -> BenchResult<i64> {
     Ok(row.get(0))
 }
 
+/// The box's rows, with its command-line options.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let (db, schema) = (cx.db(), cx.schema.as_str());
+    let mut plan = BoxPlan::of(cx.args.quick);
+    plan.streams = cx.args.box_streams.unwrap_or(plan.streams);
+    plan.pool_size = cx.args.box_pool_size;
+    plan.reconnect = crate::stream_client::Reconnect::parse(&cx.args.box_reconnect)?;
+    plan.header_timeout_secs = cx
+        .args
+        .box_header_timeout
+        .unwrap_or(plan.header_timeout_secs);
+    run(
+        &plan,
+        &cx.args.relay_bin,
+        &cx.args.work_dir,
+        db,
+        schema,
+        table,
+    )
+    .await?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -754,7 +778,7 @@ mod tests {
         // Every relay holds streams of every scope.
         let mut pairs = std::collections::BTreeSet::new();
         for g in 0..plan.streams {
-            pairs.insert(box_client::placement(g, plan.relays, plan.scopes));
+            pairs.insert(stream_client::placement(g, plan.relays, plan.scopes));
         }
         assert_eq!(pairs.len(), plan.relays * plan.scopes);
     }

@@ -7,6 +7,8 @@
 //! measurement lets streams carry many durable events and counts what
 //! their heap grew by, which a stream that lives for hours would keep.
 
+use crate::context::Context;
+use crate::report::{Table, size};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -296,4 +298,64 @@ async fn open_stream_in(
         filled += read;
     }
     Ok(socket)
+}
+
+/// Where an idle stream's heap goes, what carrying events adds, and the
+/// peak of many connecting at once.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let (db, schema) = (cx.db(), cx.schema.as_str());
+    let n = if cx.args.quick { 1_000 } else { 5_000 };
+    eprintln!("heap per idle stream: {n} streams");
+    let heap = measure(db, schema, n).await?;
+    // The client's half of each connection is a bare socket's half.
+    let relay_side = heap.stream - heap.bare_socket / 2.0;
+    table.add(
+            format!("heap per idle stream, relay side ({n} streams, in-process, counted allocator)"),
+            format!(
+                "{} allocated per stream (a bare TCP connection's two ends: {}); actix-http's read and write buffers are 8 KiB each of it",
+                size(relay_side),
+                size(heap.bare_socket)
+            ),
+            "–".to_owned(),
+        );
+    let blocks: Vec<String> = heap
+        .blocks
+        .iter()
+        .map(|(size, count)| format!("{count:.1} × ≤ {size} B"))
+        .collect();
+    table.add(
+        "heap per idle stream, by block size (both ends, in-process)",
+        blocks.join(" · "),
+        "–".to_owned(),
+    );
+    let carrying = 100;
+    let events = 20_000;
+    eprintln!("heap per stream carrying {events} durable events: {carrying} streams");
+    let carried = measure_carried(db, schema, carrying, events).await?;
+    table.add(
+            format!(
+                "heap a live stream adds carrying {} durable events ({carrying} streams, in-process, after a warm-up)",
+                carried.events
+            ),
+            format!("{} per stream", size(carried.growth)),
+            "–".to_owned(),
+        );
+    let surge = measure_surge(db, schema, n).await?;
+    let blocks: Vec<String> = surge
+        .blocks
+        .iter()
+        .map(|(size, count)| format!("{count:.2} × ≤ {size} B"))
+        .collect();
+    table.add(
+        format!(
+            "heap per stream at the peak of {n} connecting at once, beyond what they hold idle"
+        ),
+        format!(
+            "{} per stream: {}",
+            size(surge.transient),
+            blocks.join(" · ")
+        ),
+        "–".to_owned(),
+    );
+    Ok(())
 }

@@ -2,6 +2,8 @@
 //! an emit through the publisher crate, and with the SQL `emit(...)` function
 //! in the same transaction, at several numbers of concurrent writers.
 
+use crate::context::Context;
+use crate::report::{Table, verdict};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -137,4 +139,33 @@ async fn write_until(
         committed += 1;
     }
     Ok(committed)
+}
+
+/// Emit cost at 1, 8 and 32 writers, in notify mode.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let (db, schema) = (cx.db(), cx.schema.as_str());
+    prepare(db, schema).await?;
+    for writers in [1, 8, 32] {
+        eprintln!("emit cost, {writers} writers");
+        let f = run(db, schema, writers, cx.scale.emit_run).await?;
+        let ratio = f.publisher_tps / f.plain_tps;
+        let sql_ratio = f.sql_tps / f.plain_tps;
+        let target = if writers == 8 {
+            format!(
+                "≥ 0.8× plain at 8 writers: {}",
+                verdict(ratio >= 0.8 && sql_ratio >= 0.8)
+            )
+        } else {
+            "–".to_owned()
+        };
+        table.add(
+                format!("emit cost, {writers} writer(s)"),
+                format!(
+                    "plain {:.0} tx/s · with publisher emit {:.0} tx/s ({ratio:.2}×) · with SQL emit() {:.0} tx/s ({sql_ratio:.2}×)",
+                    f.plain_tps, f.publisher_tps, f.sql_tps
+                ),
+                target,
+            );
+    }
+    Ok(())
 }

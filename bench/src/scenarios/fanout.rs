@@ -3,6 +3,8 @@
 //! deliveries per second, commit-to-receive latency, server CPU per 1,000
 //! deliveries, server RSS, and the RSS of the idle connections.
 
+use crate::context::Context;
+use crate::report::{Table, ms, size, verdict};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,6 +45,14 @@ pub enum Server {
 }
 
 impl Server {
+    /// A relay process of the bench, over plain HTTP/1.1.
+    pub fn of(relay: &crate::relay_process::RelayProcess) -> Server {
+        Server::Eventrelay {
+            address: relay.address(),
+            pids: vec![relay.pid()],
+        }
+    }
+
     pub(crate) fn pids(&self) -> &[u32] {
         match self {
             Server::Eventrelay { pids, .. }
@@ -212,4 +222,219 @@ fn per_1000(seconds: f64, delivered: u64) -> f64 {
         return 0.0;
     }
     seconds / delivered as f64 * 1000.0
+}
+/// Fan-out at one scope: eventrelay (emit and HTTP publish) and nchan, at a
+/// fixed rate for both sizes, then unthrottled, side by side.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let nchan = match (cx.args.nchan_address, cx.args.nchan_pid) {
+        (Some(address), Some(master)) => {
+            let mut pids = proc_stats::children_of(master);
+            pids.push(master);
+            Some((address, Server::Nchan { address, pids }))
+        }
+        _ => None,
+    };
+    let runs: [(usize, Pace, Duration, usize); 5] = [
+        (
+            cx.scale.small_fanout,
+            Pace::PerSecond(100.0),
+            cx.scale.fixed_run,
+            4,
+        ),
+        (
+            cx.scale.large_fanout,
+            Pace::PerSecond(2.0),
+            cx.scale.fixed_run,
+            4,
+        ),
+        (
+            cx.scale.large_fanout,
+            Pace::PerSecond(10.0),
+            cx.scale.fixed_run,
+            4,
+        ),
+        (
+            cx.scale.small_fanout,
+            Pace::Unthrottled,
+            cx.scale.unthrottled_run,
+            8,
+        ),
+        (
+            cx.scale.small_fanout,
+            Pace::Unthrottled,
+            cx.scale.unthrottled_run,
+            64,
+        ),
+    ];
+    for (run, (subscribers, pace, duration, writers)) in runs.into_iter().enumerate() {
+        let pace_label = match pace {
+            Pace::PerSecond(rate) => format!("{rate:.0} ev/s"),
+            Pace::Unthrottled => format!("unthrottled ({writers} publishers)"),
+        };
+        let mut eventrelay_http = None;
+        for http in [false, true] {
+            let relay = cx.start_relay(cx.settings().in_own_session()).await?;
+            let source = if http {
+                Source::HttpPublish {
+                    base: relay.base.clone(),
+                }
+            } else {
+                cx.emit_source()
+            };
+            eprintln!("fan-out {subscribers}, {pace_label}, {}", source.label());
+            let plan = FanoutPlan {
+                subscribers,
+                scopes: 1,
+                scope_prefix: format!("fan-{run}-{http}"),
+                pace,
+                duration,
+                writers,
+                source: source.clone(),
+            };
+            let f = self::run(&plan, &Server::of(&relay)).await?;
+            let target = fanout_target(subscribers, pace, http, &f);
+            let clock = if http {
+                "send-to-receive"
+            } else {
+                "commit-to-receive"
+            };
+            table.add(
+                format!(
+                    "eventrelay fan-out {subscribers} subs, 1 scope, {pace_label}, {} ({clock})",
+                    source.label()
+                ),
+                fanout_summary(&f),
+                target,
+            );
+            if subscribers == cx.scale.large_fanout && !http {
+                let per = f.idle_rss_per_connection;
+                table.add(
+                    format!(
+                        "eventrelay idle connections: RSS per idle SSE connection at {subscribers}"
+                    ),
+                    size(per),
+                    format!("≤ 16 KiB: {}", verdict(per <= 16.0 * 1024.0)),
+                );
+            }
+            if http {
+                eventrelay_http = Some(f);
+            }
+        }
+        if let Some((address, server)) = &nchan {
+            eprintln!("fan-out {subscribers}, {pace_label}, nchan");
+            let plan = FanoutPlan {
+                subscribers,
+                scopes: 1,
+                scope_prefix: format!("nchan-{run}"),
+                pace,
+                duration,
+                writers,
+                source: Source::Nchan {
+                    url: format!("http://{address}/pub"),
+                },
+            };
+            let f = self::run(&plan, server).await?;
+            table.add(
+                format!("nchan fan-out {subscribers} subs, 1 channel, {pace_label}, HTTP publish (send-to-receive)"),
+                fanout_summary(&f),
+                format!("all received: {}", verdict(f.delivered == f.expected)),
+            );
+            // The ephemeral lane too: no outbox row, one notification per
+            // group commit.
+            let mut ours_by_lane = vec![("HTTP publish", eventrelay_http)];
+            let relay = cx.start_relay(cx.settings().in_own_session()).await?;
+            let source = Source::HttpPublishEphemeral {
+                base: relay.base.clone(),
+            };
+            eprintln!("fan-out {subscribers}, {pace_label}, {}", source.label());
+            let plan = FanoutPlan {
+                subscribers,
+                scopes: 1,
+                scope_prefix: format!("fan-{run}-ephemeral"),
+                pace,
+                duration,
+                writers,
+                source: source.clone(),
+            };
+            let e = self::run(&plan, &Server::of(&relay)).await?;
+            table.add(
+                format!(
+                    "eventrelay fan-out {subscribers} subs, 1 scope, {pace_label}, {} (send-to-receive)",
+                    source.label()
+                ),
+                fanout_summary(&e),
+                format!("all received: {}", verdict(e.delivered == e.expected)),
+            );
+            ours_by_lane.push(("HTTP publish, ephemeral lane", Some(e)));
+            for (lane, ours) in ours_by_lane {
+                let Some(ours) = ours else { continue };
+                let ratio = ours.deliveries_per_second / f.deliveries_per_second.max(1.0);
+                let target = if matches!(pace, Pace::Unthrottled) {
+                    format!(
+                        "≥ 1.5× nchan's, p99 below: {}",
+                        verdict(ratio >= 1.5 && ours.latency.p99 < f.latency.p99)
+                    )
+                } else if subscribers == cx.scale.large_fanout {
+                    format!(
+                        "deliveries/s ≥ nchan's, p99 below: {}",
+                        verdict(ratio >= 0.995 && ours.latency.p99 < f.latency.p99)
+                    )
+                } else {
+                    format!(
+                        "deliveries/s ≥ nchan's, p50 ≤ 1.2× nchan's: {}",
+                        verdict(
+                            ratio >= 0.995
+                                && ours.latency.p50.as_secs_f64()
+                                    <= 1.2 * f.latency.p50.as_secs_f64()
+                        )
+                    )
+                };
+                table.add(
+                    format!("side by side, {subscribers} subs, {pace_label}: eventrelay {lane} / nchan"),
+                    format!(
+                        "deliveries/s {ratio:.2}× · p50 {} vs {} · p99 {} vs {} · CPU s/1k {:.3} vs {:.3}",
+                        ms(ours.latency.p50), ms(f.latency.p50), ms(ours.latency.p99), ms(f.latency.p99),
+                        ours.cpu_seconds_per_1000, f.cpu_seconds_per_1000
+                    ),
+                    target,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fanout_target(subscribers: usize, pace: Pace, http: bool, f: &FanoutFigures) -> String {
+    let all = f.delivered == f.expected;
+    match pace {
+        Pace::PerSecond(rate) if subscribers == 1_000 && rate == 100.0 && !http => format!(
+            "p50 ≤ 3 ms, p99 ≤ 20 ms: {}",
+            verdict(
+                all && f.latency.p50 <= Duration::from_millis(3)
+                    && f.latency.p99 <= Duration::from_millis(20)
+            )
+        ),
+        _ if subscribers == 10_000 && !http => {
+            format!(
+                "10,000 subscribers on 2 cores, all received: {}",
+                verdict(all)
+            )
+        }
+        _ => format!("all received: {}", verdict(all)),
+    }
+}
+
+pub fn fanout_summary(f: &FanoutFigures) -> String {
+    format!(
+        "{:.0} deliveries/s · {} of {} received from {} events · p50 {} · p99 {} · max {} · {:.3} CPU s per 1,000 deliveries · RSS {}",
+        f.deliveries_per_second,
+        f.delivered,
+        f.expected,
+        f.published,
+        ms(f.latency.p50),
+        ms(f.latency.p99),
+        ms(f.latency.max),
+        f.cpu_seconds_per_1000,
+        size(f.rss_bytes as f64)
+    )
 }

@@ -13,6 +13,8 @@
 //! wake-up mode can go under), and where eventrelay's time goes, stage by
 //! stage, from the relay's `eventrelay_latency_stage_seconds` histograms.
 
+use crate::context::Context;
+use crate::report::{Table, median, ms, verdict};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -26,7 +28,6 @@ use crate::BenchResult;
 use crate::clock::Percentiles;
 use crate::publish::{Pace, Source, TICK_TYPE, event_data};
 use crate::relay_process::{RelayProcess, RelaySettings};
-use crate::report::{Table, median, ms, verdict};
 use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
 
 /// One-row commits per measurement of the commit time.
@@ -872,6 +873,52 @@ fn label<'t>(labels: &'t str, name: &str) -> Option<&'t str> {
     Some(&labels[start..end])
 }
 
+/// One load of `--floor-loads`: `1000x100` is 1,000 subscribers and 100
+/// events per second.
+pub fn parse_load(text: &str) -> Result<(usize, f64), String> {
+    let invalid =
+        || format!("`{text}` is not a load: write subscribers x events per second, as `1000x100`");
+    let (subscribers, rate) = text.split_once(['x', '×']).ok_or_else(invalid)?;
+    let subscribers: usize = subscribers.trim().parse().map_err(|_| invalid())?;
+    let rate: f64 = rate.trim().parse().map_err(|_| invalid())?;
+    if subscribers == 0 || !(rate > 0.0 && rate.is_finite()) {
+        return Err(invalid());
+    }
+    Ok((subscribers, rate))
+}
+
+/// Latency at the floor: both lanes of HTTP publish against nchan, at
+/// four loads, in alternating rounds, with the machine's commit time and
+/// the relay's stage breakdown (see `scenarios::floor`).
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let nchan = cx
+        .nchan()
+        .map(|(address, server)| (server, format!("http://{address}/pub")));
+    let plan = FloorPlan {
+        relay_bin: &cx.args.relay_bin,
+        work_dir: &cx.args.work_dir,
+        database_url: cx.db(),
+        schema: &cx.schema,
+        nchan,
+        loads: if cx.args.floor_loads.is_empty() {
+            vec![
+                (cx.scale.small_fanout, 100.0),
+                (cx.scale.small_fanout, 20.0),
+                (cx.scale.large_fanout, 10.0),
+                (cx.scale.large_fanout, 2.0),
+            ]
+        } else {
+            cx.args.floor_loads.clone()
+        },
+        duration: cx.scale.fixed_run,
+        rounds: cx.args.floor_rounds,
+        control: cx.args.floor_control,
+    };
+    let figures = run(&plan).await?;
+    report(&figures, table);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -905,7 +952,7 @@ eventrelay_events_delivered_total 5
         let before = Stages::parse(TEXT);
         let after = Stages::parse(
             &TEXT
-                .replace("} 10\n", "} 14\n")
+                .replace("} 10\n", "14\n")
                 .replace("} 20\n", "} 24\n")
                 .replace("0.03\n", "0.034\n"),
         );
@@ -1059,5 +1106,16 @@ eventrelay_events_delivered_total 5
         assert_eq!(spread.place(1.1), "inside");
         assert_eq!(spread.place(1.2), "above");
         assert!(Spread::of(&[]).is_none());
+    }
+
+    #[test]
+    fn a_floor_load_is_subscribers_times_a_rate() {
+        assert_eq!(parse_load("1000x100"), Ok((1000, 100.0)));
+        assert_eq!(parse_load("10000×2.5"), Ok((10000, 2.5)));
+        for bad in [
+            "1000", "x100", "1000x", "0x100", "1000x0", "1000x-1", "ax1", "1000xinf",
+        ] {
+            assert!(parse_load(bad).is_err(), "{bad} was taken as a load");
+        }
     }
 }

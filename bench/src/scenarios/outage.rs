@@ -5,6 +5,8 @@
 //! The relay's slot is temporary, so it ends with its session and nothing
 //! holds WAL for the relay while it is away.
 
+use crate::context::Context;
+use crate::report::{Table, size, verdict};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,4 +119,50 @@ pub async fn run(
     .await;
     drop_schema(database_url, &schema).await;
     outcome
+}
+/// A logical relay down for 60 s (10 s with `--quick`) while events
+/// commit: what its absence holds on the primary.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let Some(db) = cx.args.logical_database_url.as_deref() else {
+        eprintln!("outage: no --logical-database-url, skipped");
+        return Ok(());
+    };
+    let length = Duration::from_secs(if cx.args.quick { 10 } else { 60 });
+    const PER_SECOND: f64 = 200.0;
+    eprintln!("outage: a logical relay killed, {length:?} of commits");
+    let f = run(
+        &cx.args.relay_bin,
+        &cx.args.work_dir,
+        db,
+        length,
+        PER_SECOND,
+    )
+    .await?;
+    let most_slots = f.samples.iter().map(|s| s.slots).max().unwrap_or(0);
+    let most_held = f.samples.iter().map(|s| s.held_bytes).max().unwrap_or(0);
+    let wal_dir: Vec<String> = f
+        .samples
+        .iter()
+        .map(|s| size(s.wal_dir_bytes as f64))
+        .collect();
+    table.add(
+        format!(
+            "logical relay killed (SIGKILL), {}s outage, {PER_SECOND} commits/s, sampled every {}s",
+            length.as_secs(),
+            length.as_secs() / 6
+        ),
+        format!(
+            "slots while streaming {} · slots during the outage at most {most_slots} · WAL held by slots at most {} · {} committed, {} of WAL written · pg_wal {}",
+            f.slots_before,
+            size(most_held as f64),
+            f.committed,
+            size(f.wal_written_bytes as f64),
+            wal_dir.join(" → ")
+        ),
+        format!(
+            "no slot and no WAL held while the relay is down: {}",
+            verdict(most_slots == 0 && most_held == 0)
+        ),
+    );
+    Ok(())
 }

@@ -4,6 +4,8 @@
 //! commit), with the publish latency each saw; and the publisher crate's
 //! batch emit against one emit per event.
 
+use crate::context::Context;
+use crate::report::{Table, median, ms, verdict};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +15,9 @@ use eventrelay_publisher::{NewEvent, Publisher};
 use serde_json::json;
 
 use crate::clock::Percentiles;
+use crate::database::{drop_schema, unique_schema};
 use crate::raw_publish::RawPublisher;
+use crate::relay_process::{RelayProcess, RelaySettings};
 use crate::{BenchResult, PUBLISH_TOKEN};
 
 #[derive(Debug, Clone)]
@@ -113,4 +117,191 @@ pub async fn emit_versus_batch(
     tx.commit().await?;
     let batched = count as f64 / started.elapsed().as_secs_f64();
     Ok((one_by_one, batched))
+}
+/// The HTTP publish API with group commit off and on, for 1 and 64
+/// concurrent publishers, and batch emit against one emit per event.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let (db, schema) = (cx.db(), cx.schema.as_str());
+    let baseline_at_64 = match &cx.args.baseline_relay_bin {
+        Some(binary) => Some(baseline_publish_row(cx, binary, table).await?),
+        None => None,
+    };
+    let mut off_at_64 = None;
+    for group_commit_ms in [0, 2] {
+        let mut settings = cx.settings();
+        settings.group_commit_ms = group_commit_ms;
+        let relay = cx.start_relay(settings).await?;
+        let label = if group_commit_ms == 0 {
+            "group commit off".to_owned()
+        } else {
+            format!("group commit on ({group_commit_ms} ms)")
+        };
+        for publishers in [1, 64] {
+            eprintln!("HTTP publish, {publishers} publishers, {label}");
+            let f = http_publish(relay.address(), publishers, cx.scale.emit_run * 2).await?;
+            let target = match (group_commit_ms, publishers) {
+                (0, 64) => {
+                    off_at_64 = Some(f.events_per_second);
+                    "–".to_owned()
+                }
+                (_, 64) => {
+                    let off = f.events_per_second / off_at_64.unwrap_or(f64::INFINITY);
+                    let mut target = format!("{off:.1}× group commit off");
+                    if let Some(baseline) = baseline_at_64 {
+                        // One pair of runs, half a minute apart; the
+                        // alternating rounds below judge the target.
+                        let ratio = f.events_per_second / baseline;
+                        target = format!("{ratio:.1}× the earlier release ({target})");
+                    }
+                    target
+                }
+                _ => "–".to_owned(),
+            };
+            table.add(
+                format!("HTTP publish, durable, {publishers} concurrent publisher(s), {label}"),
+                publish_figures(&f),
+                target,
+            );
+        }
+    }
+    if let Some(binary) = &cx.args.baseline_relay_bin {
+        alternating_publish_rounds(cx, binary, table).await?;
+    }
+    let count = if cx.args.quick { 1_000 } else { 5_000 };
+    let (one_by_one, batched) = emit_versus_batch(db, schema, count).await?;
+    table.add(
+        format!("publisher: {count} durable events in one transaction, emit each vs emit_batch"),
+        format!(
+            "emit: {one_by_one:.0} events/s · emit_batch: {batched:.0} events/s ({:.1}×)",
+            batched / one_by_one
+        ),
+        "–".to_owned(),
+    );
+    Ok(())
+}
+
+/// How a publish row reads.
+fn publish_figures(f: &PublishFigures) -> String {
+    format!(
+        "{:.0} events/s · publish latency p50 {} · p99 {} · {} failed",
+        f.events_per_second,
+        ms(f.latency.p50),
+        ms(f.latency.p99),
+        f.failed
+    )
+}
+
+/// The 1- and 64-publisher HTTP publish rows against an earlier release,
+/// on a schema of its own that it migrates itself; answers its events/s
+/// at 64 publishers.
+async fn baseline_publish_row(
+    cx: &Context,
+    binary: &std::path::Path,
+    table: &mut Table,
+) -> BenchResult<f64> {
+    // A schema of its own, which it migrates at start with its own
+    // migrations.
+    let schema = unique_schema("bench_baseline");
+    let mut settings = RelaySettings::new(cx.db(), &schema);
+    settings.baseline = true;
+    let rows = baseline_rows(cx, binary, &settings, table).await;
+    drop_schema(cx.db(), &schema).await;
+    rows
+}
+
+/// How many paired rounds compare the earlier release with this one.
+const PUBLISH_ROUNDS: usize = 3;
+
+/// 64 publishers against the earlier release and against this one (group
+/// commit on), both relays running, in [`PUBLISH_ROUNDS`] rounds whose
+/// order alternates: this machine's speed drifts within minutes, so one
+/// pair of runs taken half a minute apart can be off by a third either
+/// way. The target is judged on the median of the rounds' ratios.
+async fn alternating_publish_rounds(
+    cx: &Context,
+    binary: &std::path::Path,
+    table: &mut Table,
+) -> BenchResult<()> {
+    let baseline_schema = unique_schema("bench_baseline");
+    let mut baseline_settings = RelaySettings::new(cx.db(), &baseline_schema);
+    baseline_settings.baseline = true;
+    let rounds = async {
+        let baseline = RelayProcess::start(binary, &cx.args.work_dir, &baseline_settings).await?;
+        let mut settings = cx.settings();
+        settings.group_commit_ms = 2;
+        let current = cx.start_relay(settings).await?;
+        let mut shown = Vec::new();
+        let mut ratios = Vec::new();
+        for round in 0..PUBLISH_ROUNDS {
+            eprintln!(
+                "HTTP publish, 64 publishers, round {} of {PUBLISH_ROUNDS}",
+                round + 1
+            );
+            let order = if round % 2 == 0 {
+                [baseline.address(), current.address()]
+            } else {
+                [current.address(), baseline.address()]
+            };
+            let mut figures = Vec::new();
+            for address in order {
+                figures.push(http_publish(address, 64, cx.scale.emit_run * 2).await?);
+            }
+            if round % 2 == 1 {
+                figures.reverse();
+            }
+            let (earlier, now) = (&figures[0], &figures[1]);
+            let ratio = now.events_per_second / earlier.events_per_second;
+            shown.push(format!(
+                "{:.0} vs {:.0} events/s, p99 {} vs {} ({ratio:.1}×)",
+                earlier.events_per_second,
+                now.events_per_second,
+                ms(earlier.latency.p99),
+                ms(now.latency.p99),
+            ));
+            ratios.push(ratio);
+        }
+        BenchResult::Ok((shown, ratios))
+    }
+    .await;
+    drop_schema(cx.db(), &baseline_schema).await;
+    let (shown, ratios) = rounds?;
+    let ratio = median(&ratios);
+    table.add(
+        format!(
+            "HTTP publish, durable, 64 concurrent publishers, earlier release vs group commit on, \
+             {PUBLISH_ROUNDS} rounds in alternating order"
+        ),
+        format!("{} · median {ratio:.1}×", shown.join(" · ")),
+        format!(
+            "≥ 10× the earlier release: {ratio:.1}× {}",
+            verdict(ratio >= 10.0)
+        ),
+    );
+    Ok(())
+}
+
+async fn baseline_rows(
+    cx: &Context,
+    binary: &std::path::Path,
+    settings: &RelaySettings,
+    table: &mut Table,
+) -> BenchResult<f64> {
+    let relay = RelayProcess::start(binary, &cx.args.work_dir, settings).await?;
+    let mut at_64 = 0.0;
+    for publishers in [1, 64] {
+        eprintln!("HTTP publish, {publishers} publishers, earlier release");
+        let f = http_publish(relay.address(), publishers, cx.scale.emit_run * 2).await?;
+        if publishers == 64 {
+            at_64 = f.events_per_second;
+        }
+        table.add(
+            format!(
+                "HTTP publish, durable, {publishers} concurrent publisher(s), earlier release ({})",
+                binary.display()
+            ),
+            publish_figures(&f),
+            "–".to_owned(),
+        );
+    }
+    Ok(at_64)
 }

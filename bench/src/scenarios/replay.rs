@@ -2,6 +2,8 @@
 //! and the time until it has all of them (its `ready` frame) is measured,
 //! served from the tail or from the outbox depending on the relay's bounds.
 
+use crate::context::Context;
+use crate::report::{Table, ms, verdict};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -113,4 +115,44 @@ pub async fn run(
         took,
         served_from,
     })
+}
+
+/// Replay from the tail and from the outbox.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let (db, schema) = (cx.db(), cx.schema.as_str());
+    for (label, events, bytes) in [
+        ("tail", cx.scale.replay_events * 2, 256 * 1024 * 1024),
+        ("outbox", 1, 1024),
+    ] {
+        eprintln!("replay from the {label}");
+        let mut settings = cx.settings();
+        settings.tail_events = events;
+        settings.tail_bytes = bytes;
+        settings.replay_lookback = 0;
+        settings.queue_capacity = 16_384;
+        let relay = cx.start_relay(settings).await?;
+        let f = run(
+            &relay,
+            db,
+            schema,
+            &format!("replay-{label}"),
+            cx.scale.replay_events,
+        )
+        .await?;
+        table.add(
+            format!(
+                "replay {} events, Last-Event-ID, {label} configured",
+                f.events
+            ),
+            format!(
+                "{} received in {} ({:.0} events/s), served from the {}",
+                f.received,
+                ms(f.took),
+                f.received as f64 / f.took.as_secs_f64(),
+                f.served_from
+            ),
+            format!("all received: {}", verdict(f.received == f.events)),
+        );
+    }
+    Ok(())
 }

@@ -7,6 +7,8 @@
 //! two relay binaries, it shows what exact resume costs in re-sent events
 //! against a fixed look-back.
 
+use crate::context::Context;
+use crate::report::{Table, verdict};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +19,8 @@ use futures_util::StreamExt;
 use uuid::Uuid;
 
 use crate::BenchResult;
-use crate::relay_process::RelayProcess;
+use crate::database::{drop_schema, unique_schema};
+use crate::relay_process::{RelayProcess, RelaySettings};
 
 /// Events per second into the watched scope, and into the others.
 const WATCHED_RATE: u64 = 100;
@@ -141,4 +144,38 @@ async fn write(url: String, schema: String, stop: Arc<AtomicBool>) -> BenchResul
         .filter(|(at, _)| *at < settled)
         .map(|(_, id)| id)
         .collect())
+}
+
+/// Resumes against this build, and against an earlier release when given.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let db = cx.db();
+    // Each relay in a schema of its own, which it migrates at start;
+    // the earlier release beside this one when BASELINE_REV names it.
+    let mut relays = vec![("this build", cx.args.relay_bin.clone(), false)];
+    if let Some(binary) = &cx.args.baseline_relay_bin {
+        relays.push(("the earlier release", binary.clone(), true));
+    }
+    for (label, binary, baseline) in relays {
+        eprintln!("resumes against {label}");
+        let schema = unique_schema("bench_resume");
+        let mut settings = RelaySettings::new(db, &schema);
+        settings.baseline = baseline;
+        let relay = RelayProcess::start(&binary, &cx.args.work_dir, &settings).await?;
+        let f = run(&relay, db, &schema, 20).await;
+        drop(relay);
+        drop_schema(db, &schema).await;
+        let f = f?;
+        table.add(
+            format!(
+                "{} resumes after 200 ms away, 100 of 500 events/s in the scope, {label}",
+                f.resumes
+            ),
+            format!(
+                "{:.1} events sent again per resume (at most {}), {} missed",
+                f.resent_mean, f.resent_max, f.missed
+            ),
+            format!("none missed: {}", verdict(f.missed == 0)),
+        );
+    }
+    Ok(())
 }

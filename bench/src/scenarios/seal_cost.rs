@@ -9,6 +9,8 @@
 //! back as a relay would, and the time the relay spends opening one
 //! payload.
 
+use crate::context::Context;
+use crate::report::{Table, median, ms};
 use std::time::{Duration, Instant};
 
 use eventrelay_publisher::Identifier;
@@ -245,4 +247,59 @@ pub fn open_micros(len: usize) -> BenchResult<f64> {
         std::hint::black_box(key.open(std::hint::black_box(&sealed))?);
     }
     Ok(started.elapsed().as_secs_f64() * 1e6 / rounds as f64)
+}
+/// What sealing the channel costs, side by side with an open channel and
+/// with sealed pointers that carry no rows (see `seal_cost`).
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let schema = cx.schema.as_str();
+    const WRITERS: [usize; 2] = [1, 8];
+    let (rounds, run_for, samples) = if cx.args.quick {
+        (2, Duration::from_secs(2), 200)
+    } else {
+        (3, Duration::from_secs(4), 1_000)
+    };
+    let figures = run(cx.db(), schema, &WRITERS, rounds, run_for, samples).await?;
+    let sealed = &figures[0].1;
+    for (w, writers) in WRITERS.iter().enumerate() {
+        let base = median(&sealed.tps[w]);
+        let cells: Vec<String> = figures
+            .iter()
+            .map(|(variant, f)| {
+                let tps = median(&f.tps[w]);
+                format!("{} {tps:.0} tx/s ({:.2}×)", variant.name(), tps / base)
+            })
+            .collect();
+        table.add(
+            format!("sealing: SQL emit(), {writers} writer(s), medians of {rounds} rounds"),
+            cells.join(" · "),
+            "–",
+        );
+    }
+    let cells: Vec<String> = figures
+        .iter()
+        .map(|(variant, f)| {
+            let mut samples = f.latency_ns.clone();
+            let p = crate::clock::Percentiles::of(&mut samples);
+            format!("{} p50 {} · p99 {}", variant.name(), ms(p.p50), ms(p.p99))
+        })
+        .collect();
+    table.add(
+        format!(
+            "sealing: emit+commit to rows in hand, 1 writer, {} events each",
+            samples * rounds
+        ),
+        cells.join(" · "),
+        "–",
+    );
+    table.add(
+        "sealing: the relay opening one payload",
+        format!(
+            "{:.1} µs for a 300-byte pointer · {:.1} µs at the {}-byte limit",
+            open_micros(300)?,
+            open_micros(eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES)?,
+            eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES
+        ),
+        "–",
+    );
+    Ok(())
 }

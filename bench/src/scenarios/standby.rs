@@ -8,6 +8,8 @@
 //! backends do the same work either way and are left out), and
 //! commit-to-receive latency for a subscriber of the first relay.
 
+use crate::context::Context;
+use crate::report::{Table, ms, verdict};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -128,4 +130,67 @@ pub async fn run(run: &Run<'_>) -> BenchResult<FanoutFigures> {
     .await;
     drop_schema(&pair.primary_url, &schema).await;
     outcome
+}
+/// Relays decoding on the primary against relays decoding on its standby,
+/// 1, 5 and 10 of them, alternating placements at each count.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let (Some(primary_url), Some(standby_url), Some(primary_data)) = (
+        cx.args.standby_primary_url.clone(),
+        cx.args.standby_url.clone(),
+        cx.args.standby_primary_data.clone(),
+    ) else {
+        eprintln!(
+            "standby: no --standby-primary-url/--standby-url/--standby-primary-data, skipped"
+        );
+        return Ok(());
+    };
+    let pair = Pair {
+        primary_url,
+        standby_url,
+        primary_data,
+    };
+    const PER_SECOND: f64 = 200.0;
+    for relays in [1, 5, 10] {
+        let mut cpu = Vec::new();
+        for placement in [Placement::Primary, Placement::Standby] {
+            eprintln!(
+                "standby: {relays} relay(s) decoding on the {}",
+                placement.as_str()
+            );
+            let f = run(&Run {
+                relay_bin: &cx.args.relay_bin,
+                work_dir: &cx.args.work_dir,
+                pair: &pair,
+                relays,
+                placement,
+                per_second: PER_SECOND,
+                duration: cx.scale.fixed_run,
+            })
+            .await?;
+            cpu.push(f.cpu_seconds_per_1000);
+            table.add(
+                format!(
+                    "{relays} logical relay(s) decoding on the {}, {PER_SECOND} commits/s, emit (commit-to-receive, 1 subscriber)",
+                    placement.as_str()
+                ),
+                format!(
+                    "primary CPU {:.1} ms per 1,000 commits · p50 {} · p99 {} · max {} · {} of {} received",
+                    f.cpu_seconds_per_1000 * 1000.0,
+                    ms(f.latency.p50),
+                    ms(f.latency.p99),
+                    ms(f.latency.max),
+                    f.delivered,
+                    f.expected
+                ),
+                match placement {
+                    Placement::Primary => "–".to_owned(),
+                    Placement::Standby => format!(
+                        "standby takes the decoding off the primary: {}",
+                        verdict(cpu[1] < cpu[0])
+                    ),
+                },
+            );
+        }
+    }
+    Ok(())
 }

@@ -13,6 +13,8 @@
 //! and the relay's RSS is read with each wave streaming and after the last
 //! one left.
 
+use crate::context::Context;
+use crate::report::{Table, ms, size, verdict};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -569,4 +571,93 @@ async fn max_seq(settings: &RelaySettings) -> BenchResult<i64> {
         )
         .await?;
     Ok(row.get(0))
+}
+/// Reconnect storms: the large fan-out's subscriber count riding out a
+/// SIGTERM restart, then two more waves, each arriving while the previous
+/// one hangs up.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let n = cx.scale.large_fanout;
+    eprintln!("reconnect storm: {n} subscribers");
+    let plan = StormPlan {
+        subscribers: n,
+        scopes: 100,
+        events_per_sec: 20.0,
+        emitting: cx.scale.fixed_run,
+        extra_waves: 2,
+    };
+    let settings = cx.settings();
+    let f = run(&plan, &cx.args.relay_bin, &cx.args.work_dir, &settings).await?;
+    let phase = |p: &PhaseFigures| {
+        format!(
+            "{} · connect p50 {} · p99 {} · 408: {} · 5xx: {} · other refusals: {} · resets: {}{}",
+            p.all_streaming_after.map_or_else(
+                || format!("not all {n} streaming"),
+                |d| format!("all {n} streaming after {:.2} s", d.as_secs_f64())
+            ),
+            ms(p.connect.p50),
+            ms(p.connect.p99),
+            p.timeouts,
+            p.server_errors,
+            p.other_refusals,
+            p.resets,
+            if p.reset_reasons.is_empty() {
+                String::new()
+            } else {
+                format!(" ({:?})", p.reset_reasons)
+            }
+        )
+    };
+    table.add(
+        format!("reconnect storm: {n} subscribers connect at once (100 scopes)"),
+        phase(&f.first),
+        format!("no 408, 5xx or reset: {}", verdict(f.first.clean())),
+    );
+    table.add(
+        format!(
+            "reconnect storm: SIGTERM and restart under {n} subscribers, 20 ev/s emitted throughout"
+        ),
+        format!(
+            "old process exited {:.2} s after SIGTERM · from the new process's start, {} · {} events, {} missed",
+            f.stopped_in.as_secs_f64(),
+            phase(&f.restart),
+            f.emitted,
+            f.missed
+        ),
+        format!(
+            "all back, no 408, 5xx or reset, none missed: {}",
+            verdict(f.restart.clean() && f.missed == 0)
+        ),
+    );
+    for (index, wave) in f.waves.iter().enumerate() {
+        table.add(
+            format!(
+                "reconnect storm: wave {} of {n} arrives while wave {} hangs up",
+                index + 2,
+                index + 1
+            ),
+            phase(wave),
+            format!("no 408, 5xx or reset: {}", verdict(wave.clean())),
+        );
+    }
+    let first = f.rss_streaming_kib.first().copied().unwrap_or(0) as f64;
+    let last = f.rss_streaming_kib.last().copied().unwrap_or(0) as f64;
+    table.add(
+        format!("reconnect storm: relay RSS with each wave of {n} streaming"),
+        format!(
+            "before: {} · {} · after the last wave left: {} · 5 s later: {}",
+            size(f.rss_before_kib as f64 * 1024.0),
+            f.rss_streaming_kib
+                .iter()
+                .map(|kib| size(*kib as f64 * 1024.0))
+                .collect::<Vec<_>>()
+                .join(" → "),
+            size(f.rss_after_kib as f64 * 1024.0),
+            size(f.rss_settled_kib as f64 * 1024.0)
+        ),
+        format!(
+            "last wave within 10% of the first: {}",
+            verdict(last <= first * 1.10)
+        ),
+    );
+    Ok(())
 }

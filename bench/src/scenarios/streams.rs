@@ -12,6 +12,8 @@
 //! child then checks its own streams against those times, event by event,
 //! on the machine's monotonic clock.
 
+use crate::context::Context;
+use crate::report::{Table, ms, size, verdict};
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -939,6 +941,124 @@ fn raise_file_limit() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
     }
+}
+
+/// The loopback addresses streams connect from, so that tens of thousands
+/// of them stay within each source's ephemeral port range.
+fn stream_sources() -> Vec<std::net::IpAddr> {
+    (2..=9)
+        .map(|last| std::net::IpAddr::from([127, 0, 0, last]))
+        .collect()
+}
+
+/// Idle streams on one relay in steps up to 19,000 (under the machine's
+/// 20,000 open files), then one event per second into each of 10 scopes.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let (steps, settle, duration) = if cx.args.quick {
+        (
+            vec![500, 1_000, 1_900],
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+        )
+    } else {
+        (
+            vec![5_000, 10_000, 19_000],
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        )
+    };
+    let total = steps.last().copied().unwrap_or(0);
+    let relay = cx.start_relay(cx.settings()).await?;
+    let plan = StreamsPlan {
+        steps,
+        settle,
+        scopes: 10,
+        scope_prefix: "streams".to_owned(),
+        rate_per_scope: 1.0,
+        duration,
+        per_child: 9_500,
+        sources: stream_sources(),
+        // Nothing restarts here: a stream that ended would be a failure.
+        reconnect_delay: Duration::from_millis(50),
+    };
+    eprintln!("streams: {total} on one relay");
+    let bench_bin = std::env::current_exe()?;
+    let f = run(
+        &plan,
+        &mut [relay],
+        None,
+        &bench_bin,
+        &cx.args.work_dir,
+        &cx.emit_source(),
+    )
+    .await?;
+    let per = |streams: usize| {
+        f.steps
+            .iter()
+            .find(|step| step.streams == streams)
+            .map_or(0.0, |step| step.rss_per_stream)
+    };
+    let readings: Vec<String> = f
+        .steps
+        .iter()
+        .map(|step| format!("{} at {}", size(step.rss_per_stream), step.streams))
+        .collect();
+    let middle = f
+        .steps
+        .get(f.steps.len().saturating_sub(2))
+        .map_or(0, |s| s.streams);
+    let (at_middle, at_total) = (per(middle), per(total));
+    let flat = at_total <= at_middle * 1.1;
+    table.add(
+        format!(
+            "streams: RSS per idle stream, one relay, {} s after each step",
+            settle.as_secs()
+        ),
+        readings.join(" · "),
+        format!(
+            "≤ 14 KiB at {middle}: {} · {total} within 10% of {middle}: {}",
+            verdict(at_middle <= 14.0 * 1024.0),
+            verdict(flat)
+        ),
+    );
+    table.add(
+        format!("streams: connect {total} (raw HTTP/1.1, 8 source addresses)"),
+        format!(
+            "{:.0} streams/s ({total} in {:.1} s of connecting, {} client processes × 200 handshakes in flight)",
+            f.connect_rate(),
+            f.connect_time.as_secs_f64(),
+            f.children
+        ),
+        "–",
+    );
+    let all = f.missing == 0 && f.unexpected == 0 && f.delivered == f.expected && f.expected > 0;
+    table.add(
+        format!(
+            "streams: {total} streams, 1 ev/s into each of 10 scopes for {} s, emit (commit-to-receive)",
+            duration.as_secs()
+        ),
+        format!(
+            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected, {} repeated) · relay CPU {:.3} s per 1,000 deliveries · relay RSS {}",
+            f.deliveries_per_second,
+            ms(f.latency.p50),
+            ms(f.latency.p99),
+            ms(f.latency.max),
+            f.delivered,
+            f.expected,
+            f.missing,
+            f.streams_short,
+            f.unexpected,
+            f.repeated,
+            f.cpu_seconds_per_1000,
+            size(f.rss_after.iter().sum::<u64>() as f64)
+        ),
+        if all {
+            format!("every delivery made: {}", verdict(true))
+        } else {
+            format!("every delivery made: {} (deliveries missing)", verdict(false))
+        },
+    );
+    Ok(())
 }
 
 #[cfg(test)]

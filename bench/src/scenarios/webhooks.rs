@@ -3,6 +3,8 @@
 //! measured, with one or more relay processes dispatching from the same
 //! database.
 
+use crate::context::Context;
+use crate::report::{Table, verdict};
 use std::time::{Duration, Instant};
 
 use crate::BenchResult;
@@ -52,4 +54,32 @@ pub async fn run(
         delivered,
         deliveries_per_second: delivered as f64 / took.as_secs_f64(),
     })
+}
+
+/// Webhook deliveries from one and from two relay processes.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let (db, schema) = (cx.db(), cx.schema.as_str());
+    for dispatchers in [1, 2] {
+        eprintln!("webhooks, {dispatchers} dispatcher process(es)");
+        let receiver = WebhookReceiver::start().await?;
+        let mut relays = Vec::new();
+        for _ in 0..dispatchers {
+            let mut settings = cx.settings();
+            settings.webhook_url = Some(receiver.url.clone());
+            relays.push(cx.start_relay(settings).await?);
+        }
+        let f = run(&receiver, dispatchers, db, schema, cx.scale.webhook_events).await?;
+        table.add(
+            format!(
+                "webhooks, {} relay process(es) × 4 workers, signed, receiver answers 200",
+                f.dispatchers
+            ),
+            format!(
+                "{:.0} deliveries/s ({} of {} delivered)",
+                f.deliveries_per_second, f.delivered, f.events
+            ),
+            format!("all delivered: {}", verdict(f.delivered == f.events as u64)),
+        );
+    }
+    Ok(())
 }

@@ -1,0 +1,226 @@
+//! What every scenario is handed: the command line ([`Args`]), the sizes
+//! of the run ([`Scale`]) and the bench's schema, with the few things
+//! scenarios keep asking of them (a relay on the bench's settings, an emit
+//! source, nchan when it runs); and the shape of a scenario ([`Scenario`]),
+//! so that the binary is a table of them.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::BenchResult;
+use crate::proc_stats;
+use crate::publish::Source;
+use crate::relay_process::{RelayProcess, RelaySettings};
+use crate::report::Table;
+use crate::scenarios::fanout::Server;
+
+#[derive(Parser, Debug)]
+#[command(about = "eventrelay performance harness")]
+pub struct Args {
+    /// Smaller subscriber counts and shorter runs.
+    #[arg(long)]
+    pub quick: bool,
+    /// The release `eventrelay` binary.
+    #[arg(long)]
+    pub relay_bin: PathBuf,
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    /// nchan's loopback address (`/pub` publishes, `/sub` subscribes).
+    #[arg(long)]
+    pub nchan_address: Option<SocketAddr>,
+    /// nginx's master pid; CPU and RSS are summed over its workers.
+    #[arg(long)]
+    pub nchan_pid: Option<u32>,
+    /// Where relay configurations and logs go.
+    #[arg(long, default_value = "/tmp/eventrelay-bench")]
+    pub work_dir: PathBuf,
+    /// An earlier release `eventrelay` binary, whose HTTP publish
+    /// throughput the publish rows measure side by side (bench/run builds
+    /// one when BASELINE_REV names a commit).
+    #[arg(long)]
+    pub baseline_relay_bin: Option<PathBuf>,
+    /// A Postgres with `wal_level = logical`, for the wake-up modes side by
+    /// side (bench/run starts a throwaway one); without it they are skipped.
+    #[arg(long)]
+    pub logical_database_url: Option<String>,
+    /// A Postgres 16+ primary with `wal_level = logical` and a streaming
+    /// standby of it (`hot_standby_feedback = on`), for relays decoding on
+    /// the standby (bench/run starts both); without them that is skipped.
+    #[arg(long)]
+    pub standby_primary_url: Option<String>,
+    #[arg(long)]
+    pub standby_url: Option<String>,
+    /// The primary's data directory (its postmaster.pid).
+    #[arg(long)]
+    pub standby_primary_data: Option<PathBuf>,
+    /// Run only these scenarios (comma separated, the names of the binary's
+    /// table: tail, emit, publish, seal, wakeup, wakeup-latency, fanout, …;
+    /// wakeup-latency is the wake-up modes' commit-to-receive rows without
+    /// their emit-cost rounds; box runs only when named).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Rounds of the floor scenario (each side once per round, the order
+    /// turning from round to round).
+    #[arg(long, default_value_t = 3)]
+    pub floor_rounds: usize,
+    /// Run nchan twice in every round of the floor scenario: its second
+    /// run over its first shows how far two runs of one server land apart
+    /// on this machine, beside each lane's figures over nchan's.
+    #[arg(long)]
+    pub floor_control: bool,
+    /// The floor scenario's loads, as subscribers `x` events per second
+    /// (comma separated, e.g. `1000x100,10000x2`); by default its four
+    /// rows, scaled down with --quick.
+    #[arg(long, value_delimiter = ',', value_parser = crate::scenarios::floor::parse_load)]
+    pub floor_loads: Vec<(usize, f64)>,
+    /// Streams of the box scenario (default 100,000; 12,000 with --quick).
+    #[arg(long)]
+    pub box_streams: Option<usize>,
+    /// `database.pool_size` of the box scenario's relays (default: chosen
+    /// from what Postgres has free, at most 8).
+    #[arg(long)]
+    pub box_pool_size: Option<usize>,
+    /// How the box scenario's subscribers reconnect: `jittered` (as
+    /// eventrelay's browser client, the default) or `immediate` (at once,
+    /// retrying every 50 ms while nothing listens).
+    #[arg(long, default_value = "jittered")]
+    pub box_reconnect: String,
+    /// The box scenario's relays' `http.header_timeout_secs` (default 60).
+    #[arg(long)]
+    pub box_header_timeout: Option<u64>,
+}
+
+/// Sizes and durations of one run.
+pub struct Scale {
+    pub small_fanout: usize,
+    pub large_fanout: usize,
+    pub scopes: usize,
+    pub per_scope: usize,
+    pub fixed_run: Duration,
+    pub unthrottled_run: Duration,
+    pub emit_run: Duration,
+    pub replay_events: usize,
+    pub webhook_events: usize,
+}
+
+impl Scale {
+    pub fn of(quick: bool) -> Scale {
+        if quick {
+            Scale {
+                small_fanout: 200,
+                large_fanout: 1_000,
+                scopes: 100,
+                per_scope: 10,
+                fixed_run: Duration::from_secs(3),
+                unthrottled_run: Duration::from_secs(2),
+                emit_run: Duration::from_secs(1),
+                replay_events: 2_000,
+                webhook_events: 300,
+            }
+        } else {
+            Scale {
+                small_fanout: 1_000,
+                large_fanout: 10_000,
+                scopes: 1_000,
+                per_scope: 10,
+                fixed_run: Duration::from_secs(10),
+                unthrottled_run: Duration::from_secs(5),
+                emit_run: Duration::from_secs(3),
+                replay_events: 10_000,
+                webhook_events: 2_000,
+            }
+        }
+    }
+}
+
+/// One run's command line, sizes and schema.
+pub struct Context {
+    pub args: Args,
+    pub scale: Scale,
+    /// The bench's schema on `--database-url`, migrated before any scenario.
+    pub schema: String,
+}
+
+impl Context {
+    pub fn db(&self) -> &str {
+        &self.args.database_url
+    }
+
+    /// Whether `--only` names `name` (every scenario is wanted without it).
+    pub fn named(&self, name: &str) -> bool {
+        self.args.only.iter().any(|only| only == name)
+    }
+
+    /// Relay settings on the bench's database and schema.
+    pub fn settings(&self) -> RelaySettings {
+        RelaySettings::new(self.db(), &self.schema)
+    }
+
+    /// Starts `--relay-bin` with `settings`.
+    pub async fn start_relay(&self, settings: RelaySettings) -> BenchResult<RelayProcess> {
+        RelayProcess::start(&self.args.relay_bin, &self.args.work_dir, &settings).await
+    }
+
+    /// Durable events emitted into the bench's schema.
+    pub fn emit_source(&self) -> Source {
+        Source::emit(self.db(), &self.schema)
+    }
+
+    /// nchan, when bench/run started it: its address and its processes.
+    pub fn nchan(&self) -> Option<(SocketAddr, Server)> {
+        let (address, master) = (self.args.nchan_address?, self.args.nchan_pid?);
+        let mut pids = proc_stats::children_of(master);
+        pids.push(master);
+        Some((address, Server::Nchan { address, pids }))
+    }
+}
+
+/// A scenario's rows, as the table of scenarios holds them.
+pub type Rows<'a> = Pin<Box<dyn Future<Output = BenchResult<()>> + 'a>>;
+
+/// How a scenario runs.
+#[derive(Clone, Copy)]
+pub enum Run {
+    /// Before any runtime or other thread exists: for figures read off the
+    /// counting allocator, which must see no one else allocate.
+    Alone(fn(&Context, &mut Table)),
+    /// On the runtime, one scenario after the other.
+    Async(for<'a> fn(&'a Context, &'a mut Table) -> Rows<'a>),
+}
+
+/// One entry of the binary's table: the names `--only` selects it by,
+/// whether it runs without `--only`, and its run.
+pub struct Scenario {
+    pub names: &'static [&'static str],
+    pub by_default: bool,
+    pub run: Run,
+}
+
+impl Scenario {
+    pub fn wanted(&self, cx: &Context) -> bool {
+        if cx.args.only.is_empty() {
+            self.by_default
+        } else {
+            self.names.iter().any(|name| cx.named(name))
+        }
+    }
+}
+
+/// `Run::Async` of an `async fn(&Context, &mut Table) -> BenchResult<()>`.
+#[macro_export]
+macro_rules! rows {
+    ($run:path) => {{
+        fn boxed<'a>(
+            cx: &'a $crate::context::Context,
+            table: &'a mut $crate::report::Table,
+        ) -> $crate::context::Rows<'a> {
+            Box::pin($run(cx, table))
+        }
+        $crate::context::Run::Async(boxed)
+    }};
+}
