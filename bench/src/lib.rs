@@ -10,6 +10,7 @@ pub mod context;
 pub mod database;
 pub mod freezer;
 pub mod in_process;
+pub mod metrics;
 pub mod postgres_tools;
 pub mod proc_stats;
 pub mod publish;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::metrics::Metrics;
 use crate::{BenchResult, PUBLISH_TOKEN, SUBSCRIBER_SECRET};
 
 /// The webhook secret of the bench subscription (Standard Webhooks form).
@@ -385,33 +386,23 @@ impl RelayProcess {
         Err("the relay did not become ready within 60 s".into())
     }
 
-    /// A metric from `/metrics` whose name (with labels) is or ends with
-    /// `name`; 0 when absent.
-    pub async fn metric(&self, name: &str) -> f64 {
-        self.metrics_text()
-            .await
-            .lines()
-            .find_map(|line| {
-                let (key, value) = line.rsplit_once(' ')?;
-                (key == name || key.ends_with(name)).then(|| value.parse().ok())?
-            })
-            .unwrap_or(0.0)
+    /// One series of `/metrics` (see [`Metrics::value`]); 0 when absent.
+    pub async fn metric(&self, query: &str) -> f64 {
+        self.metrics().await.value(query)
     }
-}
 
-impl RelayProcess {
-    /// Everything `/metrics` serves; empty when it cannot be read.
-    pub async fn metrics_text(&self) -> String {
+    /// Everything `/metrics` serves; nothing when it cannot be read.
+    pub async fn metrics(&self) -> Metrics {
         let Ok(client) = reqwest::Client::builder()
             .danger_accept_invalid_certs(true)
             .build()
         else {
-            return String::new();
+            return Metrics::default();
         };
         let Ok(response) = client.get(format!("{}/metrics", self.base)).send().await else {
-            return String::new();
+            return Metrics::default();
         };
-        response.text().await.unwrap_or_default()
+        Metrics::parse(&response.text().await.unwrap_or_default())
     }
 }
 

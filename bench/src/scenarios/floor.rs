@@ -26,6 +26,7 @@ use eventrelay::store::Database;
 
 use crate::BenchResult;
 use crate::clock::Percentiles;
+use crate::metrics::Metrics;
 use crate::publish::{Pace, Source, TICK_TYPE, event_data};
 use crate::relay_process::{RelayProcess, RelaySettings};
 use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
@@ -238,7 +239,7 @@ async fn run_load(
                 round + 1,
                 side.label()
             );
-            let before = Stages::parse(&relay.metrics_text().await);
+            let before = Stages::parse(&relay.metrics().await);
             let fanout_plan = FanoutPlan {
                 subscribers,
                 scopes: 1,
@@ -250,7 +251,7 @@ async fn run_load(
             };
             let figures = fanout::run(&fanout_plan, server).await?;
             if let Some((_, total)) = stages.iter_mut().find(|(s, _)| *s == side) {
-                let after = Stages::parse(&relay.metrics_text().await);
+                let after = Stages::parse(&relay.metrics().await);
                 total.add(&after.minus(&before));
             }
             runs.push((side, figures));
@@ -740,35 +741,22 @@ pub const STAGE_ORDER: [&str; 7] = [
 const METRIC: &str = "eventrelay_latency_stage_seconds";
 
 impl Stages {
-    pub fn parse(text: &str) -> Stages {
+    pub fn parse(metrics: &Metrics) -> Stages {
         let mut stages = Stages::default();
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix(METRIC) else {
+        for sample in &metrics.samples {
+            let Some(kind) = sample.name.strip_prefix(METRIC) else {
                 continue;
             };
-            let Some((name_labels, value)) = rest.rsplit_once(' ') else {
-                continue;
-            };
-            let Ok(value) = value.parse::<f64>() else {
-                continue;
-            };
-            let Some((kind, labels)) = name_labels.split_once('{') else {
-                continue;
-            };
-            let Some(stage) = label(labels, "stage") else {
+            let Some(stage) = sample.label("stage") else {
                 continue;
             };
             let histogram = stages.by_stage.entry(stage.to_owned()).or_default();
-            match kind {
-                "_sum" => histogram.sum = value,
-                "_count" => histogram.count = value,
-                "_bucket" => {
-                    let bound = match label(labels, "le") {
-                        Some("+Inf") => f64::INFINITY,
-                        Some(le) => le.parse().unwrap_or(f64::INFINITY),
-                        None => continue,
-                    };
-                    histogram.buckets.push((bound, value));
+            match (kind, sample.label("le")) {
+                ("_sum", _) => histogram.sum = sample.value,
+                ("_count", _) => histogram.count = sample.value,
+                ("_bucket", Some(le)) => {
+                    let bound = le.parse().unwrap_or(f64::INFINITY);
+                    histogram.buckets.push((bound, sample.value));
                 }
                 _ => {}
             }
@@ -866,13 +854,6 @@ impl StageHistogram {
     }
 }
 
-/// A label's value in a Prometheus label set (`a="x",b="y"}`).
-fn label<'t>(labels: &'t str, name: &str) -> Option<&'t str> {
-    let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
-    let end = labels[start..].find('"')? + start;
-    Some(&labels[start..end])
-}
-
 /// One load of `--floor-loads`: `1000x100` is 1,000 subscribers and 100
 /// events per second.
 pub fn parse_load(text: &str) -> Result<(usize, f64), String> {
@@ -936,7 +917,7 @@ eventrelay_events_delivered_total 5
 
     #[test]
     fn quantiles_are_interpolated_inside_their_bucket() {
-        let stages = Stages::parse(TEXT);
+        let stages = Stages::parse(&Metrics::parse(TEXT));
         let commit = stages.stage("commit").unwrap();
         assert_eq!(commit.count(), 20.0);
         let mean = commit.mean().as_secs_f64();
@@ -949,13 +930,13 @@ eventrelay_events_delivered_total 5
 
     #[test]
     fn a_difference_holds_only_what_was_observed_in_between() {
-        let before = Stages::parse(TEXT);
-        let after = Stages::parse(
+        let before = Stages::parse(&Metrics::parse(TEXT));
+        let after = Stages::parse(&Metrics::parse(
             &TEXT
-                .replace("} 10\n", "14\n")
+                .replace("} 10\n", "} 14\n")
                 .replace("} 20\n", "} 24\n")
                 .replace("0.03\n", "0.034\n"),
-        );
+        ));
         let between = after.minus(&before);
         let commit = between.stage("commit").unwrap();
         assert_eq!(commit.count(), 4.0);
