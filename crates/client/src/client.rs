@@ -823,6 +823,8 @@ impl Runner {
                 Ok(Control::Nothing)
             }
             SseItem::Event(frame) => self.handle(frame, on_current).await,
+            // This client's parser drops comments; heartbeats need no answer.
+            SseItem::Comment(_) => Ok(Control::Nothing),
         }
     }
 

@@ -35,6 +35,11 @@ pub enum SseItem {
     Event(SseEvent),
     /// A valid `retry:` field: the server's reconnection time.
     Retry(Duration),
+    /// A comment line's text after the colon, leading space removed: the
+    /// relay's heartbeats. Only a parser made with
+    /// [`SseParser::keeping_comments`] produces these, for tools that watch
+    /// the heartbeats themselves.
+    Comment(String),
 }
 
 /// Parser state for one connection. Create a new one per connection: an
@@ -53,11 +58,21 @@ pub struct SseParser {
     event_type: String,
     last_event_id: String,
     frame_id: Option<String>,
+    /// Comment lines become [`SseItem::Comment`] instead of being dropped.
+    keep_comments: bool,
 }
 
 impl SseParser {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A parser that also yields comment lines, in stream order.
+    pub fn keeping_comments() -> Self {
+        SseParser {
+            keep_comments: true,
+            ..Self::default()
+        }
     }
 
     /// The last event ID buffer: the most recent valid `id:` value.
@@ -107,8 +122,12 @@ impl SseParser {
         let line = String::from_utf8_lossy(bytes);
         if line.is_empty() {
             self.dispatch(out);
-        } else if line.starts_with(':') {
-            // A comment: the relay's heartbeats. Nothing to do.
+        } else if let Some(comment) = line.strip_prefix(':') {
+            // The relay's heartbeats: nothing for an EventSource to do.
+            if self.keep_comments {
+                let text = comment.strip_prefix(' ').unwrap_or(comment);
+                out.push(SseItem::Comment(text.to_owned()));
+            }
         } else if let Some((field, value)) = line.split_once(':') {
             let value = value.strip_prefix(' ').unwrap_or(value);
             self.field(field, value, out);
@@ -174,7 +193,7 @@ mod tests {
             .into_iter()
             .filter_map(|item| match item {
                 SseItem::Event(event) => Some(event),
-                SseItem::Retry(_) => None,
+                SseItem::Retry(_) | SseItem::Comment(_) => None,
             })
             .collect()
     }
@@ -253,6 +272,20 @@ mod tests {
         assert_eq!(
             events(b": hb\n\n:another\ndata: a\n: mid-frame\n\n"),
             vec![event("message", "a", None, "")]
+        );
+    }
+
+    #[test]
+    fn a_parser_keeping_comments_yields_them_in_stream_order() {
+        let mut parser = SseParser::keeping_comments();
+        assert_eq!(
+            parser.feed(b": hb\n\n:another\ndata: a\n: mid\n\n"),
+            vec![
+                SseItem::Comment("hb".into()),
+                SseItem::Comment("another".into()),
+                SseItem::Comment("mid".into()),
+                SseItem::Event(event("message", "a", None, "")),
+            ]
         );
     }
 

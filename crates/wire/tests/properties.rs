@@ -1,7 +1,6 @@
 //! Property tests: the codec round-trips, decoding arbitrary input never
-//! panics, a pointer read without its rows agrees with the full decode,
-//! and SSE frames read back exactly as written by a reader that
-//! follows the EventSource parsing rules.
+//! panics, and a pointer read without its rows agrees with the full decode.
+//! (SSE frames are read back by the client crate's parser in its own tests.)
 
 #![allow(
     clippy::unwrap_used,
@@ -11,8 +10,6 @@
 )]
 
 use chrono::{TimeZone, Utc};
-use eventrelay_wire::ResumeCursor;
-use eventrelay_wire::sse::frame;
 use eventrelay_wire::{
     Audience, DecodeError, EventEnvelope, EventNotification, Lane, MAX_NOTIFY_PAYLOAD_BYTES,
     decode_notification, defer_carried_rows, encode_inline, encode_pointer,
@@ -78,31 +75,6 @@ prop_compose! {
     }
 }
 
-/// A minimal reader of one frame following the EventSource rules: lines end
-/// at CRLF, CR or LF; `field: value` strips one leading space; `data` lines
-/// join with `\n`.
-fn read_frame(text: &str) -> (Option<String>, Option<String>, String) {
-    let mut id = None;
-    let mut event = None;
-    let mut data: Vec<String> = Vec::new();
-    let normalized = text.replace("\r\n", "\n").replace('\r', "\n");
-    let body = normalized
-        .strip_suffix("\n\n")
-        .expect("a frame ends with a blank line");
-    assert!(!body.contains("\n\n"), "frame ended early: {text:?}");
-    for line in body.split('\n') {
-        let (field, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value).to_owned();
-        match field {
-            "id" => id = Some(value),
-            "event" => event = Some(value),
-            "data" => data.push(value),
-            other => panic!("unexpected field {other:?} in {text:?}"),
-        }
-    }
-    (id, event, data.join("\n"))
-}
-
 proptest! {
     #[test]
     fn pointers_round_trip(scope in scope_key(), seq in 1i64..i64::MAX) {
@@ -150,32 +122,5 @@ proptest! {
                 other => prop_assert!(false, "{} was deferred but decodes as {:?}", text, other),
             }
         }
-    }
-
-    #[test]
-    fn sse_frames_read_back_exactly(
-        id in prop::option::of((1i64..i64::MAX, prop::option::of((any::<u64>(), prop::option::of(0u32..0x100_0000))))),
-        event in "[^\r\n]{1,20}",
-        data in "(.|\r|\n){0,60}",
-    ) {
-        let id = id.map(|(seq, horizon)| ResumeCursor {
-            seq,
-            horizon: horizon.map(|(horizon, _)| horizon),
-            check: horizon.and_then(|(_, check)| check),
-        });
-        let text = frame(id, Some(&event), &data);
-        let (read_id, read_event, read_data) = read_frame(&text);
-        prop_assert_eq!(read_id.map(|i| i.parse::<ResumeCursor>().unwrap()), id);
-        prop_assert_eq!(read_event, Some(event));
-        let expected_data = data.replace("\r\n", "\n").replace('\r', "\n");
-        prop_assert_eq!(read_data, expected_data);
-    }
-
-    #[test]
-    fn event_fields_with_line_breaks_stay_one_field(event in "(.|\r|\n){1,30}", data in "[^\r\n]{0,10}") {
-        let text = frame(Some(ResumeCursor::at(1, 2)), Some(&event), &data);
-        let (_, read_event, read_data) = read_frame(&text);
-        prop_assert!(read_event.is_some());
-        prop_assert_eq!(read_data, data);
     }
 }

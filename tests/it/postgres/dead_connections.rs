@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::support::freezer::{Freezer, postgres_addr};
 use crate::support::receiver::Receiver;
 use crate::support::server::{TestServer, token};
-use crate::support::{DEADLINE, TestDb};
+use crate::support::{DEADLINE, TestDb, eventually_within};
 use eventrelay::publisher::NewEvent;
 use eventrelay::webhooks::NewSubscription;
 use serde_json::{Value, json};
@@ -25,18 +25,11 @@ async fn readyz(server: &TestServer) -> (u16, Value) {
 
 /// Waits until `/readyz` answers `status`, at most `limit`.
 async fn wait_ready_status(server: &TestServer, status: u16, limit: Duration) -> Value {
-    let deadline = Instant::now() + limit;
-    loop {
+    eventually_within(&format!("/readyz answers {status}"), limit, async || {
         let (now, body) = readyz(server).await;
-        if now == status {
-            return body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz still {now} ({body}) after {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (now == status).then_some(body)
+    })
+    .await
 }
 
 async fn emit(db: &TestDb, event_type: &str) -> String {

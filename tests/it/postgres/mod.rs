@@ -4,6 +4,7 @@ mod dead_connections;
 mod embedded;
 mod migrations;
 mod outbox_reads;
+mod pointer_plans;
 mod pooler;
 mod prepared_statements;
 mod roles;

@@ -20,7 +20,7 @@ use tokio_postgres::NoTls;
 use crate::support::cluster::Cluster;
 use crate::support::freezer::Freezer;
 use crate::support::server::{TestServer, token};
-use crate::support::{TestDb, eventually, test_in_both_wakeup_modes};
+use crate::support::{TestDb, eventually, eventually_within, test_in_both_wakeup_modes};
 use eventrelay::publisher::NewEvent;
 use eventrelay::store::WakeupMode;
 
@@ -270,14 +270,12 @@ async fn drill(mode: WakeupMode, old_path: OldPath) {
     promoted.store(true, Ordering::Relaxed);
 
     // The new primary's events arrive on the same stream.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while emitted.lock().unwrap().after_promotion.len() < AFTER {
-        assert!(
-            Instant::now() < deadline,
-            "no emit succeeded on the new primary"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within(
+        "emits succeed on the new primary",
+        Duration::from_secs(60),
+        async || (emitted.lock().unwrap().after_promotion.len() >= AFTER).then_some(()),
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
     emitter.await.unwrap();
 

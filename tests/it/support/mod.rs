@@ -53,15 +53,25 @@ pub const DEADLINE: Duration = Duration::from_secs(10);
 /// Asks `check` every 20 ms until it answers `Some`, and returns that
 /// answer; fails the test after [`DEADLINE`], naming `what` never happened.
 /// The one way tests wait for a condition: no test sleeps and hopes.
-pub async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
+pub async fn eventually<T>(what: &str, check: impl AsyncFnMut() -> Option<T>) -> T {
+    eventually_within(what, DEADLINE, check).await
+}
+
+/// [`eventually`] with a deadline of `limit`: for what waits on something
+/// slower than [`DEADLINE`] by design, such as a failover.
+pub async fn eventually_within<T>(
+    what: &str,
+    limit: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         if let Some(answer) = check().await {
             return answer;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{what}: not within {DEADLINE:?}"
+            "{what}: not within {limit:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use tokio::sync::oneshot;
 
-use super::DEADLINE;
+use super::eventually;
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -69,19 +69,11 @@ impl Receiver {
 
     /// Waits until at least `count` requests arrived.
     pub async fn wait_for(&self, count: usize) -> Vec<Received> {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
+        eventually(&format!("{count} webhook requests arrive"), async || {
             let received = self.received();
-            if received.len() >= count {
-                return received;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "expected {count} webhook requests, got {}",
-                received.len()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            (received.len() >= count).then_some(received)
+        })
+        .await
     }
 }
 

@@ -1,6 +1,7 @@
 //! A real relay on port 0 for tests, with its own actix system on its own
 //! thread, and a small SSE reader over TCP.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use eventrelay::auth::{
     mint_token,
 };
 use eventrelay::config::Config;
+use eventrelay_client::sse::{SseItem, SseParser};
 use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -204,12 +206,8 @@ impl TestServer {
             .unwrap();
         assert_eq!(response.status(), 200);
         let mut stream = SseStream::new(response);
-        loop {
-            let frame = stream.next_frame().await.expect("stream open until ready");
-            if frame.event.as_deref() == Some("ready") {
-                return (stream, frame.json()["resync"].as_bool().unwrap());
-            }
-        }
+        let resync = stream.ready().await;
+        (stream, resync)
     }
 
     /// Connects and reads through the `ready` frame; returns its `resync`.
@@ -223,19 +221,8 @@ impl TestServer {
             .connect(Some(token), last_event_id, query)
             .await
             .unwrap_or_else(|e| panic!("connect refused: {e:?}"));
-        let mut replayed = Vec::new();
-        loop {
-            let frame = stream.next_frame().await.expect("stream open until ready");
-            if frame.event.as_deref() == Some("ready") {
-                let data: Value = serde_json::from_str(&frame.data).unwrap();
-                stream.replayed = replayed;
-                return (stream, data["resync"].as_bool().unwrap());
-            }
-            if frame.data.is_empty() {
-                continue;
-            }
-            replayed.push(frame);
-        }
+        let resync = stream.ready().await;
+        (stream, resync)
     }
 
     pub async fn publish(&self, body: Value) -> (u16, Value) {
@@ -404,7 +391,8 @@ fn mint_with(secret: &str, subscriber: &str, scope: &str, grants: Value, ttl: Du
     .unwrap()
 }
 
-/// One SSE frame as a client reads it.
+/// One item of a stream as the client crate's parser reads it: an event, a
+/// heartbeat comment or a `retry:` field.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Frame {
     pub id: Option<String>,
@@ -412,6 +400,28 @@ pub struct Frame {
     pub data: String,
     pub comment: Option<String>,
     pub retry: Option<String>,
+}
+
+impl From<SseItem> for Frame {
+    fn from(item: SseItem) -> Frame {
+        let mut frame = Frame {
+            id: None,
+            event: None,
+            data: String::new(),
+            comment: None,
+            retry: None,
+        };
+        match item {
+            SseItem::Event(event) => {
+                frame.id = event.id;
+                frame.event = Some(event.event_type);
+                frame.data = event.data;
+            }
+            SseItem::Comment(text) => frame.comment = Some(text),
+            SseItem::Retry(delay) => frame.retry = Some(delay.as_millis().to_string()),
+        }
+        frame
+    }
 }
 
 impl Frame {
@@ -433,16 +443,21 @@ pub fn id_seq(id: &str) -> Option<i64> {
 
 pub struct SseStream {
     body: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
-    buffer: Vec<u8>,
+    /// The client crate's parser, keeping comments for the heartbeat tests.
+    parser: SseParser,
+    /// Items parsed from a chunk and not yet handed out.
+    parsed: VecDeque<SseItem>,
     /// Event frames received before `ready` (set by `TestServer::subscribe`).
     pub replayed: Vec<Frame>,
 }
 
 impl SseStream {
-    fn new(response: reqwest::Response) -> Self {
+    /// Reads the stream of an accepted `GET /v1/events`.
+    pub fn new(response: reqwest::Response) -> Self {
         SseStream {
             body: Box::pin(response.bytes_stream()),
-            buffer: Vec::new(),
+            parser: SseParser::keeping_comments(),
+            parsed: VecDeque::new(),
             replayed: Vec::new(),
         }
     }
@@ -457,13 +472,32 @@ impl SseStream {
 
     async fn read_frame(&mut self) -> Option<Frame> {
         loop {
-            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-                let raw: Vec<u8> = self.buffer.drain(..end + 2).collect();
-                return Some(parse_frame(&String::from_utf8(raw).unwrap()));
+            if let Some(item) = self.parsed.pop_front() {
+                return Some(Frame::from(item));
             }
             match self.body.next().await {
-                Some(Ok(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Some(Ok(chunk)) => {
+                    let mut items = Vec::new();
+                    self.parser.feed_into(&chunk, &mut items);
+                    self.parsed.extend(items);
+                }
                 _ => return None,
+            }
+        }
+    }
+
+    /// Reads through the `ready` frame, keeping the event frames replayed
+    /// before it in `replayed`; returns its `resync`.
+    pub async fn ready(&mut self) -> bool {
+        let mut replayed = Vec::new();
+        loop {
+            let frame = self.next_frame().await.expect("stream open until ready");
+            if frame.event.as_deref() == Some("ready") {
+                self.replayed = replayed;
+                return frame.json()["resync"].as_bool().unwrap();
+            }
+            if frame.event.is_some() {
+                replayed.push(frame);
             }
         }
     }
@@ -472,7 +506,7 @@ impl SseStream {
     pub async fn next_event(&mut self) -> Frame {
         loop {
             let frame = self.next_frame().await.expect("stream still open");
-            if frame.event.is_some() || !frame.data.is_empty() {
+            if frame.event.is_some() {
                 return frame;
             }
         }
@@ -529,34 +563,6 @@ impl SseStream {
             }
         }
     }
-}
-
-fn parse_frame(text: &str) -> Frame {
-    let mut frame = Frame {
-        id: None,
-        event: None,
-        data: String::new(),
-        comment: None,
-        retry: None,
-    };
-    let mut data_lines = Vec::new();
-    for line in text.trim_end_matches('\n').split('\n') {
-        if let Some(comment) = line.strip_prefix(':') {
-            frame.comment = Some(comment.trim().to_owned());
-            continue;
-        }
-        let (field, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value).to_owned();
-        match field {
-            "id" => frame.id = Some(value),
-            "event" => frame.event = Some(value),
-            "data" => data_lines.push(value),
-            "retry" => frame.retry = Some(value),
-            _ => {}
-        }
-    }
-    frame.data = data_lines.join("\n");
-    frame
 }
 
 impl TestServer {

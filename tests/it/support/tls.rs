@@ -4,19 +4,17 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use eventrelay::config::{Config, TlsConfig};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::server::TestServer;
-use super::{DEADLINE, TestDb};
+use super::{DEADLINE, TestDb, eventually};
 
 /// A certificate authority that signs leaves for 127.0.0.1.
 pub struct TestCa {
@@ -151,14 +149,9 @@ pub fn tls_server(
 
 /// Waits until the relay at `base` answers 200 on `/readyz` to `client`.
 pub async fn wait_ready(client: &reqwest::Client, base: &str) {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Ok(response) = client.get(format!("{base}/readyz")).send().await
-            && response.status() == 200
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "relay never became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the relay becomes ready over TLS", async || {
+        let response = client.get(format!("{base}/readyz")).send().await.ok()?;
+        (response.status() == 200).then_some(())
+    })
+    .await;
 }
