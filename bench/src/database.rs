@@ -57,3 +57,16 @@ pub fn unique_schema(prefix: &str) -> String {
         .map_or(0, |since| since.subsec_nanos());
     format!("{prefix}_{}_{nanos}", std::process::id())
 }
+
+/// The outbox's highest seq now: streams that resume after it get only
+/// what comes next.
+pub async fn max_seq(database_url: &str, schema: &str) -> BenchResult<i64> {
+    let client = eventrelay::connect(database_url).await?;
+    let row = client
+        .query_one(
+            &format!("SELECT coalesce(max(seq), 0) FROM {schema}.outbox"),
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}

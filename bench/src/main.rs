@@ -41,7 +41,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         names: &["box"],
         by_default: false,
-        run: rows!(box_scale::rows),
+        run: rows!(streams::box_rows),
     },
     scenario(&["scopes"], rows!(scopes::rows)),
     scenario(&["replay"], rows!(replay::rows)),
@@ -63,12 +63,6 @@ fn main() -> BenchResult<()> {
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some(stream_client::SUBCOMMAND) {
         return stream_client::main(&argv[2..]);
-    }
-    if argv.get(1).map(String::as_str) == Some("streams-client") {
-        return tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(streams::client_main(&argv[2..]));
     }
     let args = Args::parse();
     let unknown: Vec<&String> = args

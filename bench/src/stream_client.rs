@@ -1,5 +1,6 @@
-//! The load tool's client processes for the many-relays scenario
-//! (`scenarios::box_scale`): the hidden `box-client` subcommand, which
+//! The load tool's one stream-holding client, for every scenario that holds
+//! streams open through restarts (`scenarios::streams` for `streams` and
+//! `box`, `scenarios::storm`): the hidden `stream-client` subcommand, which
 //! opens a share of the subscribers from one loopback source address,
 //! keeps them streaming (reconnecting with their `Last-Event-ID` whenever a
 //! stream ends) and reports its figures as JSON lines on stdout, and
@@ -11,7 +12,7 @@
 //! address in 127.0.0.0/8 before connecting.
 //!
 //! Protocol, one line each way:
-//! - the parent starts `eventrelay-bench box-client '<spec JSON>'`;
+//! - the parent starts `eventrelay-bench stream-client '<spec JSON>'`;
 //! - the child prints `{"event":"all_streaming","phase":0,...}` once every
 //!   stream is ready, and the same for each later phase;
 //! - `status` answers `{"event":"status",...}` with the distinct events
@@ -44,11 +45,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 
+use crate::clock::Percentiles;
 use crate::sse_load::{FrameParser, ReadyWhen, request_head};
 use crate::{BenchResult, subscriber_token};
 
 /// The hidden subcommand that runs a client process.
-pub const SUBCOMMAND: &str = "box-client";
+pub const SUBCOMMAND: &str = "stream-client";
 /// `errno` for a process out of file descriptors (Linux).
 const EMFILE: i32 = 24;
 /// `errno` for a source address out of ephemeral ports (Linux).
@@ -134,8 +136,8 @@ pub struct ClientSpec {
     pub count: usize,
     pub scopes: usize,
     pub scope_prefix: String,
-    /// Every stream first connects resuming after this id.
-    pub last_event_id: i64,
+    /// Every stream first connects resuming after this id, if any.
+    pub last_event_id: Option<i64>,
     /// First-connect handshakes in flight at once.
     pub connect_concurrency: usize,
     pub reconnect: Reconnect,
@@ -164,20 +166,20 @@ impl ClientSpec {
             value[key]
                 .as_u64()
                 .map(|n| n as usize)
-                .ok_or_else(|| format!("box-client spec: no {key}"))
+                .ok_or_else(|| format!("stream-client spec: no {key}"))
         };
         let text = |key: &str| {
             value[key]
                 .as_str()
                 .map(str::to_owned)
-                .ok_or_else(|| format!("box-client spec: no {key}"))
+                .ok_or_else(|| format!("stream-client spec: no {key}"))
         };
         Ok(ClientSpec {
             index: number("index")?,
             source: text("source")?.parse()?,
             relay_ports: value["relay_ports"]
                 .as_array()
-                .ok_or("box-client spec: no relay_ports")?
+                .ok_or("stream-client spec: no relay_ports")?
                 .iter()
                 .filter_map(|port| port.as_u64().map(|p| p as u16))
                 .collect(),
@@ -185,9 +187,7 @@ impl ClientSpec {
             count: number("count")?,
             scopes: number("scopes")?,
             scope_prefix: text("scope_prefix")?,
-            last_event_id: value["last_event_id"]
-                .as_i64()
-                .ok_or("box-client spec: no last_event_id")?,
+            last_event_id: value["last_event_id"].as_i64(),
             connect_concurrency: number("connect_concurrency")?,
             reconnect: Reconnect::parse(&text("reconnect")?)?,
             work_dir: PathBuf::from(text("work_dir")?),
@@ -196,7 +196,7 @@ impl ClientSpec {
 
     fn receipts_path(&self) -> PathBuf {
         self.work_dir
-            .join(format!("box-client-{}.receipts", self.index))
+            .join(format!("stream-client-{}.receipts", self.index))
     }
 }
 
@@ -578,10 +578,10 @@ fn say(value: &Value) {
     let _ = out.flush();
 }
 
-/// The `box-client` subcommand: `args` is what follows it.
+/// The `stream-client` subcommand: `args` is what follows it.
 pub fn main(args: &[String]) -> BenchResult<()> {
     let spec = ClientSpec::from_json(&serde_json::from_str(
-        args.first().ok_or("box-client: no spec")?,
+        args.first().ok_or("stream-client: no spec")?,
     )?)?;
     // One thread: several of these processes share two cores with the
     // relays and Postgres.
@@ -623,7 +623,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
                     &scope_name(&spec.scope_prefix, scope)
                 )
             ),
-            last_event_id: Some(spec.last_event_id),
+            last_event_id: spec.last_event_id,
             received: Vec::new(),
         };
         let shared = Arc::clone(&shared);
@@ -759,7 +759,7 @@ pub struct ClientProcess {
 }
 
 impl ClientProcess {
-    /// Starts `binary box-client` with `spec`.
+    /// Starts `binary stream-client` with `spec`.
     pub fn spawn(binary: &std::path::Path, spec: &ClientSpec) -> BenchResult<ClientProcess> {
         let mut child = Command::new(binary)
             .arg(SUBCOMMAND)
@@ -845,5 +845,99 @@ impl Drop for ClientProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// One phase's refusals, resets and connect times over every client
+/// process, as the parent reads them from the clients' counters.
+#[derive(Debug, Default, Clone)]
+pub struct PhaseFigures {
+    pub timeouts: u64,
+    pub server_errors: u64,
+    pub other_refusals: u64,
+    pub resets: u64,
+    pub refused_while_down: u64,
+    pub out_of_descriptors: u64,
+    pub out_of_ports: u64,
+    pub streams_opened: u64,
+    pub connect: Percentiles,
+    pub reset_reasons: BTreeMap<String, u64>,
+    /// Per relay: the first attempt of the phase and its last stream ready
+    /// (realtime ns), and the streams opened.
+    pub first_attempt: u64,
+    pub last_ready: Vec<u64>,
+    pub opened_per_relay: Vec<u64>,
+}
+
+impl PhaseFigures {
+    /// Nothing refused or reset.
+    pub fn clean(&self) -> bool {
+        self.timeouts == 0
+            && self.server_errors == 0
+            && self.other_refusals == 0
+            && self.resets == 0
+    }
+
+    /// From each client's counters of the phase.
+    pub fn merge(tallies: &[&Value], relays: usize) -> PhaseFigures {
+        let mut phase = PhaseFigures {
+            last_ready: vec![0; relays],
+            opened_per_relay: vec![0; relays],
+            first_attempt: u64::MAX,
+            ..PhaseFigures::default()
+        };
+        let mut connect = Vec::new();
+        for tally in tallies {
+            let n = |key: &str| tally[key].as_u64().unwrap_or(0);
+            phase.timeouts += n("timeouts");
+            phase.server_errors += n("server_errors");
+            phase.other_refusals += n("other_refusals");
+            phase.resets += n("resets");
+            phase.refused_while_down += n("refused_while_down");
+            phase.out_of_descriptors += n("out_of_descriptors");
+            phase.out_of_ports += n("out_of_ports");
+            phase.streams_opened += n("streams_opened");
+            let first = n("first_attempt");
+            if first > 0 {
+                phase.first_attempt = phase.first_attempt.min(first);
+            }
+            if let Some(samples) = tally["connect_micros"].as_array() {
+                connect.extend(
+                    samples
+                        .iter()
+                        .filter_map(|s| s.as_u64())
+                        .map(|us| us * 1000),
+                );
+            }
+            if let Some(reasons) = tally["reset_reasons"].as_object() {
+                for (how, count) in reasons {
+                    *phase.reset_reasons.entry(how.clone()).or_default() +=
+                        count.as_u64().unwrap_or(0);
+                }
+            }
+            for relay in 0..relays {
+                phase.last_ready[relay] =
+                    phase.last_ready[relay].max(tally["last_ready"][relay].as_u64().unwrap_or(0));
+                phase.opened_per_relay[relay] +=
+                    tally["opened_per_relay"][relay].as_u64().unwrap_or(0);
+            }
+        }
+        phase.connect = Percentiles::of(&mut connect);
+        phase
+    }
+
+    pub fn errors(&self) -> String {
+        format!(
+            "408: {} · 5xx: {} · other refusals: {} · resets: {}{}",
+            self.timeouts,
+            self.server_errors,
+            self.other_refusals,
+            self.resets,
+            if self.reset_reasons.is_empty() {
+                String::new()
+            } else {
+                format!(" ({:?})", self.reset_reasons)
+            }
+        )
     }
 }

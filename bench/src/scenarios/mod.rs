@@ -1,7 +1,6 @@
 //! The scenarios, one module each: a scenario's module owns its run and its
 //! table rows (`rows`), and the binary's table of scenarios names them.
 
-pub mod box_scale;
 pub mod connection_heap;
 pub mod emit_cost;
 pub mod fanout;

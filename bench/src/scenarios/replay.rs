@@ -61,13 +61,7 @@ pub async fn run(
     .await?;
 
     let client = eventrelay::connect(database_url).await?;
-    let row = client
-        .query_one(
-            &format!("SELECT coalesce(max(seq), 0) FROM {schema}.outbox"),
-            &[],
-        )
-        .await?;
-    let after: i64 = row.get(0);
+    let after = crate::database::max_seq(database_url, schema).await?;
     let emit = format!(
         "SELECT {schema}.emit('bench.replay'::text, $1::text, jsonb_build_object('bn', g, 'pad', repeat('x', 100)))
          FROM generate_series($2::int, $3::int) AS g"

@@ -1,9 +1,11 @@
-//! Reconnect storms. N subscribers stream with a `Last-Event-ID` while
-//! durable events are emitted; the relay is stopped with SIGTERM, as a
-//! deploy does, and a new process is started on the same port. Each
-//! subscriber behaves like a browser's `EventSource` without its retry
-//! delay: when its stream ends it reconnects at once, resuming from the last
-//! id it saw, and while nothing listens it retries every 50 ms.
+//! Reconnect storms (`--only storm`). N subscribers stream with a
+//! `Last-Event-ID` while durable events are emitted; the relay is stopped
+//! with SIGTERM, as a deploy does, and a new process is started on the same
+//! port. Each subscriber behaves like a browser's `EventSource` without its
+//! retry delay: when its stream ends it reconnects at once, resuming from
+//! the last id it saw, and while nothing listens it retries every 50 ms.
+//! The subscribers are held by the load tool's stream client processes
+//! (`stream_client`), as the streams and box scenarios' are.
 //!
 //! Counted per phase: refusals by status (408, 5xx, others), connections
 //! the server reset, connect time (from an attempt's TCP connect to the
@@ -13,39 +15,28 @@
 //! and the relay's RSS is read with each wave streaming and after the last
 //! one left.
 
-use crate::context::Context;
-use crate::report::{Table, ms, size, verdict};
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
-use crate::clock::{CommitLog, Percentiles};
+use crate::BenchResult;
+use crate::context::Context;
+use crate::database::max_seq;
 use crate::proc_stats;
-use crate::publish::{Pace, Source, publish_for};
 use crate::relay_process::{RelayProcess, RelaySettings};
-use crate::sse_load::{FrameParser, ReadyWhen, request_head};
-use crate::{BenchResult, subscriber_token};
+use crate::report::{Table, ms, size, verdict};
+use crate::scenarios::streams::Emitter;
+use crate::stream_client::{ClientProcess, ClientSpec, PhaseFigures, Reconnect, realtime_ns};
 
-/// `errno` for a process out of file descriptors (Linux).
-const EMFILE: i32 = 24;
-/// How long a subscriber waits before retrying while nothing listens.
-const RETRY_WHILE_DOWN: Duration = Duration::from_millis(50);
 /// How long after the last connection left the relay's memory is read
 /// again: past the interval at which it returns freed memory.
 const SETTLE: Duration = Duration::from_secs(5);
-
-/// How long a subscriber waits after a refusal (a status other than 200).
-const RETRY_AFTER_REFUSAL: Duration = Duration::from_millis(250);
 /// Longest wait for all subscribers to stream, or for every event to arrive.
 const PATIENCE: Duration = Duration::from_secs(120);
+/// Client processes per wave, each from a source address of its own.
+const CLIENTS: usize = 2;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -63,79 +54,18 @@ pub struct StormPlan {
     pub extra_waves: usize,
 }
 
-/// What went wrong, and how fast it went right, in one phase.
-#[derive(Default)]
-struct Tally {
-    timeouts: AtomicU64,
-    server_errors: AtomicU64,
-    other_refusals: AtomicU64,
-    resets: AtomicU64,
-    refused_while_down: AtomicU64,
-    out_of_descriptors: AtomicU64,
-    streams_opened: AtomicU64,
-    connect_nanos: Mutex<Vec<u64>>,
-    reset_reasons: Mutex<BTreeMap<String, u64>>,
-}
-
-/// One phase's figures.
+/// One phase: its counters, and how long from its start until all N
+/// streamed (`None` when they did not within the patience).
 #[derive(Debug, Clone)]
-pub struct PhaseFigures {
-    /// From the phase's start until all N subscribers streamed; `None`
-    /// when they did not within the patience.
+pub struct Phase {
     pub all_streaming_after: Option<Duration>,
-    /// Connect time of the streams opened in the phase.
-    pub connect: Percentiles,
-    pub streams_opened: u64,
-    /// 408 answers.
-    pub timeouts: u64,
-    /// 5xx answers.
-    pub server_errors: u64,
-    /// Other statuses than 200.
-    pub other_refusals: u64,
-    /// Connections reset by the server, or failing any other way after
-    /// the TCP connect.
-    pub resets: u64,
-    /// How the resets happened.
-    pub reset_reasons: BTreeMap<String, u64>,
-    /// Connection attempts refused while no relay listened.
-    pub refused_while_down: u64,
-    /// Connection attempts the load tool could not make for want of a
-    /// file descriptor, retried 50 ms later.
-    pub out_of_descriptors: u64,
+    pub figures: PhaseFigures,
 }
 
-impl PhaseFigures {
+impl Phase {
     /// Every subscriber streams and nothing was refused or reset.
     pub fn clean(&self) -> bool {
-        self.all_streaming_after.is_some()
-            && self.timeouts == 0
-            && self.server_errors == 0
-            && self.other_refusals == 0
-            && self.resets == 0
-    }
-
-    fn of(tally: &Tally, all_streaming_after: Option<Duration>) -> PhaseFigures {
-        let mut samples = tally
-            .connect_nanos
-            .lock()
-            .map(|samples| samples.clone())
-            .unwrap_or_default();
-        PhaseFigures {
-            all_streaming_after,
-            connect: Percentiles::of(&mut samples),
-            streams_opened: tally.streams_opened.load(Ordering::Relaxed),
-            timeouts: tally.timeouts.load(Ordering::Relaxed),
-            server_errors: tally.server_errors.load(Ordering::Relaxed),
-            other_refusals: tally.other_refusals.load(Ordering::Relaxed),
-            resets: tally.resets.load(Ordering::Relaxed),
-            reset_reasons: tally
-                .reset_reasons
-                .lock()
-                .map(|reasons| reasons.clone())
-                .unwrap_or_default(),
-            refused_while_down: tally.refused_while_down.load(Ordering::Relaxed),
-            out_of_descriptors: tally.out_of_descriptors.load(Ordering::Relaxed),
-        }
+        self.all_streaming_after.is_some() && self.figures.clean()
     }
 }
 
@@ -143,395 +73,214 @@ impl PhaseFigures {
 #[derive(Debug, Clone)]
 pub struct StormFigures {
     /// The subscribers' first connect, to an idle relay.
-    pub first: PhaseFigures,
+    pub first: Phase,
     /// From SIGTERM to the old process's exit.
     pub stopped_in: Duration,
     /// From starting the new process until all N streamed again.
-    pub restart: PhaseFigures,
+    pub restart: Phase,
     pub emitted: usize,
     /// (subscriber, event) pairs emitted into a subscriber's scope that it
     /// never received.
     pub missed: u64,
     /// Each further wave, connecting while the previous one hangs up.
-    pub waves: Vec<PhaseFigures>,
-    /// Relay RSS before the first subscriber connected, in KiB.
+    pub waves: Vec<Phase>,
+    /// Relay RSS before the first subscriber connected, with all N of each
+    /// wave streaming (the restart storm's first), after the last wave
+    /// hung up, and a few seconds later (long enough for the relay to
+    /// hand the freed memory back), in KiB.
     pub rss_before_kib: u64,
-    /// Relay RSS with all N of each wave streaming (the restart storm's
-    /// first), in KiB.
     pub rss_streaming_kib: Vec<u64>,
-    /// Relay RSS after the last wave hung up and its connections were
-    /// released, in KiB.
     pub rss_after_kib: u64,
-    /// The same, a few seconds later: long enough for the relay to hand
-    /// the freed memory back to the system.
     pub rss_settled_kib: u64,
 }
 
-/// State every subscriber of a wave shares.
+/// One wave of N subscribers over [`CLIENTS`] client processes.
 struct Wave {
-    tally: Mutex<Arc<Tally>>,
-    streaming: AtomicUsize,
-    /// Distinct numbered events received, by all subscribers together.
-    received: AtomicU64,
-    stop: watch::Sender<bool>,
-    tasks: Mutex<Vec<JoinHandle<Vec<bool>>>>,
+    clients: Vec<ClientProcess>,
 }
 
 impl Wave {
-    fn new() -> Arc<Wave> {
-        Arc::new(Wave {
-            tally: Mutex::new(Arc::new(Tally::default())),
-            streaming: AtomicUsize::new(0),
-            received: AtomicU64::new(0),
-            stop: watch::Sender::new(false),
-            tasks: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn tally(&self) -> Arc<Tally> {
-        self.tally
-            .lock()
-            .map(|tally| Arc::clone(&tally))
-            .unwrap_or_default()
-    }
-
-    /// Starts counting into a fresh tally; answers it.
-    fn next_phase(&self) -> Arc<Tally> {
-        let fresh = Arc::new(Tally::default());
-        if let Ok(mut tally) = self.tally.lock() {
-            *tally = Arc::clone(&fresh);
-        }
-        fresh
-    }
-
-    /// Starts `count` subscribers over `scopes` scopes, resuming after
-    /// `last_event_id` when given.
+    /// Opens the wave's streams on `port`, resuming after `last_event_id`.
     fn open(
-        self: &Arc<Self>,
-        address: SocketAddr,
+        client_bin: &Path,
+        work_dir: &Path,
+        plan: &StormPlan,
         name: &str,
-        count: usize,
-        scopes: usize,
+        port: u16,
         last_event_id: Option<i64>,
-    ) {
-        let mut tasks = Vec::with_capacity(count);
-        for index in 0..count {
-            let scope = scope_name(index % scopes);
-            let subscriber = Subscriber {
-                address,
-                authorization: format!(
-                    "Bearer {}",
-                    subscriber_token(&format!("{name}-{index}"), &scope)
-                ),
+    ) -> BenchResult<Wave> {
+        let per_client = plan.subscribers.div_ceil(CLIENTS);
+        let mut clients = Vec::new();
+        for (index, first) in (0..plan.subscribers).step_by(per_client).enumerate() {
+            let spec = ClientSpec {
+                index,
+                source: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + index as u8)),
+                relay_ports: vec![port],
+                first,
+                count: per_client.min(plan.subscribers - first),
+                scopes: plan.scopes,
+                scope_prefix: name.to_owned(),
                 last_event_id,
-                received: Vec::new(),
+                connect_concurrency: per_client,
+                reconnect: Reconnect::Immediate,
+                work_dir: work_dir.to_owned(),
             };
-            tasks.push(tokio::spawn(subscriber.run(Arc::clone(self))));
+            clients.push(ClientProcess::spawn(client_bin, &spec)?);
         }
-        if let Ok(mut all) = self.tasks.lock() {
-            all.extend(tasks);
-        }
+        Ok(Wave { clients })
     }
 
-    /// Waits until `count` subscribers stream and `since`'s tally saw at
-    /// least `count` streams open; answers how long that took from `from`.
-    async fn all_streaming(&self, count: usize, tally: &Tally, from: Instant) -> Option<Duration> {
-        let deadline = from + PATIENCE;
-        while self.streaming.load(Ordering::Relaxed) < count
-            || tally.streams_opened.load(Ordering::Relaxed) < count as u64
-        {
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+    /// How long from `since` (realtime ns) until every client said all of
+    /// its streams of the phase are ready.
+    async fn all_streaming(&mut self, since: u64) -> Option<Duration> {
+        let mut last = since;
+        for client in &mut self.clients {
+            let line = client.expect("all_streaming", PATIENCE).await.ok()?;
+            last = last.max(line["at"].as_u64().unwrap_or(since));
         }
-        Some(from.elapsed())
+        Some(Duration::from_nanos(last - since))
     }
 
-    /// Tells every subscriber to hang up, without waiting for them.
-    fn begin_hang_up(&self) {
-        self.stop.send_replace(true);
+    /// Distinct events received over all streams.
+    async fn received(&mut self) -> BenchResult<u64> {
+        let mut received = 0;
+        for client in &mut self.clients {
+            client.send("status")?;
+            received += client.expect("status", PATIENCE).await?["received"]
+                .as_u64()
+                .unwrap_or(0);
+        }
+        Ok(received)
     }
 
-    /// Tells every subscriber to hang up and answers what each received.
-    async fn hang_up(&self) -> Vec<Vec<bool>> {
-        self.begin_hang_up();
-        let tasks = self
-            .tasks
-            .lock()
-            .map(|mut tasks| std::mem::take(&mut *tasks))
-            .unwrap_or_default();
-        let mut received = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            received.push(task.await.unwrap_or_default());
+    /// Tells every client to hang up at once, the first `emitted` events
+    /// counted as missed where absent.
+    fn hang_up(&mut self, emitted: usize) -> BenchResult<()> {
+        for client in &mut self.clients {
+            client.send(&format!("finish {emitted} 0"))?;
         }
-        received
-    }
-}
-
-fn scope_name(index: usize) -> String {
-    format!("storm-{index}")
-}
-
-/// How one connection attempt ended.
-enum Ended {
-    /// The server ended the stream (its closing chunk, or a clean close).
-    ByServer,
-    /// The wave was told to hang up.
-    Stopped,
-    /// Nothing listened.
-    Down,
-    /// This process had no descriptor left for another socket (the previous
-    /// wave's are still being closed): the load tool's limit, not the
-    /// relay's doing.
-    NoDescriptor,
-    /// A status other than 200.
-    Refused(u16),
-    /// Reset, or failed in another way after the connect; says how.
-    Broken(String),
-}
-
-/// One reconnecting subscriber.
-struct Subscriber {
-    address: SocketAddr,
-    authorization: String,
-    last_event_id: Option<i64>,
-    /// Which event numbers arrived.
-    received: Vec<bool>,
-}
-
-impl Subscriber {
-    async fn run(mut self, wave: Arc<Wave>) -> Vec<bool> {
-        let mut stop = wave.stop.subscribe();
-        while !*stop.borrow() {
-            let tally = wave.tally();
-            match self.attempt(&wave, &tally, &mut stop).await {
-                Ended::ByServer => {}
-                Ended::Stopped => break,
-                Ended::Down => {
-                    tally.refused_while_down.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
-                }
-                Ended::NoDescriptor => {
-                    tally.out_of_descriptors.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
-                }
-                Ended::Refused(status) => {
-                    let counter = match status {
-                        408 => &tally.timeouts,
-                        500..=599 => &tally.server_errors,
-                        _ => &tally.other_refusals,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(RETRY_AFTER_REFUSAL).await;
-                }
-                Ended::Broken(how) => {
-                    tally.resets.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(mut reasons) = tally.reset_reasons.lock() {
-                        *reasons.entry(how).or_default() += 1;
-                    }
-                    tokio::time::sleep(RETRY_WHILE_DOWN).await;
-                }
-            }
-        }
-        self.received
+        Ok(())
     }
 
-    async fn attempt(
-        &mut self,
-        wave: &Wave,
-        tally: &Tally,
-        stop: &mut watch::Receiver<bool>,
-    ) -> Ended {
-        let started = Instant::now();
-        let mut stream = match TcpStream::connect(self.address).await {
-            Ok(stream) => stream,
-            Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Ended::Down;
-            }
-            Err(error) if error.raw_os_error() == Some(EMFILE) => return Ended::NoDescriptor,
-            Err(error) => return Ended::Broken(format!("connect: {}", error.kind())),
-        };
-        stream.set_nodelay(true).ok();
-        let request = request_head(
-            self.address,
-            "/v1/events",
-            Some(&self.authorization),
-            self.last_event_id,
-        );
-        if stream.write_all(request.as_bytes()).await.is_err() {
-            return Ended::Broken("sending the request".to_owned());
+    /// Each phase's figures and the missed pairs, once the clients hung up.
+    async fn finished(mut self) -> BenchResult<(Vec<PhaseFigures>, u64)> {
+        let mut lines = Vec::new();
+        for client in &mut self.clients {
+            lines.push(client.expect("finished", PATIENCE).await?);
         }
-        let mut parser = FrameParser::new(ReadyWhen::ReadyEvent);
-        let mut streaming = false;
-        let mut receipts = Vec::new();
-        let mut buffer = vec![0u8; 8 * 1024];
-        let ended = loop {
-            let read = tokio::select! {
-                _ = stop.changed() => break Ended::Stopped,
-                read = stream.read(&mut buffer) => read,
-            };
-            let read = match read {
-                Ok(0) if streaming => break Ended::ByServer,
-                Ok(0) => break Ended::Broken("closed before ready".to_owned()),
-                Err(error) => {
-                    let phase = if streaming {
-                        "streaming"
-                    } else {
-                        "before ready"
-                    };
-                    break Ended::Broken(format!("read {phase}: {}", error.kind()));
-                }
-                Ok(read) => read,
-            };
-            let became_ready = parser.feed(&buffer[..read], 0, &mut receipts);
-            if let Some(id) = parser.last_id {
-                self.last_event_id = Some(id);
-            }
-            for receipt in receipts.drain(..) {
-                let number = receipt.number as usize;
-                if self.received.len() <= number {
-                    self.received.resize(number + 1, false);
-                }
-                if !std::mem::replace(&mut self.received[number], true) {
-                    wave.received.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            match became_ready {
-                Err(_) => break Ended::Refused(parser.status.unwrap_or(0)),
-                Ok(true) => {
-                    streaming = true;
-                    wave.streaming.fetch_add(1, Ordering::Relaxed);
-                    tally.streams_opened.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(mut samples) = tally.connect_nanos.lock() {
-                        samples.push(started.elapsed().as_nanos() as u64);
-                    }
-                }
-                Ok(false) => {}
-            }
-            if parser.ended {
-                break if streaming {
-                    Ended::ByServer
-                } else {
-                    Ended::Broken("ended before ready".to_owned())
-                };
-            }
-        };
-        if streaming {
-            wave.streaming.fetch_sub(1, Ordering::Relaxed);
-        }
-        ended
+        let phases = lines[0]["phases"].as_array().map_or(0, Vec::len);
+        let figures = (0..phases)
+            .map(|phase| {
+                let tallies: Vec<_> = lines.iter().map(|line| &line["phases"][phase]).collect();
+                PhaseFigures::merge(&tallies, 1)
+            })
+            .collect();
+        let missed = lines
+            .iter()
+            .map(|l| l["missing"].as_u64().unwrap_or(0))
+            .sum();
+        Ok((figures, missed))
     }
 }
 
-/// Runs the storm against relay processes started from `binary`.
+/// Runs the storm against relay processes started from `binary`, with
+/// stream clients started from `client_bin` (the `eventrelay-bench`
+/// binary).
 pub async fn run(
     plan: &StormPlan,
     binary: &Path,
+    client_bin: &Path,
     work_dir: &Path,
     settings: &RelaySettings,
 ) -> BenchResult<StormFigures> {
     let n = plan.subscribers;
     let mut relay = RelayProcess::start(binary, work_dir, settings).await?;
-    let address = relay.address();
+    let port = relay.port;
     let rss_before_kib = rss_kib(&relay);
-    let start_after = max_seq(settings).await?;
+    let start_after = max_seq(&settings.database_url, &settings.schema).await?;
 
     // The storm wave streams, resuming from the current end of the outbox.
-    let storm = Wave::new();
-    let first_tally = storm.tally();
-    let connecting = Instant::now();
-    storm.open(address, "storm", n, plan.scopes, Some(start_after));
-    let first_after = storm.all_streaming(n, &first_tally, connecting).await;
-    let first = PhaseFigures::of(&first_tally, first_after);
-    if first_after.is_none() {
-        storm.hang_up().await;
-        return Err(format!(
-            "only {} of {n} subscribers streamed",
-            storm.streaming.load(Ordering::Relaxed)
-        )
-        .into());
-    }
+    let connecting = realtime_ns();
+    let mut storm = Wave::open(client_bin, work_dir, plan, "storm", port, Some(start_after))?;
+    let first_after = storm.all_streaming(connecting).await.ok_or(format!(
+        "not all {n} subscribers streamed within {PATIENCE:?}"
+    ))?;
 
     // Events flow through the stop and the restart.
-    let log = CommitLog::new(1_000_000);
-    let source = Source::Emit {
+    let emitter = Emitter {
         database_url: settings.database_url.clone(),
         schema: settings.schema.clone(),
+        scope_prefix: "storm".to_owned(),
+        scopes: plan.scopes,
     };
-    let scopes = plan.scopes;
-    let emitter = {
-        let (pace, emitting, log) = (
-            Pace::PerSecond(plan.events_per_sec),
-            plan.emitting,
-            Arc::clone(&log),
-        );
-        tokio::spawn(async move {
-            publish_for(
-                &source,
-                Arc::new(move |number| scope_name(number % scopes)),
-                pace,
-                emitting,
-                1,
-                log,
-            )
-            .await
-        })
+    let (_never, no_stop) = watch::channel(false);
+    let emitting = {
+        let deadline = tokio::time::Instant::now() + plan.emitting;
+        let rate = plan.events_per_sec;
+        tokio::spawn(async move { emitter.run(0, rate, Some(deadline), no_stop).await })
     };
     tokio::time::sleep(plan.emitting / 3).await;
-    let restart_tally = storm.next_phase();
+    for client in &mut storm.clients {
+        client.send("phase")?;
+    }
     let stopped_in = relay.terminate(Duration::from_secs(30)).await?;
-    let restarting = Instant::now();
-    relay = RelayProcess::start_on(binary, work_dir, settings, address.port()).await?;
-    let restart_after = storm.all_streaming(n, &restart_tally, restarting).await;
-    let emitted = emitter.await??;
+    let restarting = realtime_ns();
+    relay = RelayProcess::start_on(binary, work_dir, settings, port).await?;
+    let restart_after = storm.all_streaming(restarting).await;
+    let emitted = emitting.await??.len();
 
     // Every subscriber receives every event of its scope, replayed or live.
     let expected: u64 = (0..n)
-        .map(|index| {
-            (0..emitted)
-                .filter(|e| e % scopes == index % scopes)
-                .count() as u64
-        })
+        .map(|g| (g % plan.scopes..emitted).step_by(plan.scopes).count() as u64)
         .sum();
     let deadline = Instant::now() + PATIENCE;
-    while storm.received.load(Ordering::Relaxed) < expected && Instant::now() < deadline {
+    while storm.received().await? < expected && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let restart = PhaseFigures::of(&restart_tally, restart_after);
     let mut rss_streaming_kib = vec![rss_kib(&relay)];
 
     // Further waves, each arriving while the previous one hangs up.
     let mut leaving = storm;
+    let mut leaving_emitted = emitted;
+    let mut storm_phases = None;
     let mut waves = Vec::new();
-    let mut storm_received = None;
     for number in 0..plan.extra_waves {
-        let wave = Wave::new();
-        let tally = wave.tally();
-        // The previous wave's clients close their sockets as the new one
-        // connects; the relay notices each close within its peek interval.
-        leaving.begin_hang_up();
-        let arriving = Instant::now();
-        wave.open(address, &format!("wave{number}"), n, plan.scopes, None);
-        let received = leaving.hang_up().await;
-        storm_received.get_or_insert(received);
-        let after = wave.all_streaming(n, &tally, arriving).await;
-        waves.push(PhaseFigures::of(&tally, after));
+        let arriving = realtime_ns();
+        let mut wave = Wave::open(
+            client_bin,
+            work_dir,
+            plan,
+            &format!("wave{number}"),
+            port,
+            None,
+        )?;
+        leaving.hang_up(leaving_emitted)?;
+        let left = leaving.finished().await?;
+        storm_phases.get_or_insert(left);
+        let all_streaming_after = wave.all_streaming(arriving).await;
         rss_streaming_kib.push(rss_kib(&relay));
-        leaving = wave;
+        waves.push(all_streaming_after);
+        (leaving, leaving_emitted) = (wave, 0);
     }
-    let received = leaving.hang_up().await;
-    let storm_received = storm_received.unwrap_or(received);
-    let missed = storm_received
-        .iter()
+    leaving.hang_up(leaving_emitted)?;
+    let left = leaving.finished().await?;
+    let mut wave_phases = Vec::new();
+    let (storm_phases, missed) = match storm_phases {
+        Some(storm) => {
+            wave_phases.push(left.0);
+            storm
+        }
+        None => left,
+    };
+    let phase = |figures: Option<&PhaseFigures>, after| Phase {
+        all_streaming_after: after,
+        figures: figures.cloned().unwrap_or_default(),
+    };
+    let waves = waves
+        .into_iter()
         .enumerate()
-        .map(|(index, got)| {
-            (0..emitted)
-                .filter(|e| e % scopes == index % scopes)
-                .filter(|e| !got.get(*e).copied().unwrap_or(false))
-                .count() as u64
-        })
-        .sum();
+        .map(|(index, after)| phase(wave_phases.get(index).and_then(|p| p.first()), after))
+        .collect();
 
     let deadline = Instant::now() + PATIENCE;
     while relay.metric("sse_connections").await > 0.0 && Instant::now() < deadline {
@@ -539,18 +288,17 @@ pub async fn run(
     }
     let rss_after_kib = rss_kib(&relay);
     tokio::time::sleep(SETTLE).await;
-    let rss_settled_kib = rss_kib(&relay);
     Ok(StormFigures {
-        first,
+        first: phase(storm_phases.first(), Some(first_after)),
         stopped_in,
-        restart,
+        restart: phase(storm_phases.get(1), restart_after),
         emitted,
         missed,
         waves,
         rss_before_kib,
         rss_streaming_kib,
         rss_after_kib,
-        rss_settled_kib,
+        rss_settled_kib: rss_kib(&relay),
     })
 }
 
@@ -558,20 +306,6 @@ fn rss_kib(relay: &RelayProcess) -> u64 {
     proc_stats::rss_bytes(&[relay.pid()]) / 1024
 }
 
-/// The outbox's highest seq now: the storm's subscribers resume after it.
-async fn max_seq(settings: &RelaySettings) -> BenchResult<i64> {
-    let client = eventrelay::connect(&settings.database_url).await?;
-    let row = client
-        .query_one(
-            &format!(
-                "SELECT coalesce(max(seq), 0) FROM {}.outbox",
-                settings.schema
-            ),
-            &[],
-        )
-        .await?;
-    Ok(row.get(0))
-}
 /// Reconnect storms: the large fan-out's subscriber count riding out a
 /// SIGTERM restart, then two more waves, each arriving while the previous
 /// one hangs up.
@@ -586,25 +320,25 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         extra_waves: 2,
     };
     let settings = cx.settings();
-    let f = run(&plan, &cx.args.relay_bin, &cx.args.work_dir, &settings).await?;
-    let phase = |p: &PhaseFigures| {
+    let client_bin = std::env::current_exe()?;
+    let f = run(
+        &plan,
+        &cx.args.relay_bin,
+        &client_bin,
+        &cx.args.work_dir,
+        &settings,
+    )
+    .await?;
+    let phase = |p: &Phase| {
         format!(
-            "{} · connect p50 {} · p99 {} · 408: {} · 5xx: {} · other refusals: {} · resets: {}{}",
+            "{} · connect p50 {} · p99 {} · {}",
             p.all_streaming_after.map_or_else(
                 || format!("not all {n} streaming"),
                 |d| format!("all {n} streaming after {:.2} s", d.as_secs_f64())
             ),
-            ms(p.connect.p50),
-            ms(p.connect.p99),
-            p.timeouts,
-            p.server_errors,
-            p.other_refusals,
-            p.resets,
-            if p.reset_reasons.is_empty() {
-                String::new()
-            } else {
-                format!(" ({:?})", p.reset_reasons)
-            }
+            ms(p.figures.connect.p50),
+            ms(p.figures.connect.p99),
+            p.figures.errors()
         )
     };
     table.add(

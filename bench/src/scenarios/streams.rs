@@ -1,1064 +1,732 @@
-//! Many idle streams on relays, and then one event per second to each of
-//! them: what a stream costs a relay in resident memory as the count grows
-//! (read in steps), how fast streams connect, and whether every delivery
-//! is made once they all receive.
+//! Streams held by client processes (`stream_client`): `--only streams`,
+//! idle streams on one relay in steps up to 19,000 (under a process's
+//! 20,000 open files), and `--only box`, one machine's worth, 100,000
+//! streams over six relay processes on one database. Both send one event
+//! per second to every stream, each commit-to-receive timed; the box then
+//! restarts every relay under all of its streams.
 //!
-//! The streams are held by child processes of the load tool (the
-//! `streams-client` command), each under the machine's open-file limit,
-//! each stream connecting from one of several loopback source addresses so
-//! that no source runs out of ephemeral ports. The parent starts the
-//! children, tells them how many streams to open at each step, reads the
-//! relays' RSS, emits the events and records their commit times; each
-//! child then checks its own streams against those times, event by event,
-//! on the machine's monotonic clock.
-
+//! Owns the plans, the pool sizing against Postgres's `max_connections`,
+//! the emitter (one durable emit per scope per second, numbered, its commit
+//! times on the machine's realtime clock), the relays' restarts, and the
+//! figures and rows: per relay and in total, connect rate, idle RSS per
+//! connection at each step, relay RSS and CPU, deliveries and
+//! commit-to-receive latency, and the storm's errors, connect times and
+//! time until all stream again.
 use crate::context::Context;
 use crate::report::{Table, ms, size, verdict};
-use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::Arc;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
-use tokio::task::JoinHandle;
+use eventrelay_publisher::{NewEvent, Publisher};
+use tokio::sync::watch;
 
 use crate::BenchResult;
-use crate::clock::{CommitLog, Percentiles, Receipt};
-use crate::proc_stats;
-use crate::publish::{Pace, Source, publish_for};
+use crate::clock::Percentiles;
+use crate::database::max_seq;
+use crate::proc_stats::{self, Usage};
+use crate::publish::{TICK_TYPE, event_data};
 use crate::relay_process::{RelayProcess, RelaySettings};
-use crate::sse_load::{FrameParser, ReadyWhen, StreamTarget, connect_from, request_head};
+use crate::stream_client::{
+    self, Arrival, ClientProcess, ClientSpec, PhaseFigures, Reconnect, realtime_ns,
+};
 
-/// Handshakes each child keeps in flight while its streams connect.
-const CONNECT_CONCURRENCY: usize = 200;
-/// Longest wait for the last deliveries after the events stop.
-const DRAIN_PATIENCE: Duration = Duration::from_secs(10);
+/// The relays' `application_name`, by which their Postgres connections are
+/// counted.
+const APPLICATION_NAME: &str = "eventrelay-box";
+/// Connections left free for everything that is not one of these relays:
+/// the emitter, the scenario's own queries, and other users of the same
+/// server (another relay under test holds `pool_size + 1` = 17 by default).
+const HEADROOM: usize = 20;
+/// The largest pool worth giving a relay here: 8 connections served 500
+/// simultaneous outbox replays as fast as 32 did (`--only pools`).
+const POOL_CEILING: usize = 8;
+/// Longest wait for every stream to be ready, in either phase.
+const PATIENCE: Duration = Duration::from_secs(300);
+/// Longest wait for the last deliveries once emitting stops.
+const DRAIN: Duration = Duration::from_secs(20);
 
-/// One run.
+/// What to run.
 #[derive(Clone, Debug)]
-pub struct StreamsPlan {
-    /// Open streams at which the relays' RSS is read; the last is the total.
+pub struct BoxPlan {
+    /// What the rows start with.
+    pub label: &'static str,
+    pub relays: usize,
+    /// Streams open after each step (the last is all of them); the relays'
+    /// RSS is read `settle` after each.
     pub steps: Vec<usize>,
-    /// How long the streams sit idle at each step before the reading.
     pub settle: Duration,
+    /// Client processes per step, on source addresses 127.0.0.2–9 in turn.
+    pub clients: usize,
+    /// Scopes in all: every relay holds streams of every scope, as a load
+    /// balancer in front of a fleet spreads each scope's subscribers.
     pub scopes: usize,
-    /// Prefix of this run's scope names.
-    pub scope_prefix: String,
-    /// Events per second into each scope.
-    pub rate_per_scope: f64,
-    pub duration: Duration,
-    /// Streams per child process, kept under its open-file limit.
-    pub per_child: usize,
-    /// Loopback addresses the streams connect from, round robin.
-    pub sources: Vec<IpAddr>,
-    /// How long a stream waits before it reconnects, after its stream
-    /// ended or an attempt failed: a browser's `EventSource` waits the
-    /// stream's `retry:` (the relay sends 3 s); at least 50 ms.
-    pub reconnect_delay: Duration,
+    /// How long one event per second goes to every stream.
+    pub run: Duration,
+    /// Events per second spread over the scopes while the relays restart.
+    pub storm_rate: f64,
+    /// First-connect handshakes in flight per client process.
+    pub connect_concurrency: usize,
+    /// `database.pool_size` of every relay; unset, chosen from what
+    /// Postgres has free ([`pool_budget`]).
+    pub pool_size: Option<usize>,
+    /// How the subscribers come back when their relay restarts.
+    pub reconnect: Reconnect,
+    /// Every relay's `http.header_timeout_secs`. A restarted relay reads
+    /// the requests of all its clients at once, on a sixth of the two
+    /// cores; at 16,667 each, the last are read about a minute later, and
+    /// the default 10 s would close them first.
+    pub header_timeout_secs: u64,
+    /// Whether every relay is restarted under the streams after the run.
+    pub restart: bool,
 }
 
-/// RSS per idle stream at one step.
-#[derive(Clone, Debug)]
-pub struct Step {
-    pub streams: usize,
-    /// (RSS now − RSS before any stream) / streams, summed over relays.
-    pub rss_per_stream: f64,
-    /// The same for each relay, over the streams it holds.
-    pub per_relay: Vec<f64>,
-}
+impl BoxPlan {
+    pub fn of(quick: bool) -> BoxPlan {
+        BoxPlan {
+            label: "box",
+            relays: 6,
+            steps: vec![if quick { 12_000 } else { 100_000 }],
+            settle: Duration::from_secs(2),
+            clients: 8,
+            scopes: 10,
+            run: Duration::from_secs(if quick { 10 } else { 30 }),
+            storm_rate: 5.0,
+            connect_concurrency: 64,
+            pool_size: None,
+            reconnect: Reconnect::Jittered,
+            header_timeout_secs: 60,
+            restart: true,
+        }
+    }
 
-#[derive(Clone, Debug)]
-pub struct StreamsFigures {
-    pub steps: Vec<Step>,
-    pub children: usize,
-    /// Time spent opening streams (all steps, not the idle waits).
-    pub connect_time: Duration,
-    pub published: usize,
-    pub expected: u64,
-    pub delivered: u64,
-    /// Expected deliveries that never came.
-    pub missing: u64,
-    /// Streams that missed at least one event, or failed.
-    pub streams_short: u64,
-    /// Frames received twice, or from another scope.
-    pub unexpected: u64,
-    pub deliveries_per_second: f64,
-    /// The relays' CPU seconds (user and system) per 1,000 deliveries,
-    /// over the events and their drain.
-    pub cpu_seconds_per_1000: f64,
-    pub latency: Percentiles,
-    /// Deliveries per relay, in the order of the plan's relays.
-    pub delivered_per_relay: Vec<u64>,
-    pub rss_after: Vec<u64>,
-    /// Events received again after a reconnect (replayed from before the
-    /// stream's `Last-Event-ID`); not a failure.
-    pub repeated: u64,
-    pub storm: Option<StormFigures>,
-}
+    /// Idle streams on one relay in steps up to 19,000 (1,900 with
+    /// --quick), then one event per second into each of 10 scopes; nothing
+    /// restarts. Each step's streams come from one client process.
+    pub fn streams(quick: bool) -> BoxPlan {
+        BoxPlan {
+            label: "streams",
+            relays: 1,
+            steps: if quick {
+                vec![500, 1_000, 1_900]
+            } else {
+                vec![5_000, 10_000, 19_000]
+            },
+            settle: Duration::from_secs(if quick { 1 } else { 5 }),
+            clients: 1,
+            run: Duration::from_secs(if quick { 5 } else { 30 }),
+            connect_concurrency: 200,
+            restart: false,
+            ..BoxPlan::of(quick)
+        }
+    }
 
-/// Every relay restarted at once under its streams.
-#[derive(Clone, Debug)]
-pub struct StormFigures {
-    /// From the SIGTERMs until every relay's new process was ready.
-    pub relays_back_after: Duration,
-    /// From the SIGTERMs until every stream was streaming again.
-    pub all_streaming_after: Option<Duration>,
-    /// Answers other than 200 during the storm.
-    pub refused: u64,
-    /// Of them: 408, 429 and 5xx.
-    pub refused_408: u64,
-    pub refused_429: u64,
-    pub refused_5xx: u64,
-    /// Connections broken after the connect during the storm.
-    pub broken: u64,
-}
+    /// All the streams.
+    pub fn streams_total(&self) -> usize {
+        self.steps.last().copied().unwrap_or(0)
+    }
 
-/// Restarting the relays after the events: their binary and settings.
-pub struct Restart<'a> {
-    pub binary: &'a Path,
-    pub settings: &'a [RelaySettings],
-}
+    fn streams_on(&self, relay: usize) -> usize {
+        (0..self.streams_total())
+            .filter(|g| stream_client::placement(*g, self.relays, self.scopes).0 == relay)
+            .count()
+    }
 
-/// Longest wait for every stream to stream again after the restart.
-const STORM_PATIENCE: Duration = Duration::from_secs(180);
+    fn streams_in(&self, scope: usize) -> u64 {
+        (0..self.streams_total())
+            .filter(|g| stream_client::placement(*g, self.relays, self.scopes).1 == scope)
+            .count() as u64
+    }
 
-impl StreamsFigures {
-    /// Streams per second while connecting.
-    pub fn connect_rate(&self) -> f64 {
-        let total = self.steps.last().map_or(0, |step| step.streams);
-        total as f64 / self.connect_time.as_secs_f64().max(1e-9)
+    /// (subscriber, event) pairs the first `emitted` events make.
+    fn expected(&self, emitted: usize) -> u64 {
+        (0..self.scopes)
+            .map(|scope| {
+                self.streams_in(scope) * (scope..emitted).step_by(self.scopes).count() as u64
+            })
+            .sum()
     }
 }
 
-/// Which relay and scope global stream `index` goes to.
-fn placement(index: usize, relays: usize, scopes: usize) -> (usize, usize) {
-    (index % relays, (index / relays) % scopes)
+/// How the relays' pools were sized.
+#[derive(Debug, Clone)]
+pub struct PoolBudget {
+    pub max_connections: usize,
+    pub reserved: usize,
+    pub in_use: usize,
+    pub pool_size: usize,
 }
 
-/// Runs `plan` against `relays`; with `restart`, ends with every relay
-/// restarted at once under its streams.
-pub async fn run(
-    plan: &StreamsPlan,
-    relays_running: &mut [RelayProcess],
-    restart: Option<Restart<'_>>,
-    bench_bin: &Path,
-    work_dir: &Path,
-    source: &Source,
-) -> BenchResult<StreamsFigures> {
-    let total = plan.steps.last().copied().unwrap_or(0);
-    let relays = relays_running.len();
-    let addresses: Vec<SocketAddr> = relays_running.iter().map(RelayProcess::address).collect();
-    let pids = |running: &[RelayProcess]| -> Vec<Vec<u32>> {
-        running.iter().map(|relay| vec![relay.pid()]).collect()
+/// Picks `database.pool_size` so that `relays × (pool_size + 1)` (each relay
+/// also holds its LISTEN connection) fits in what Postgres allows, less the
+/// superuser reserve, the connections open now and [`HEADROOM`].
+pub async fn pool_budget(database_url: &str, relays: usize) -> BenchResult<PoolBudget> {
+    let client = eventrelay::connect(database_url).await?;
+    let setting = |name: &'static str| {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one(&format!("SELECT current_setting('{name}')::int"), &[])
+                .await?;
+            BenchResult::Ok(row.get::<_, i32>(0) as usize)
+        }
     };
-    let relay_pids = pids(relays_running);
-    let children_count = total.div_ceil(plan.per_child.max(1)).max(1);
-    let before: Vec<u64> = relay_pids
-        .iter()
-        .map(|pids| proc_stats::rss_bytes(pids))
-        .collect();
-    let mut children = Vec::with_capacity(children_count);
-    for index in 0..children_count {
-        let first = index * total / children_count;
-        let count = (index + 1) * total / children_count - first;
-        children.push(
-            ClientProcess::start(bench_bin, work_dir, plan, &addresses, index, first, count)
-                .await?,
-        );
-    }
-
-    let mut steps = Vec::new();
-    let mut connect_time = Duration::ZERO;
-    for &target in &plan.steps {
-        let started = Instant::now();
-        let opening = children.iter_mut().map(|child| {
-            let want = target * child.count / total.max(1);
-            let more = want.saturating_sub(child.opened);
-            child.open(more)
-        });
-        for opened in futures_util::future::join_all(opening).await {
-            opened?;
-        }
-        connect_time += started.elapsed();
-        eprintln!(
-            "streams: {target} open after {:.1} s of connecting",
-            connect_time.as_secs_f64()
-        );
-        tokio::time::sleep(plan.settle).await;
-        let mut per_relay = Vec::with_capacity(relays);
-        let mut grown = 0.0;
-        for (relay, pids) in relay_pids.iter().enumerate() {
-            let held = (0..target)
-                .filter(|index| placement(*index, relays, plan.scopes).0 == relay)
-                .count();
-            let growth = proc_stats::rss_bytes(pids) as f64 - before[relay] as f64;
-            grown += growth;
-            per_relay.push(growth / held.max(1) as f64);
-        }
-        steps.push(Step {
-            streams: target,
-            rss_per_stream: grown / target.max(1) as f64,
-            per_relay,
-        });
-    }
-
-    let rate = plan.rate_per_scope * plan.scopes as f64;
-    let capacity = (rate * plan.duration.as_secs_f64()).ceil() as usize + 1;
-    let log = CommitLog::new(capacity);
-    let prefix = plan.scope_prefix.clone();
-    let scopes = plan.scopes;
-    let scope_of = Arc::new(move |number: usize| format!("{prefix}-{}", number % scopes));
-    let cpu_before = proc_stats::cpu_seconds(&relay_pids.concat());
-    let published = publish_for(
-        source,
-        scope_of,
-        Pace::PerSecond(rate),
-        plan.duration,
-        2,
-        Arc::clone(&log),
-    )
-    .await?;
-
-    let mut per_scope = vec![0u64; plan.scopes];
-    for index in 0..total {
-        per_scope[placement(index, relays, plan.scopes).1] += 1;
-    }
-    let committed: Vec<(usize, u64)> = (0..log.capacity())
-        .filter_map(|number| Some((number, log.to_monotonic(log.committed_at(number)?))))
-        .collect();
-    let expected: u64 = committed
-        .iter()
-        .map(|(number, _)| per_scope[number % plan.scopes])
-        .sum();
-    let deadline = Instant::now() + DRAIN_PATIENCE;
-    while Instant::now() < deadline {
-        let mut received = 0;
-        for child in &mut children {
-            received += child.count_received().await?;
-        }
-        if received >= expected {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-
-    let cpu_spent = proc_stats::cpu_seconds(&relay_pids.concat()) - cpu_before;
-    let commit_file = work_dir.join(format!("streams-commits-{}.txt", std::process::id()));
-    let lines: String = committed
-        .iter()
-        .map(|(number, at)| format!("{number} {at}\n"))
-        .collect();
-    std::fs::write(&commit_file, lines)?;
-    let rss_after = relay_pids
-        .iter()
-        .map(|pids| proc_stats::rss_bytes(pids))
-        .collect();
-    let storm = match restart {
-        Some(restart) => {
-            Some(restart_storm(relays_running, &restart, work_dir, &mut children, total).await?)
-        }
-        None => None,
-    };
-    let mut figures = StreamsFigures {
-        steps,
-        children: children.len(),
-        connect_time,
-        published,
-        expected,
-        delivered: 0,
-        missing: 0,
-        streams_short: 0,
-        unexpected: 0,
-        deliveries_per_second: 0.0,
-        cpu_seconds_per_1000: 0.0,
-        latency: Percentiles::default(),
-        delivered_per_relay: vec![0; relays],
-        rss_after,
-        repeated: 0,
-        storm,
-    };
-    let mut latencies = Vec::with_capacity(expected as usize);
-    let mut last_receipt = 0u64;
-    for child in &mut children {
-        let done = child.finish(&commit_file).await?;
-        figures.delivered += done.delivered;
-        figures.missing += done.missing;
-        figures.streams_short += done.streams_short;
-        figures.unexpected += done.unexpected;
-        figures.repeated += done.repeated;
-        for (relay, delivered) in done.per_relay.iter().enumerate() {
-            if let Some(sum) = figures.delivered_per_relay.get_mut(relay) {
-                *sum += delivered;
-            }
-        }
-        last_receipt = last_receipt.max(done.last_receipt);
-        latencies.extend(read_latencies(&child.latency_file)?);
-    }
-    let _ = std::fs::remove_file(&commit_file);
-    let first_commit = committed.iter().map(|(_, at)| *at).min().unwrap_or(0);
-    let span = last_receipt.saturating_sub(first_commit) as f64 / 1e9;
-    if span > 0.0 {
-        figures.deliveries_per_second = figures.delivered as f64 / span;
-    }
-    figures.latency = Percentiles::of(&mut latencies);
-    if figures.delivered > 0 {
-        figures.cpu_seconds_per_1000 = cpu_spent / figures.delivered as f64 * 1000.0;
-    }
-    Ok(figures)
-}
-
-/// SIGTERM to every relay at once, each started again on its port once it
-/// has exited, while every stream reconnects with its `Last-Event-ID`.
-async fn restart_storm(
-    relays: &mut [RelayProcess],
-    restart: &Restart<'_>,
-    work_dir: &Path,
-    children: &mut [ClientProcess],
-    total: usize,
-) -> BenchResult<StormFigures> {
-    let before = status(children).await?;
-    eprintln!(
-        "streams: restarting {} relays under {total} streams",
-        relays.len()
-    );
-    let started = Instant::now();
-    let stopping = relays
-        .iter_mut()
-        .map(|relay| relay.terminate(Duration::from_secs(60)));
-    for stopped in futures_util::future::join_all(stopping).await {
-        stopped?;
-    }
-    let starting = relays
-        .iter()
-        .zip(restart.settings)
-        .map(|(relay, settings)| {
-            RelayProcess::start_on(restart.binary, work_dir, settings, relay.port)
-        });
-    let started_again = futures_util::future::join_all(starting).await;
-    for (relay, started_again) in relays.iter_mut().zip(started_again) {
-        *relay = started_again?;
-    }
-    let relays_back_after = started.elapsed();
-    let mut all_streaming_after = None;
-    while started.elapsed() < STORM_PATIENCE {
-        let now = status(children).await?;
-        if now[0] >= total as u64 {
-            all_streaming_after = Some(started.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let after = status(children).await?;
-    let during = |field: usize| after[field] - before[field];
-    Ok(StormFigures {
-        relays_back_after,
-        all_streaming_after,
-        refused: during(1),
-        broken: during(2),
-        refused_408: during(3),
-        refused_429: during(4),
-        refused_5xx: during(5),
+    let max_connections = setting("max_connections").await?;
+    let reserved = setting("superuser_reserved_connections").await?;
+    let in_use: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let in_use = in_use as usize;
+    let budget = max_connections.saturating_sub(reserved + in_use + HEADROOM);
+    let pool_size = (budget / relays.max(1))
+        .saturating_sub(1)
+        .clamp(1, POOL_CEILING);
+    Ok(PoolBudget {
+        max_connections,
+        reserved,
+        in_use,
+        pool_size,
     })
 }
 
-/// Over every child: streams streaming now, then so far: refusals, broken
-/// connections, 408s, 429s and 5xx answers.
-async fn status(children: &mut [ClientProcess]) -> BenchResult<[u64; 6]> {
-    let mut sum = [0; 6];
-    for child in children {
-        let words = child.ask("status").await?;
-        for (field, total) in sum.iter_mut().enumerate() {
-            *total += number(&words, field + 1)?;
-        }
-    }
-    Ok(sum)
+/// Where the scenario's events go.
+#[derive(Clone)]
+pub(crate) struct Emitter {
+    pub database_url: String,
+    pub schema: String,
+    pub scope_prefix: String,
+    pub scopes: usize,
 }
 
-fn read_latencies(path: &Path) -> BenchResult<Vec<u64>> {
-    let bytes = std::fs::read(path)?;
-    let _ = std::fs::remove_file(path);
-    Ok(bytes
-        .chunks_exact(8)
-        .map(|chunk| {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            u64::from_le_bytes(word)
-        })
-        .collect())
-}
-
-/// What a child found in its streams.
-struct Done {
-    delivered: u64,
-    missing: u64,
-    streams_short: u64,
-    unexpected: u64,
-    repeated: u64,
-    last_receipt: u64,
-    per_relay: Vec<u64>,
-}
-
-/// A child process holding some of the streams.
-struct ClientProcess {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: Lines<BufReader<ChildStdout>>,
-    count: usize,
-    opened: usize,
-    latency_file: PathBuf,
-}
-
-impl ClientProcess {
-    async fn start(
-        bench_bin: &Path,
-        work_dir: &Path,
-        plan: &StreamsPlan,
-        relays: &[SocketAddr],
-        index: usize,
+impl Emitter {
+    /// Numbered durable emits, one transaction each, at `rate` per second
+    /// spread round robin over the scopes, from `first` on, until
+    /// `deadline` or until `stop` turns true. Answers each event's commit
+    /// time (realtime ns), indexed from `first`.
+    pub(crate) async fn run(
+        &self,
         first: usize,
-        count: usize,
-    ) -> BenchResult<ClientProcess> {
-        let join = |items: Vec<String>| items.join(",");
-        let latency_file = work_dir.join(format!(
-            "streams-latency-{}-{index}.bin",
-            std::process::id()
-        ));
-        let mut child = Command::new(bench_bin)
-            .arg("streams-client")
-            .arg(join(relays.iter().map(ToString::to_string).collect()))
-            .arg(join(plan.sources.iter().map(ToString::to_string).collect()))
-            .arg(&plan.scope_prefix)
-            .arg(plan.scopes.to_string())
-            .arg(first.to_string())
-            .arg(count.to_string())
-            .arg(&latency_file)
-            .arg(plan.reconnect_delay.as_millis().to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start {} streams-client: {e}", bench_bin.display()))?;
-        let stdin = child.stdin.take().ok_or("the child has no stdin")?;
-        let stdout = child.stdout.take().ok_or("the child has no stdout")?;
-        Ok(ClientProcess {
-            child,
-            stdin,
-            stdout: BufReader::new(stdout).lines(),
-            count,
-            opened: 0,
-            latency_file,
-        })
-    }
-
-    async fn ask(&mut self, command: &str) -> BenchResult<Vec<String>> {
-        self.stdin
-            .write_all(format!("{command}\n").as_bytes())
-            .await?;
-        self.stdin.flush().await?;
-        let Some(line) = self.stdout.next_line().await? else {
-            let status = self.child.wait().await?;
-            return Err(format!("a streams-client exited ({status}) on `{command}`").into());
-        };
-        let words: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
-        if words.first().map(String::as_str) == Some("error") {
-            return Err(format!("streams-client: {line}").into());
+        rate: f64,
+        deadline: Option<tokio::time::Instant>,
+        mut stop: watch::Receiver<bool>,
+    ) -> BenchResult<Vec<u64>> {
+        let mut client = eventrelay::connect(&self.database_url).await?;
+        let publisher = Publisher::new(&self.schema)?;
+        let start = tokio::time::Instant::now();
+        let mut committed = Vec::new();
+        for offset in 0usize.. {
+            let due = start + Duration::from_secs_f64(offset as f64 / rate);
+            if deadline.is_some_and(|deadline| due >= deadline) || *stop.borrow() {
+                break;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => {}
+                _ = stop.changed() => break,
+            }
+            let number = first + offset;
+            let scope = stream_client::scope_name(&self.scope_prefix, number % self.scopes);
+            let transaction = client.transaction().await?;
+            publisher
+                .emit(
+                    &transaction,
+                    NewEvent::durable(TICK_TYPE, &scope, event_data(number)),
+                )
+                .await?;
+            transaction.commit().await?;
+            committed.push(realtime_ns());
         }
-        Ok(words)
-    }
-
-    async fn open(&mut self, more: usize) -> BenchResult<()> {
-        if more > 0 {
-            self.ask(&format!("open {more}")).await?;
-            self.opened += more;
-        }
-        Ok(())
-    }
-
-    async fn count_received(&mut self) -> BenchResult<u64> {
-        let words = self.ask("count").await?;
-        number(&words, 1)
-    }
-
-    async fn finish(&mut self, commit_file: &Path) -> BenchResult<Done> {
-        let words = self
-            .ask(&format!("finish {}", commit_file.display()))
-            .await?;
-        let per_relay = words
-            .get(6)
-            .map(|list| list.split(',').filter_map(|n| n.parse().ok()).collect())
-            .unwrap_or_default();
-        Ok(Done {
-            delivered: number(&words, 1)?,
-            missing: number(&words, 2)?,
-            streams_short: number(&words, 3)?,
-            unexpected: number(&words, 4)?,
-            last_receipt: number(&words, 5)?,
-            per_relay,
-            repeated: number(&words, 7)?,
-        })
+        Ok(committed)
     }
 }
 
-fn number(words: &[String], index: usize) -> BenchResult<u64> {
-    words
-        .get(index)
-        .and_then(|word| word.parse().ok())
-        .ok_or_else(|| format!("a streams-client answered {words:?}").into())
-}
-
-/// The `streams-client` command: holds streams `first .. first + count`
-/// of a run and answers the parent's commands on its standard input, one
-/// line each: `open N` (opens the next N, answering once all are ready),
-/// `count` (frames with an event number received so far), `status`
-/// (streams streaming now, and the failed attempts so far: refused, and
-/// broken after the connect), `finish FILE` (closes every stream and checks
-/// each against the commits in FILE, writing every delivery's latency to
-/// the latency file).
-///
-/// Each stream behaves like a browser's `EventSource` without its retry
-/// delay: when the server ends it, it reconnects at once with the last id
-/// it saw as `Last-Event-ID`, retrying every 50 ms while nothing listens.
-pub async fn client_main(args: &[String]) -> BenchResult<()> {
-    let [
-        relays,
-        sources,
-        prefix,
-        scopes,
-        first,
-        count,
-        latency_file,
-        reconnect_ms,
-    ] = args
-    else {
-        return Err("usage: streams-client RELAYS SOURCES PREFIX SCOPES FIRST COUNT LATENCY_FILE RECONNECT_MS".into());
+/// The relays' connections to Postgres, sampled until `stop`; answers the
+/// most seen at once.
+async fn count_connections(database_url: String, mut stop: watch::Receiver<bool>) -> i64 {
+    let Ok(client) = eventrelay::connect(&database_url).await else {
+        return -1;
     };
-    let reconnect_delay = Duration::from_millis(reconnect_ms.parse()?).max(RETRY_WHILE_DOWN);
-    let relays: Vec<SocketAddr> = relays
-        .split(',')
-        .map(str::parse)
-        .collect::<Result<_, _>>()?;
-    let sources: Vec<IpAddr> = sources
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(str::parse)
-        .collect::<Result<_, _>>()?;
-    let scopes: usize = scopes.parse()?;
-    let first: usize = first.parse()?;
-    let count: usize = count.parse()?;
-    raise_file_limit();
-    let log = CommitLog::new(0);
-    let target = |index: usize| {
-        let (relay, scope) = placement(index, relays.len(), scopes);
-        StreamTarget {
-            address: relays[relay],
-            path: "/v1/events".to_owned(),
-            authorization: Some(format!(
-                "Bearer {}",
-                crate::subscriber_token(&format!("s{index}"), &format!("{prefix}-{scope}"))
-            )),
-            last_event_id: None,
-            ready_when: ReadyWhen::ReadyEvent,
-            source: (!sources.is_empty()).then(|| sources[index % sources.len()]),
+    let most = AtomicI64::new(0);
+    loop {
+        if let Ok(row) = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&APPLICATION_NAME],
+            )
+            .await
+        {
+            most.fetch_max(row.get::<_, i64>(0), Ordering::Relaxed);
         }
-    };
-    let tally = Arc::new(Tally::default());
-    let handshakes = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
-    let (stop, stopped) = watch::channel(false);
-    let mut held: Vec<(usize, JoinHandle<Vec<Receipt>>)> = Vec::new();
-    let mut next = first;
-    let mut input = BufReader::new(tokio::io::stdin()).lines();
-    let mut output = tokio::io::stdout();
-    while let Some(line) = input.next_line().await? {
-        let mut words = line.split_whitespace();
-        let answer = match (words.next(), words.next()) {
-            (Some("open"), Some(more)) => {
-                let more: usize = more.parse()?;
-                let more = more.min(first + count - next);
-                for index in next..next + more {
-                    let holder = Holder {
-                        target: target(index),
-                        tally: Arc::clone(&tally),
-                        log: Arc::clone(&log),
-                        reconnect_delay,
-                    };
-                    let permit = Arc::clone(&handshakes).acquire_owned();
-                    let stopped = stopped.clone();
-                    held.push((
-                        index,
-                        tokio::spawn(async move { holder.run(permit.await.ok(), stopped).await }),
-                    ));
-                }
-                next += more;
-                let opened = (next - first) as u64;
-                let deadline = Instant::now() + OPEN_PATIENCE;
-                loop {
-                    if tally.first_ready.load(Ordering::Relaxed) >= opened {
-                        break format!("ready {more}");
-                    }
-                    if tally.failed_before_ready() > 0 || Instant::now() > deadline {
-                        break format!(
-                            "error {} of {opened} streams ready; {}",
-                            tally.first_ready.load(Ordering::Relaxed),
-                            tally.describe()
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-            (Some("count"), None) => {
-                format!("count {}", tally.received.load(Ordering::Relaxed))
-            }
-            (Some("status"), None) => format!(
-                "status {} {} {} {} {} {}",
-                tally.streaming.load(Ordering::Relaxed),
-                tally.refused.load(Ordering::Relaxed),
-                tally.broken.load(Ordering::Relaxed),
-                tally.refused_408.load(Ordering::Relaxed),
-                tally.refused_429.load(Ordering::Relaxed),
-                tally.refused_5xx.load(Ordering::Relaxed)
-            ),
-            (Some("finish"), Some(file)) => {
-                let commits = read_commits(Path::new(file))?;
-                let mut check = Check::new(&commits, scopes, relays.len());
-                let _ = stop.send(true);
-                for (index, task) in held.drain(..) {
-                    let outcome = task
-                        .await
-                        .map_err(|error| format!("a stream's task failed: {error}"));
-                    check.stream(index, outcome, &log);
-                }
-                let bytes: Vec<u8> = check
-                    .latencies
-                    .iter()
-                    .flat_map(|latency| latency.to_le_bytes())
-                    .collect();
-                std::fs::write(latency_file, bytes)?;
-                let per_relay: Vec<String> =
-                    check.per_relay.iter().map(ToString::to_string).collect();
-                let answer = format!(
-                    "done {} {} {} {} {} {} {}",
-                    check.delivered,
-                    check.missing,
-                    check.streams_short,
-                    check.unexpected,
-                    check.last_receipt,
-                    per_relay.join(","),
-                    check.repeated
-                );
-                output.write_all(format!("{answer}\n").as_bytes()).await?;
-                output.flush().await?;
-                return Ok(());
-            }
-            _ => format!("error unknown command {line:?}"),
-        };
-        output.write_all(format!("{answer}\n").as_bytes()).await?;
-        output.flush().await?;
-    }
-    Ok(())
-}
-
-/// Longest wait for the streams of one `open` to be ready.
-const OPEN_PATIENCE: Duration = Duration::from_secs(120);
-/// How long a stream waits before retrying while nothing listens.
-const RETRY_WHILE_DOWN: Duration = Duration::from_millis(50);
-
-/// What a child's streams did, all together.
-#[derive(Default)]
-struct Tally {
-    /// Streams that were ready at least once.
-    first_ready: AtomicU64,
-    /// Streams streaming now.
-    streaming: AtomicU64,
-    /// Frames with an event number received.
-    received: AtomicU64,
-    /// Answers other than 200.
-    refused: AtomicU64,
-    refused_408: AtomicU64,
-    refused_429: AtomicU64,
-    refused_5xx: AtomicU64,
-    /// Connections that failed after the TCP connect (reset, or closed
-    /// before `ready`), or connects that failed other than refused.
-    broken: AtomicU64,
-}
-
-impl Tally {
-    fn failed_before_ready(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed) + self.broken.load(Ordering::Relaxed)
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "{} refused, {} broken",
-            self.refused.load(Ordering::Relaxed),
-            self.broken.load(Ordering::Relaxed)
-        )
-    }
-}
-
-/// One stream, reconnecting until told to stop.
-struct Holder {
-    target: StreamTarget,
-    tally: Arc<Tally>,
-    log: Arc<CommitLog>,
-    reconnect_delay: Duration,
-}
-
-/// How one connection attempt ended.
-enum Ended {
-    Stopped,
-    /// The server ended the stream, or nothing listened: reconnect.
-    Again,
-    /// A status other than 200, or a connection broken after the connect.
-    Failed,
-}
-
-impl Holder {
-    async fn run(
-        mut self,
-        mut handshake: Option<OwnedSemaphorePermit>,
-        mut stopped: watch::Receiver<bool>,
-    ) -> Vec<Receipt> {
-        let mut receipts = Vec::new();
-        let mut ready_once = false;
-        while !*stopped.borrow() {
-            let ended = self
-                .attempt(&mut receipts, &mut ready_once, &mut handshake, &mut stopped)
-                .await;
-            match ended {
-                Ended::Stopped => break,
-                Ended::Again | Ended::Failed => {
-                    tokio::select! {
-                        _ = stopped.changed() => break,
-                        () = tokio::time::sleep(self.reconnect_delay) => {}
-                    }
-                }
-            }
-        }
-        receipts
-    }
-
-    async fn attempt(
-        &mut self,
-        receipts: &mut Vec<Receipt>,
-        ready_once: &mut bool,
-        handshake: &mut Option<OwnedSemaphorePermit>,
-        stopped: &mut watch::Receiver<bool>,
-    ) -> Ended {
-        let target = &self.target;
-        let mut stream = match connect_from(target.source, target.address).await {
-            Ok(stream) => stream,
-            Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Ended::Again;
-            }
-            Err(_) => {
-                self.tally.broken.fetch_add(1, Ordering::Relaxed);
-                return Ended::Failed;
-            }
-        };
-        stream.set_nodelay(true).ok();
-        let request = request_head(
-            target.address,
-            &target.path,
-            target.authorization.as_deref(),
-            target.last_event_id,
-        );
-        if stream.write_all(request.as_bytes()).await.is_err() {
-            self.tally.broken.fetch_add(1, Ordering::Relaxed);
-            return Ended::Failed;
-        }
-        let mut parser = FrameParser::new(ReadyWhen::ReadyEvent);
-        let mut streaming = false;
-        let mut buffer = vec![0u8; 4 * 1024];
-        let ended = loop {
-            let read = tokio::select! {
-                _ = stopped.changed() => break Ended::Stopped,
-                read = stream.read(&mut buffer) => read,
-            };
-            let read = match read {
-                Ok(0) if streaming => break Ended::Again,
-                Ok(0) | Err(_) => {
-                    self.tally.broken.fetch_add(1, Ordering::Relaxed);
-                    break Ended::Failed;
-                }
-                Ok(read) => read,
-            };
-            let before = receipts.len();
-            let became_ready = parser.feed(&buffer[..read], self.log.now(), receipts);
-            self.tally
-                .received
-                .fetch_add((receipts.len() - before) as u64, Ordering::Relaxed);
-            if let Some(id) = parser.last_id {
-                self.target.last_event_id = Some(id);
-            }
-            match became_ready {
-                Err(_) => {
-                    self.tally.refused.fetch_add(1, Ordering::Relaxed);
-                    let by_status = match parser.status {
-                        Some(408) => Some(&self.tally.refused_408),
-                        Some(429) => Some(&self.tally.refused_429),
-                        Some(500..=599) => Some(&self.tally.refused_5xx),
-                        _ => None,
-                    };
-                    if let Some(counter) = by_status {
-                        counter.fetch_add(1, Ordering::Relaxed);
-                    }
-                    break Ended::Failed;
-                }
-                Ok(true) => {
-                    streaming = true;
-                    self.tally.streaming.fetch_add(1, Ordering::Relaxed);
-                    if !std::mem::replace(ready_once, true) {
-                        handshake.take();
-                        self.tally.first_ready.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                Ok(false) => {}
-            }
-            if parser.ended {
-                if streaming {
-                    break Ended::Again;
-                }
-                self.tally.broken.fetch_add(1, Ordering::Relaxed);
-                break Ended::Failed;
-            }
-        };
-        if streaming {
-            self.tally.streaming.fetch_sub(1, Ordering::Relaxed);
-        }
-        ended
-    }
-}
-
-/// Commit times by event number, from the parent's file.
-fn read_commits(path: &Path) -> BenchResult<Vec<Option<u64>>> {
-    let text = std::fs::read_to_string(path)?;
-    let mut commits = Vec::new();
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let (Some(number), Some(at)) = (words.next(), words.next()) else {
-            continue;
-        };
-        let number: usize = number.parse()?;
-        if commits.len() <= number {
-            commits.resize(number + 1, None);
-        }
-        commits[number] = Some(at.parse()?);
-    }
-    Ok(commits)
-}
-
-/// Each stream's receipts against the events committed into its scope.
-struct Check<'a> {
-    commits: &'a [Option<u64>],
-    scopes: usize,
-    relays: usize,
-    delivered: u64,
-    missing: u64,
-    streams_short: u64,
-    unexpected: u64,
-    /// Events received again: a stream that reconnects is replayed
-    /// `sse.replay_lookback` seqs before its `Last-Event-ID`.
-    repeated: u64,
-    last_receipt: u64,
-    per_relay: Vec<u64>,
-    latencies: Vec<u64>,
-}
-
-impl<'a> Check<'a> {
-    fn new(commits: &'a [Option<u64>], scopes: usize, relays: usize) -> Self {
-        Check {
-            commits,
-            scopes,
-            relays,
-            delivered: 0,
-            missing: 0,
-            streams_short: 0,
-            unexpected: 0,
-            repeated: 0,
-            last_receipt: 0,
-            per_relay: vec![0; relays],
-            latencies: Vec::new(),
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = stop.changed() => break,
         }
     }
-
-    fn stream(&mut self, index: usize, outcome: Result<Vec<Receipt>, String>, log: &CommitLog) {
-        let (relay, scope) = placement(index, self.relays, self.scopes);
-        let expected = self
-            .commits
-            .iter()
-            .enumerate()
-            .filter(|(number, at)| at.is_some() && number % self.scopes == scope)
-            .count() as u64;
-        let Ok(receipts) = outcome else {
-            self.missing += expected;
-            self.streams_short += 1;
-            return;
-        };
-        let mut seen = HashSet::new();
-        for receipt in &receipts {
-            let number = receipt.number as usize;
-            let committed = self.commits.get(number).copied().flatten();
-            match committed {
-                Some(_) if number % self.scopes == scope && seen.contains(&number) => {
-                    self.repeated += 1;
-                }
-                Some(at) if number % self.scopes == scope && seen.insert(number) => {
-                    let arrived = log.to_monotonic(receipt.at);
-                    self.latencies.push(arrived.saturating_sub(at));
-                    self.last_receipt = self.last_receipt.max(arrived);
-                    self.delivered += 1;
-                    self.per_relay[relay] += 1;
-                }
-                _ => self.unexpected += 1,
-            }
-        }
-        let short = expected.saturating_sub(seen.len() as u64);
-        self.missing += short;
-        if short > 0 {
-            self.streams_short += 1;
-        }
-    }
+    most.load(Ordering::Relaxed)
 }
 
-/// Raises this process's soft open-file limit to its hard limit: each
-/// stream is a socket.
-fn raise_file_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write one rlimit through
-    // valid pointers.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
+/// `url` with the relays' application name added.
+fn with_application_name(url: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}application_name={APPLICATION_NAME}")
 }
 
-/// The loopback addresses streams connect from, so that tens of thousands
-/// of them stay within each source's ephemeral port range.
-fn stream_sources() -> Vec<std::net::IpAddr> {
-    (2..=9)
-        .map(|last| std::net::IpAddr::from([127, 0, 0, last]))
-        .collect()
-}
+/// How long the restarted relays get to be ready, and the streams to be
+/// back on them.
+const STORM_PATIENCE: Duration = Duration::from_secs(180);
 
-/// Idle streams on one relay in steps up to 19,000 (under the machine's
-/// 20,000 open files), then one event per second into each of 10 scopes.
-pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
-    let (steps, settle, duration) = if cx.args.quick {
-        (
-            vec![500, 1_000, 1_900],
-            Duration::from_secs(1),
-            Duration::from_secs(5),
-        )
-    } else {
-        (
-            vec![5_000, 10_000, 19_000],
-            Duration::from_secs(5),
-            Duration::from_secs(30),
-        )
-    };
-    let total = steps.last().copied().unwrap_or(0);
-    let relay = cx.start_relay(cx.settings()).await?;
-    let plan = StreamsPlan {
-        steps,
-        settle,
-        scopes: 10,
-        scope_prefix: "streams".to_owned(),
-        rate_per_scope: 1.0,
-        duration,
-        per_child: 9_500,
-        sources: stream_sources(),
-        // Nothing restarts here: a stream that ended would be a failure.
-        reconnect_delay: Duration::from_millis(50),
-    };
-    eprintln!("streams: {total} on one relay");
-    let bench_bin = std::env::current_exe()?;
-    let f = run(
-        &plan,
-        &mut [relay],
-        None,
-        &bench_bin,
-        &cx.args.work_dir,
-        &cx.emit_source(),
+/// Runs the scenario and adds its rows to `table` as each phase ends, so a
+/// storm that does not settle still leaves the fan-out's figures.
+async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let (relay_bin, work_dir) = (&cx.args.relay_bin, &cx.args.work_dir);
+    let (database_url, schema) = (cx.db(), cx.schema.as_str());
+    let relays_n = plan.relays;
+    let n = plan.streams_total();
+    let label = plan.label;
+    let mut budget = pool_budget(database_url, relays_n).await?;
+    budget.pool_size = plan.pool_size.unwrap_or(budget.pool_size);
+    eprintln!(
+        "{label}: {n} streams over {relays_n} relays (pool_size {}) and {} client processes",
+        budget.pool_size, plan.clients
+    );
+    let mut settings = RelaySettings::new(&with_application_name(database_url), schema);
+    settings.pool_size = budget.pool_size;
+    settings.header_timeout_secs = Some(plan.header_timeout_secs);
+
+    let (sampling, sampler_stop) = watch::channel(false);
+    let sampler = tokio::spawn(count_connections(database_url.to_owned(), sampler_stop));
+
+    let mut relays: Vec<RelayProcess> = futures_util::future::try_join_all(
+        (0..relays_n).map(|_| RelayProcess::start(relay_bin, work_dir, &settings)),
     )
     .await?;
-    let per = |streams: usize| {
-        f.steps
+    let ports: Vec<u16> = relays.iter().map(|relay| relay.port).collect();
+    let usage = |relays: &[RelayProcess]| -> Vec<Usage> {
+        relays
             .iter()
-            .find(|step| step.streams == streams)
-            .map_or(0.0, |step| step.rss_per_stream)
+            .map(|relay| proc_stats::usage(&[relay.pid()]))
+            .collect()
     };
-    let readings: Vec<String> = f
-        .steps
-        .iter()
-        .map(|step| format!("{} at {}", size(step.rss_per_stream), step.streams))
-        .collect();
-    let middle = f
-        .steps
-        .get(f.steps.len().saturating_sub(2))
-        .map_or(0, |s| s.streams);
-    let (at_middle, at_total) = (per(middle), per(total));
-    let flat = at_total <= at_middle * 1.1;
-    table.add(
-        format!(
-            "streams: RSS per idle stream, one relay, {} s after each step",
-            settle.as_secs()
-        ),
-        readings.join(" · "),
-        format!(
-            "≤ 14 KiB at {middle}: {} · {total} within 10% of {middle}: {}",
-            verdict(at_middle <= 14.0 * 1024.0),
-            verdict(flat)
-        ),
+    let before = usage(&relays);
+    let start_after = max_seq(database_url, schema).await?;
+
+    // The clients connect in steps, each from a source address of its own
+    // (of eight in turn), the relays' RSS read after each step.
+    let scope_prefix = format!("{label}-{}", std::process::id());
+    let binary = std::env::current_exe()?;
+    let mut clients = Vec::new();
+    let mut opened = 0;
+    let mut connecting = Duration::ZERO;
+    let mut at_step = Vec::new();
+    for &step in &plan.steps {
+        let started = Instant::now();
+        let per_client = step.saturating_sub(opened).div_ceil(plan.clients);
+        let from = clients.len();
+        for first in (opened..step).step_by(per_client.max(1)) {
+            let index = clients.len();
+            let spec = ClientSpec {
+                index,
+                source: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (index % 8) as u8)),
+                relay_ports: ports.clone(),
+                first,
+                count: per_client.min(step - first),
+                scopes: plan.scopes,
+                scope_prefix: scope_prefix.clone(),
+                last_event_id: Some(start_after),
+                connect_concurrency: plan.connect_concurrency,
+                reconnect: plan.reconnect,
+                work_dir: work_dir.to_owned(),
+            };
+            clients.push(ClientProcess::spawn(&binary, &spec)?);
+        }
+        for client in &mut clients[from..] {
+            client.expect("all_streaming", PATIENCE).await?;
+        }
+        connecting += started.elapsed();
+        opened = step;
+        eprintln!("{label}: {step} streaming");
+        tokio::time::sleep(plan.settle).await;
+        at_step.push((step, usage(&relays)));
+    }
+    let idle = usage(&relays);
+    let client_pids: Vec<u32> = clients.iter().map(ClientProcess::pid).collect();
+    let clients_idle_rss = proc_stats::rss_bytes(&client_pids);
+
+    // One event per second to every stream.
+    let rate = plan.scopes as f64;
+    let (_never, no_stop) = watch::channel(false);
+    let run_deadline = tokio::time::Instant::now() + plan.run;
+    eprintln!("{label}: emitting {rate} events/s for {:?}", plan.run);
+    let emitter = Emitter {
+        database_url: database_url.to_owned(),
+        schema: schema.to_owned(),
+        scope_prefix: scope_prefix.clone(),
+        scopes: plan.scopes,
+    };
+    let mut committed = emitter.run(0, rate, Some(run_deadline), no_stop).await?;
+    let run_events = committed.len();
+    let expected_run = plan.expected(run_events);
+    let drain_deadline = Instant::now() + DRAIN;
+    let mut received_run = 0;
+    while Instant::now() < drain_deadline {
+        received_run = 0;
+        for client in &mut clients {
+            client.send("status")?;
+            received_run += client.expect("status", Duration::from_secs(10)).await?["received"]
+                .as_u64()
+                .unwrap_or(0);
+        }
+        if received_run >= expected_run {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after_run = usage(&relays);
+    let clients_rss = proc_stats::rss_bytes(&client_pids);
+    let mut reports = Vec::new();
+    for client in &mut clients {
+        client.send("report")?;
+        reports.push(client.expect("report", Duration::from_secs(60)).await?);
+    }
+    let mut arrivals: Vec<Arrival> = Vec::new();
+    for report in &reports {
+        arrivals.extend(ClientProcess::arrivals(report)?);
+    }
+    let first = PhaseFigures::merge(
+        &reports.iter().map(|r| &r["tally"]).collect::<Vec<_>>(),
+        relays_n,
     );
+
+    // Latency of the run's events.
+    let mut per_relay_latency = vec![Vec::new(); relays_n];
+    let mut all_latency = Vec::with_capacity(arrivals.len());
+    let mut last_arrival = 0u64;
+    for arrival in &arrivals {
+        let Some(&commit) = committed.get(arrival.number as usize) else {
+            continue;
+        };
+        let latency = arrival.at.saturating_sub(commit);
+        last_arrival = last_arrival.max(arrival.at);
+        all_latency.push(latency);
+        if let Some(relay) = per_relay_latency.get_mut(arrival.relay as usize) {
+            relay.push(latency);
+        }
+    }
+    drop(arrivals);
+    let delivered = all_latency.len() as u64;
+    let span = last_arrival.saturating_sub(committed.first().copied().unwrap_or(0)) as f64 / 1e9;
+    let latency = Percentiles::of(&mut all_latency);
+    let connect_secs = |relay: usize| {
+        (first.last_ready[relay].saturating_sub(first.first_attempt) as f64 / 1e9).max(1e-9)
+    };
+    let connect_all = connecting.as_secs_f64().max(1e-9);
+    let run_secs = plan.run.as_secs_f64();
+
     table.add(
-        format!("streams: connect {total} (raw HTTP/1.1, 8 source addresses)"),
         format!(
-            "{:.0} streams/s ({total} in {:.1} s of connecting, {} client processes × 200 handshakes in flight)",
-            f.connect_rate(),
-            f.connect_time.as_secs_f64(),
-            f.children
+            "{label}: {n} streams, {relays_n} relays × pool_size {} on one Postgres (http.header_timeout_secs {}), {} client processes on 127.0.0.2–.{}, {} scopes shared by every relay",
+            budget.pool_size,
+            plan.header_timeout_secs,
+            clients.len(),
+            1 + clients.len().min(8),
+            plan.scopes
+        ),
+        format!(
+            "max_connections {} − {} reserved − {} in use − {HEADROOM} headroom → pool_size {}{} ({relays_n} × {} = {} for the relays)",
+            budget.max_connections,
+            budget.reserved,
+            budget.in_use,
+            budget.pool_size,
+            if plan.pool_size.is_some() {
+                " (given with --box-pool-size)"
+            } else {
+                ""
+            },
+            budget.pool_size + 1,
+            relays_n * (budget.pool_size + 1)
         ),
         "–",
     );
-    let all = f.missing == 0 && f.unexpected == 0 && f.delivered == f.expected && f.expected > 0;
+    for r in 0..relays_n {
+        let streams = plan.streams_on(r);
+        let cpu = after_run[r].cpu_seconds - idle[r].cpu_seconds;
+        let mut samples = std::mem::take(&mut per_relay_latency[r]);
+        let relay_delivered = samples.len();
+        let p = Percentiles::of(&mut samples);
+        table.add(
+            format!("{label}: relay {} ({streams} streams)", r + 1),
+            format!(
+                "connect {:.0} streams/s · idle RSS per connection {} · RSS idle {} · after the run {} · CPU {cpu:.1} s over the {run_secs:.0} s run ({:.0}% of a core) · {relay_delivered} deliveries, p50 {} · p99 {} · max {}",
+                streams as f64 / connect_secs(r),
+                size((idle[r].rss_bytes as f64 - before[r].rss_bytes as f64) / streams as f64),
+                size(idle[r].rss_bytes as f64),
+                size(after_run[r].rss_bytes as f64),
+                cpu / run_secs * 100.0,
+                ms(p.p50),
+                ms(p.p99),
+                ms(p.max),
+            ),
+            "–",
+        );
+    }
+    let sum_rss = |usages: &[Usage]| usages.iter().map(|u| u.rss_bytes).sum::<u64>() as f64;
+    let per_stream = |usages: &[Usage], streams: usize| {
+        (sum_rss(usages) - sum_rss(&before)) / streams.max(1) as f64
+    };
+    for (index, (step, usages)) in at_step.iter().enumerate() {
+        let per_relay: Vec<String> = (0..relays_n)
+            .map(|r| {
+                let grown = usages[r].rss_bytes as f64 - before[r].rss_bytes as f64;
+                size(grown / plan.streams_on(r).max(1) as f64 * n as f64 / *step as f64)
+            })
+            .collect();
+        // The last step against the one before: RSS per stream stays flat.
+        let target = match index.checked_sub(1).map(|before| &at_step[before]) {
+            Some((middle, middle_usage)) if index + 1 == at_step.len() => {
+                let (at_middle, at_last) =
+                    (per_stream(middle_usage, *middle), per_stream(usages, *step));
+                format!(
+                    "≤ 14 KiB at {middle}: {} · {step} within 10% of {middle}: {}",
+                    verdict(at_middle <= 14.0 * 1024.0),
+                    verdict(at_last <= at_middle * 1.1)
+                )
+            }
+            _ => "–".to_owned(),
+        };
+        table.add(
+            format!(
+                "{label}: RSS per idle stream at {step}, {relays_n} relay(s), {} s after the step",
+                plan.settle.as_secs()
+            ),
+            format!(
+                "{} over all relays · per relay {}",
+                size(per_stream(usages, *step)),
+                per_relay.join(" / ")
+            ),
+            target,
+        );
+    }
+    let cpu_run: f64 = (0..relays_n)
+        .map(|r| after_run[r].cpu_seconds - idle[r].cpu_seconds)
+        .sum();
     table.add(
         format!(
-            "streams: {total} streams, 1 ev/s into each of 10 scopes for {} s, emit (commit-to-receive)",
-            duration.as_secs()
+            "{label}: all {relays_n} relays, first connect ({} handshakes in flight per client process)",
+            plan.connect_concurrency
         ),
         format!(
-            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · delivered {} of {} ({} missing in {} streams, {} unexpected, {} repeated) · relay CPU {:.3} s per 1,000 deliveries · relay RSS {}",
-            f.deliveries_per_second,
-            ms(f.latency.p50),
-            ms(f.latency.p99),
-            ms(f.latency.max),
-            f.delivered,
-            f.expected,
-            f.missing,
-            f.streams_short,
-            f.unexpected,
-            f.repeated,
-            f.cpu_seconds_per_1000,
-            size(f.rss_after.iter().sum::<u64>() as f64)
+            "{} streams ready in {:.1} s ({:.0} streams/s) · connect p50 {} · p99 {} · {} · idle RSS per connection {} · relays' RSS idle {} · clients' RSS idle {} ({} per stream), after the run {}",
+            first.streams_opened,
+            connect_all,
+            n as f64 / connect_all,
+            ms(first.connect.p50),
+            ms(first.connect.p99),
+            first.errors(),
+            size((sum_rss(&idle) - sum_rss(&before)) / n as f64),
+            size(sum_rss(&idle)),
+            size(clients_idle_rss as f64),
+            size(clients_idle_rss as f64 / n as f64),
+            size(clients_rss as f64),
         ),
-        if all {
-            format!("every delivery made: {}", verdict(true))
-        } else {
-            format!("every delivery made: {} (deliveries missing)", verdict(false))
-        },
+        format!("no 408, 5xx or reset: {}", verdict(first.clean())),
     );
+    table.add(
+        format!(
+            "{label}: one event per second to each of {n} streams for {run_secs:.0} s ({rate:.0} durable emits/s, commit-to-receive)"
+        ),
+        format!(
+            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · {delivered} of {expected_run} delivered ({} missing) · relays' CPU {cpu_run:.1} s over {run_secs:.0} s ({:.0}% of one core), RSS after {}",
+            delivered as f64 / span.max(1e-9),
+            ms(latency.p50),
+            ms(latency.p99),
+            ms(latency.max),
+            expected_run.saturating_sub(delivered),
+            cpu_run / run_secs * 100.0,
+            size(sum_rss(&after_run)),
+        ),
+        format!("every delivery made: {}", verdict(delivered == expected_run && received_run >= expected_run)),
+    );
+    if !plan.restart {
+        return Ok(());
+    }
+
+    // The storm: every relay restarted while events keep coming.
+    for client in &mut clients {
+        client.send("phase")?;
+    }
+    let (stop_storm, storm_stopped) = watch::channel(false);
+    let storm_emitter = {
+        let (emitter, rate) = (emitter.clone(), plan.storm_rate);
+        tokio::spawn(async move { emitter.run(run_events, rate, None, storm_stopped).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!("{label}: SIGTERM to every relay, each restarted on its port");
+    let sigterm_at = realtime_ns();
+    let storm_deadline = tokio::time::Instant::now() + STORM_PATIENCE;
+    let restarted = futures_util::future::join_all(relays.drain(..).map(|mut relay| {
+        let settings = &settings;
+        async move {
+            let stopped_in = relay.terminate(Duration::from_secs(30)).await?;
+            let port = relay.port;
+            drop(relay);
+            let fresh = tokio::time::timeout_at(
+                storm_deadline,
+                RelayProcess::start_on(relay_bin, work_dir, settings, port),
+            )
+            .await
+            .map_err(|_| format!("the relay on port {port} was not ready within {STORM_PATIENCE:?} of the SIGTERMs"))??;
+            BenchResult::Ok((stopped_in, fresh, realtime_ns()))
+        }
+    }))
+    .await;
+    let mut stopped_in = Vec::new();
+    let mut last_ready_relay = 0;
+    let mut failures = Vec::new();
+    for outcome in restarted {
+        match outcome {
+            Ok((stopped, fresh, ready_at)) => {
+                stopped_in.push(stopped);
+                last_ready_relay = last_ready_relay.max(ready_at);
+                relays.push(fresh);
+            }
+            Err(error) => failures.push(error.to_string()),
+        }
+    }
+    let mut all_back_at = 0u64;
+    let mut all_back = failures.is_empty();
+    for client in &mut clients {
+        let left = storm_deadline.saturating_duration_since(tokio::time::Instant::now());
+        match client
+            .expect("all_streaming", left.max(Duration::from_millis(1)))
+            .await
+        {
+            Ok(line) => all_back_at = all_back_at.max(line["at"].as_u64().unwrap_or(0)),
+            Err(error) => {
+                failures.push(error.to_string());
+                all_back = false;
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_storm.send_replace(true);
+    committed.extend(storm_emitter.await??);
+    let emitted = committed.len();
+    let after_storm = usage(&relays);
+    let pool_waiting = futures_util::future::join_all(
+        relays
+            .iter()
+            .map(|relay| relay.metric("database_pool_waiting")),
+    )
+    .await;
+    let most_connections = {
+        sampling.send_replace(true);
+        sampler.await.unwrap_or(-1)
+    };
+    let finish_patience = if all_back {
+        DRAIN
+    } else {
+        Duration::from_secs(5)
+    };
+    let mut finished = Vec::new();
+    for client in &mut clients {
+        client.send(&format!("finish {emitted} {}", finish_patience.as_millis()))?;
+    }
+    for client in &mut clients {
+        finished.push(
+            client
+                .expect("finished", finish_patience + PATIENCE)
+                .await?,
+        );
+    }
+    drop(clients);
+    let total = |key: &str| {
+        finished
+            .iter()
+            .map(|f| f[key].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let (missing, missing_streams) = (total("missing"), total("missing_streams"));
+    let storm = PhaseFigures::merge(
+        &finished.iter().map(|f| &f["phases"][1]).collect::<Vec<_>>(),
+        relays_n,
+    );
+    let from_sigterm = all_back_at.saturating_sub(sigterm_at) as f64 / 1e9;
+    let from_last_relay = all_back_at.saturating_sub(last_ready_relay) as f64 / 1e9;
+    let slowest_stop = stopped_in.iter().max().copied().unwrap_or_default();
+    table.add(
+        format!(
+            "{label}: reconnect storm, all {relays_n} relays SIGTERMed at once and restarted on their ports under {n} streams, {} events/s emitted throughout, clients reconnecting {}",
+            plan.storm_rate,
+            match plan.reconnect {
+                Reconnect::Jittered => "as eventrelay's browser client (full jitter over 3 s, backoff after failures)",
+                Reconnect::Immediate => "at once (every 50 ms while down)",
+            }
+        ),
+        format!(
+            "{} · slowest relay exited {:.2} s after SIGTERM, last one ready again {:.2} s after it · connect p50 {} · p99 {} · max {} · {} · refused while down: {} · {} streams opened · {emitted} events emitted in all, {missing} (subscriber, event) pairs missed on {missing_streams} streams · relays' RSS after {} · most relay connections to Postgres at once {most_connections} · pool waiters at the end {:?}{}",
+            if all_back {
+                format!(
+                    "all {n} streaming again {from_sigterm:.1} s after the SIGTERMs ({from_last_relay:.1} s after the last relay was ready)"
+                )
+            } else {
+                format!("not all {n} streaming again within {STORM_PATIENCE:?}")
+            },
+            slowest_stop.as_secs_f64(),
+            last_ready_relay.saturating_sub(sigterm_at) as f64 / 1e9,
+            ms(storm.connect.p50),
+            ms(storm.connect.p99),
+            ms(storm.connect.max),
+            storm.errors(),
+            storm.refused_while_down,
+            storm.streams_opened,
+            size(sum_rss(&after_storm)),
+            pool_waiting,
+            if failures.is_empty() {
+                String::new()
+            } else {
+                format!(" · {}", failures.join(" · "))
+            }
+        ),
+        format!(
+            "all back, no 408, 5xx or reset, none missed: {}",
+            verdict(all_back && storm.clean() && missing == 0)
+        ),
+    );
+    let load_limits = first.out_of_descriptors
+        + first.out_of_ports
+        + storm.out_of_descriptors
+        + storm.out_of_ports;
+    if load_limits > 0 {
+        table.add(
+            "{label}: the load's own limits",
+            format!(
+                "attempts without a file descriptor: {} · without an ephemeral port: {}",
+                first.out_of_descriptors + storm.out_of_descriptors,
+                first.out_of_ports + storm.out_of_ports
+            ),
+            "–",
+        );
+    }
     Ok(())
+}
+
+/// The streams on one relay.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    run(&BoxPlan::streams(cx.args.quick), cx, table).await
+}
+
+/// The box's rows, with its command-line options.
+pub async fn box_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let args = &cx.args;
+    let mut plan = BoxPlan::of(args.quick);
+    plan.steps = vec![args.box_streams.unwrap_or(plan.streams_total())];
+    plan.pool_size = args.box_pool_size;
+    plan.reconnect = Reconnect::parse(&args.box_reconnect)?;
+    plan.header_timeout_secs = args.box_header_timeout.unwrap_or(plan.header_timeout_secs);
+    run(&plan, cx, table).await
 }
 
 #[cfg(test)]
@@ -1066,35 +734,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn streams_spread_over_relays_then_scopes() {
-        assert_eq!(placement(0, 1, 10), (0, 0));
-        assert_eq!(placement(13, 1, 10), (0, 3));
-        // Six relays: consecutive streams go to consecutive relays, and
-        // each relay's streams cover every scope.
-        let scopes_on_relay_2: HashSet<usize> = (0..120)
-            .map(|index| placement(index, 6, 10))
-            .filter(|(relay, _)| *relay == 2)
-            .map(|(_, scope)| scope)
-            .collect();
-        assert_eq!(scopes_on_relay_2.len(), 10);
-    }
-
-    #[test]
-    fn a_stream_short_of_an_event_is_counted() {
-        let log = CommitLog::new(0);
-        let origin = log.to_monotonic(0);
-        let commits = vec![Some(origin), Some(origin), Some(origin), Some(origin)];
-        let mut check = Check::new(&commits, 2, 1);
-        let receipt = |number: u32| crate::clock::Receipt { number, at: 1_000 };
-        // Scope 0 expects events 0 and 2; scope 1 expects 1 and 3.
-        check.stream(0, Ok(vec![receipt(0), receipt(2)]), &log);
-        check.stream(1, Ok(vec![receipt(1), receipt(1), receipt(2)]), &log);
-        check.stream(2, Err("refused".to_owned()), &log);
-        assert_eq!(check.delivered, 3);
-        assert_eq!(check.missing, 1 + 2);
-        assert_eq!(check.streams_short, 2);
-        assert_eq!(check.repeated, 1, "received again after a reconnect");
-        assert_eq!(check.unexpected, 1, "another scope's event");
-        assert_eq!(check.latencies, [1_000, 1_000, 1_000]);
+    fn streams_spread_evenly_over_relays_and_scopes() {
+        let plan = BoxPlan::of(true);
+        let per_relay: Vec<usize> = (0..plan.relays).map(|r| plan.streams_on(r)).collect();
+        assert_eq!(per_relay.iter().sum::<usize>(), plan.streams_total());
+        assert!(per_relay.iter().max().unwrap() - per_relay.iter().min().unwrap() <= 1);
+        let per_scope: Vec<u64> = (0..plan.scopes).map(|s| plan.streams_in(s)).collect();
+        assert!(per_scope.iter().max().unwrap() - per_scope.iter().min().unwrap() <= 1);
+        // Every relay holds streams of every scope.
+        let mut pairs = std::collections::BTreeSet::new();
+        for g in 0..plan.streams_total() {
+            pairs.insert(stream_client::placement(g, plan.relays, plan.scopes));
+        }
+        assert_eq!(pairs.len(), plan.relays * plan.scopes);
     }
 }

@@ -33,7 +33,8 @@ async fn a_thousand_subscribers_ride_out_a_restart_and_a_second_wave() {
         extra_waves: 1,
     };
     let settings = RelaySettings::new(&url, &schema);
-    let figures = storm::run(&plan, &relay_binary(), &work_dir, &settings).await;
+    let client_bin = std::path::Path::new(env!("CARGO_BIN_EXE_eventrelay-bench"));
+    let figures = storm::run(&plan, &relay_binary(), client_bin, &work_dir, &settings).await;
     drop_schema(&url, &schema).await;
     let figures = figures.expect("the storm runs");
     println!("STORM: {figures:#?}");
@@ -55,9 +56,9 @@ async fn a_thousand_subscribers_ride_out_a_restart_and_a_second_wave() {
     let restart = &figures.restart;
     assert!(
         restart.all_streaming_after.is_some()
-            && restart.timeouts == 0
-            && restart.server_errors == 0
-            && restart.other_refusals == 0,
+            && restart.figures.timeouts == 0
+            && restart.figures.server_errors == 0
+            && restart.figures.other_refusals == 0,
         "after the restart: {restart:?}\n{log}"
     );
     assert!(figures.emitted >= 100, "{figures:?}");
