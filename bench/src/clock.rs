@@ -9,10 +9,6 @@ use std::time::{Duration, Instant};
 /// Commit times of numbered events, shared by publishers and the analysis.
 pub struct CommitLog {
     origin: Instant,
-    /// The origin on the system's monotonic clock, which every process on
-    /// the machine shares: times taken in two processes of the load tool
-    /// are compared through it.
-    origin_monotonic: u64,
     /// Nanoseconds since `origin` plus one; zero means not committed.
     committed: Vec<AtomicU64>,
 }
@@ -21,19 +17,12 @@ impl CommitLog {
     pub fn new(capacity: usize) -> Arc<Self> {
         Arc::new(CommitLog {
             origin: Instant::now(),
-            origin_monotonic: monotonic_ns(),
             committed: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
     pub fn capacity(&self) -> usize {
         self.committed.len()
-    }
-
-    /// A time of this log (nanoseconds since its origin) on the system's
-    /// monotonic clock, comparable across processes.
-    pub fn to_monotonic(&self, at: u64) -> u64 {
-        self.origin_monotonic + at
     }
 
     /// Nanoseconds since the origin, now.
@@ -67,18 +56,6 @@ impl CommitLog {
         }
         (count, first)
     }
-}
-
-/// The system's monotonic clock (`CLOCK_MONOTONIC`), in nanoseconds: the
-/// clock `Instant` reads on Linux, shared by every process.
-pub fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 /// One frame's arrival: which event, and when (nanoseconds since origin).

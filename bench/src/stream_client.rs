@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
@@ -66,7 +67,7 @@ const RETRY_INTERVAL: Duration = Duration::from_millis(3000);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// How a subscriber comes back after its stream ends or an attempt fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reconnect {
     /// At once after a stream ends, every 50 ms while nothing listens,
     /// 250 ms after a refusal: the harshest a client can be.
@@ -79,13 +80,6 @@ pub enum Reconnect {
 }
 
 impl Reconnect {
-    pub fn name(self) -> &'static str {
-        match self {
-            Reconnect::Immediate => "immediate",
-            Reconnect::Jittered => "jittered",
-        }
-    }
-
     pub fn parse(name: &str) -> BenchResult<Reconnect> {
         match name {
             "immediate" => Ok(Reconnect::Immediate),
@@ -122,7 +116,7 @@ impl Reconnect {
 const READ_BUFFER: usize = 64 * 1024;
 
 /// What one client process opens.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ClientSpec {
     /// Which client this is (0-based); names its receipts file.
     pub index: usize,
@@ -145,55 +139,6 @@ pub struct ClientSpec {
 }
 
 impl ClientSpec {
-    fn to_json(&self) -> Value {
-        json!({
-            "index": self.index,
-            "source": self.source.to_string(),
-            "relay_ports": self.relay_ports,
-            "first": self.first,
-            "count": self.count,
-            "scopes": self.scopes,
-            "scope_prefix": self.scope_prefix,
-            "last_event_id": self.last_event_id,
-            "connect_concurrency": self.connect_concurrency,
-            "reconnect": self.reconnect.name(),
-            "work_dir": self.work_dir.display().to_string(),
-        })
-    }
-
-    fn from_json(value: &Value) -> BenchResult<ClientSpec> {
-        let number = |key: &str| {
-            value[key]
-                .as_u64()
-                .map(|n| n as usize)
-                .ok_or_else(|| format!("stream-client spec: no {key}"))
-        };
-        let text = |key: &str| {
-            value[key]
-                .as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| format!("stream-client spec: no {key}"))
-        };
-        Ok(ClientSpec {
-            index: number("index")?,
-            source: text("source")?.parse()?,
-            relay_ports: value["relay_ports"]
-                .as_array()
-                .ok_or("stream-client spec: no relay_ports")?
-                .iter()
-                .filter_map(|port| port.as_u64().map(|p| p as u16))
-                .collect(),
-            first: number("first")?,
-            count: number("count")?,
-            scopes: number("scopes")?,
-            scope_prefix: text("scope_prefix")?,
-            last_event_id: value["last_event_id"].as_i64(),
-            connect_concurrency: number("connect_concurrency")?,
-            reconnect: Reconnect::parse(&text("reconnect")?)?,
-            work_dir: PathBuf::from(text("work_dir")?),
-        })
-    }
-
     fn receipts_path(&self) -> PathBuf {
         self.work_dir
             .join(format!("stream-client-{}.receipts", self.index))
@@ -220,6 +165,24 @@ pub fn realtime_ns() -> u64 {
 
 // ---------------------------------------------------------------------------
 // The child process.
+
+/// What [`Tally`] reports to the parent, which sums the processes'.
+#[derive(Default, Serialize, Deserialize)]
+struct Counts {
+    timeouts: u64,
+    server_errors: u64,
+    other_refusals: u64,
+    resets: u64,
+    refused_while_down: u64,
+    out_of_descriptors: u64,
+    out_of_ports: u64,
+    streams_opened: u64,
+    connect_micros: Vec<u32>,
+    reset_reasons: BTreeMap<String, u64>,
+    first_attempt: u64,
+    last_ready: Vec<u64>,
+    opened_per_relay: Vec<u64>,
+}
 
 /// Refusals, resets and connect times of one phase, in one process.
 #[derive(Default)]
@@ -252,23 +215,32 @@ impl Tally {
         }
     }
 
-    fn to_json(&self) -> Value {
+    fn counts(&self) -> Value {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        json!({
-            "timeouts": load(&self.timeouts),
-            "server_errors": load(&self.server_errors),
-            "other_refusals": load(&self.other_refusals),
-            "resets": load(&self.resets),
-            "refused_while_down": load(&self.refused_while_down),
-            "out_of_descriptors": load(&self.out_of_descriptors),
-            "out_of_ports": load(&self.out_of_ports),
-            "streams_opened": load(&self.streams_opened),
-            "connect_micros": self.connect_micros.lock().map(|s| s.clone()).unwrap_or_default(),
-            "reset_reasons": self.reset_reasons.lock().map(|r| r.clone()).unwrap_or_default(),
-            "last_ready": self.last_ready.iter().map(load).collect::<Vec<_>>(),
-            "opened_per_relay": self.opened_per_relay.iter().map(load).collect::<Vec<_>>(),
-            "first_attempt": load(&self.first_attempt),
-        })
+        let counts = Counts {
+            timeouts: load(&self.timeouts),
+            server_errors: load(&self.server_errors),
+            other_refusals: load(&self.other_refusals),
+            resets: load(&self.resets),
+            refused_while_down: load(&self.refused_while_down),
+            out_of_descriptors: load(&self.out_of_descriptors),
+            out_of_ports: load(&self.out_of_ports),
+            streams_opened: load(&self.streams_opened),
+            connect_micros: self
+                .connect_micros
+                .lock()
+                .map(|s| s.clone())
+                .unwrap_or_default(),
+            reset_reasons: self
+                .reset_reasons
+                .lock()
+                .map(|r| r.clone())
+                .unwrap_or_default(),
+            first_attempt: load(&self.first_attempt),
+            last_ready: self.last_ready.iter().map(load).collect(),
+            opened_per_relay: self.opened_per_relay.iter().map(load).collect(),
+        };
+        serde_json::to_value(counts).unwrap_or_default()
     }
 }
 
@@ -580,9 +552,7 @@ fn say(value: &Value) {
 
 /// The `stream-client` subcommand: `args` is what follows it.
 pub fn main(args: &[String]) -> BenchResult<()> {
-    let spec = ClientSpec::from_json(&serde_json::from_str(
-        args.first().ok_or("stream-client: no spec")?,
-    )?)?;
+    let spec: ClientSpec = serde_json::from_str(args.first().ok_or("stream-client: no spec")?)?;
     // One thread: several of these processes share two cores with the
     // relays and Postgres.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -685,7 +655,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
                 file.flush()?;
                 say(&json!({
                     "event": "report",
-                    "tally": tally.to_json(),
+                    "tally": tally.counts(),
                     "received": shared.received.load(Ordering::Relaxed),
                     "receipts": spec.receipts_path().display().to_string(),
                 }));
@@ -726,7 +696,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     let phases: Vec<Value> = shared
         .phases
         .lock()
-        .map(|phases| phases.iter().map(|tally| tally.to_json()).collect())
+        .map(|phases| phases.iter().map(|tally| tally.counts()).collect())
         .unwrap_or_default();
     say(&json!({
         "event": "finished",
@@ -763,7 +733,7 @@ impl ClientProcess {
     pub fn spawn(binary: &std::path::Path, spec: &ClientSpec) -> BenchResult<ClientProcess> {
         let mut child = Command::new(binary)
             .arg(SUBCOMMAND)
-            .arg(spec.to_json().to_string())
+            .arg(serde_json::to_string(spec)?)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -888,38 +858,33 @@ impl PhaseFigures {
         };
         let mut connect = Vec::new();
         for tally in tallies {
-            let n = |key: &str| tally[key].as_u64().unwrap_or(0);
-            phase.timeouts += n("timeouts");
-            phase.server_errors += n("server_errors");
-            phase.other_refusals += n("other_refusals");
-            phase.resets += n("resets");
-            phase.refused_while_down += n("refused_while_down");
-            phase.out_of_descriptors += n("out_of_descriptors");
-            phase.out_of_ports += n("out_of_ports");
-            phase.streams_opened += n("streams_opened");
-            let first = n("first_attempt");
-            if first > 0 {
-                phase.first_attempt = phase.first_attempt.min(first);
+            let Ok(counts) = Counts::deserialize(*tally) else {
+                continue;
+            };
+            phase.timeouts += counts.timeouts;
+            phase.server_errors += counts.server_errors;
+            phase.other_refusals += counts.other_refusals;
+            phase.resets += counts.resets;
+            phase.refused_while_down += counts.refused_while_down;
+            phase.out_of_descriptors += counts.out_of_descriptors;
+            phase.out_of_ports += counts.out_of_ports;
+            phase.streams_opened += counts.streams_opened;
+            if counts.first_attempt > 0 {
+                phase.first_attempt = phase.first_attempt.min(counts.first_attempt);
             }
-            if let Some(samples) = tally["connect_micros"].as_array() {
-                connect.extend(
-                    samples
-                        .iter()
-                        .filter_map(|s| s.as_u64())
-                        .map(|us| us * 1000),
-                );
+            connect.extend(counts.connect_micros.iter().map(|&us| u64::from(us) * 1000));
+            for (how, count) in counts.reset_reasons {
+                *phase.reset_reasons.entry(how).or_default() += count;
             }
-            if let Some(reasons) = tally["reset_reasons"].as_object() {
-                for (how, count) in reasons {
-                    *phase.reset_reasons.entry(how.clone()).or_default() +=
-                        count.as_u64().unwrap_or(0);
-                }
-            }
-            for relay in 0..relays {
-                phase.last_ready[relay] =
-                    phase.last_ready[relay].max(tally["last_ready"][relay].as_u64().unwrap_or(0));
-                phase.opened_per_relay[relay] +=
-                    tally["opened_per_relay"][relay].as_u64().unwrap_or(0);
+            for (relay, (ready, opened)) in counts
+                .last_ready
+                .iter()
+                .zip(&counts.opened_per_relay)
+                .enumerate()
+                .take(relays)
+            {
+                phase.last_ready[relay] = phase.last_ready[relay].max(*ready);
+                phase.opened_per_relay[relay] += opened;
             }
         }
         phase.connect = Percentiles::of(&mut connect);

@@ -223,76 +223,50 @@ fn per_1000(seconds: f64, delivered: u64) -> f64 {
     }
     seconds / delivered as f64 * 1000.0
 }
-/// Fan-out at one scope: eventrelay (emit and HTTP publish) and nchan, at a
-/// fixed rate for both sizes, then unthrottled, side by side.
+/// Fan-out at one scope: eventrelay (emit, HTTP publish, and the ephemeral
+/// lane beside nchan) and nchan, at a fixed rate for both sizes, then
+/// unthrottled, side by side. Each of eventrelay's lanes runs on a fresh
+/// relay in a session of its own, as nginx's workers do.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
-    let nchan = match (cx.args.nchan_address, cx.args.nchan_pid) {
-        (Some(address), Some(master)) => {
-            let mut pids = proc_stats::children_of(master);
-            pids.push(master);
-            Some((address, Server::Nchan { address, pids }))
-        }
-        _ => None,
-    };
-    let runs: [(usize, Pace, Duration, usize); 5] = [
-        (
-            cx.scale.small_fanout,
-            Pace::PerSecond(100.0),
-            cx.scale.fixed_run,
-            4,
-        ),
-        (
-            cx.scale.large_fanout,
-            Pace::PerSecond(2.0),
-            cx.scale.fixed_run,
-            4,
-        ),
-        (
-            cx.scale.large_fanout,
-            Pace::PerSecond(10.0),
-            cx.scale.fixed_run,
-            4,
-        ),
-        (
-            cx.scale.small_fanout,
-            Pace::Unthrottled,
-            cx.scale.unthrottled_run,
-            8,
-        ),
-        (
-            cx.scale.small_fanout,
-            Pace::Unthrottled,
-            cx.scale.unthrottled_run,
-            64,
-        ),
+    let nchan = cx.nchan();
+    let (small, large) = (cx.scale.small_fanout, cx.scale.large_fanout);
+    let (fixed, unthrottled) = (cx.scale.fixed_run, cx.scale.unthrottled_run);
+    let runs = [
+        (small, Pace::PerSecond(100.0), fixed, 4),
+        (large, Pace::PerSecond(2.0), fixed, 4),
+        (large, Pace::PerSecond(10.0), fixed, 4),
+        (small, Pace::Unthrottled, unthrottled, 8),
+        (small, Pace::Unthrottled, unthrottled, 64),
     ];
     for (run, (subscribers, pace, duration, writers)) in runs.into_iter().enumerate() {
         let pace_label = match pace {
             Pace::PerSecond(rate) => format!("{rate:.0} ev/s"),
             Pace::Unthrottled => format!("unthrottled ({writers} publishers)"),
         };
-        let mut eventrelay_http = None;
-        for http in [false, true] {
+        let plan = |lane: &str, source: Source| FanoutPlan {
+            subscribers,
+            scopes: 1,
+            scope_prefix: format!("fan-{run}-{lane}"),
+            pace,
+            duration,
+            writers,
+            source,
+        };
+        let mut ours = Vec::new();
+        for lane in ["emit", "http", "ephemeral"] {
+            if lane == "ephemeral" && nchan.is_none() {
+                break;
+            }
             let relay = cx.start_relay(cx.settings().in_own_session()).await?;
-            let source = if http {
-                Source::HttpPublish {
-                    base: relay.base.clone(),
-                }
-            } else {
-                cx.emit_source()
+            let base = relay.base.clone();
+            let source = match lane {
+                "emit" => cx.emit_source(),
+                "http" => Source::HttpPublish { base },
+                _ => Source::HttpPublishEphemeral { base },
             };
             eprintln!("fan-out {subscribers}, {pace_label}, {}", source.label());
-            let plan = FanoutPlan {
-                subscribers,
-                scopes: 1,
-                scope_prefix: format!("fan-{run}-{http}"),
-                pace,
-                duration,
-                writers,
-                source: source.clone(),
-            };
-            let f = self::run(&plan, &Server::of(&relay)).await?;
-            let target = fanout_target(subscribers, pace, http, &f);
+            let f = self::run(&plan(lane, source.clone()), &Server::of(&relay)).await?;
+            let http = lane != "emit";
             let clock = if http {
                 "send-to-receive"
             } else {
@@ -304,9 +278,9 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
                     source.label()
                 ),
                 fanout_summary(&f),
-                target,
+                fanout_target(subscribers, pace, http, &f),
             );
-            if subscribers == cx.scale.large_fanout && !http {
+            if subscribers == large && !http {
                 let per = f.idle_rss_per_connection;
                 table.add(
                     format!(
@@ -317,91 +291,66 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
                 );
             }
             if http {
-                eventrelay_http = Some(f);
+                ours.push((source.label(), f));
             }
         }
-        if let Some((address, server)) = &nchan {
-            eprintln!("fan-out {subscribers}, {pace_label}, nchan");
-            let plan = FanoutPlan {
-                subscribers,
-                scopes: 1,
-                scope_prefix: format!("nchan-{run}"),
-                pace,
-                duration,
-                writers,
-                source: Source::Nchan {
-                    url: format!("http://{address}/pub"),
-                },
+        let Some((address, server)) = &nchan else {
+            continue;
+        };
+        eprintln!("fan-out {subscribers}, {pace_label}, nchan");
+        let source = Source::Nchan {
+            url: format!("http://{address}/pub"),
+        };
+        let f = self::run(&plan("nchan", source), server).await?;
+        table.add(
+            format!("nchan fan-out {subscribers} subs, 1 channel, {pace_label}, HTTP publish (send-to-receive)"),
+            fanout_summary(&f),
+            format!("all received: {}", verdict(f.delivered == f.expected)),
+        );
+        for (lane, ours) in ours {
+            let ratio = ours.deliveries_per_second / f.deliveries_per_second.max(1.0);
+            let (p50, p99) = (ours.latency.p50, ours.latency.p99);
+            let target = if matches!(pace, Pace::Unthrottled) {
+                format!(
+                    "≥ 1.5× nchan's, p99 below: {}",
+                    verdict(ratio >= 1.5 && p99 < f.latency.p99)
+                )
+            } else if subscribers == large {
+                format!(
+                    "deliveries/s ≥ nchan's, p99 below: {}",
+                    verdict(ratio >= 0.995 && p99 < f.latency.p99)
+                )
+            } else {
+                format!(
+                    "deliveries/s ≥ nchan's, p50 ≤ 1.2× nchan's: {}",
+                    verdict(
+                        ratio >= 0.995 && p50.as_secs_f64() <= 1.2 * f.latency.p50.as_secs_f64()
+                    )
+                )
             };
-            let f = self::run(&plan, server).await?;
-            table.add(
-                format!("nchan fan-out {subscribers} subs, 1 channel, {pace_label}, HTTP publish (send-to-receive)"),
-                fanout_summary(&f),
-                format!("all received: {}", verdict(f.delivered == f.expected)),
-            );
-            // The ephemeral lane too: no outbox row, one notification per
-            // group commit.
-            let mut ours_by_lane = vec![("HTTP publish", eventrelay_http)];
-            let relay = cx.start_relay(cx.settings().in_own_session()).await?;
-            let source = Source::HttpPublishEphemeral {
-                base: relay.base.clone(),
-            };
-            eprintln!("fan-out {subscribers}, {pace_label}, {}", source.label());
-            let plan = FanoutPlan {
-                subscribers,
-                scopes: 1,
-                scope_prefix: format!("fan-{run}-ephemeral"),
-                pace,
-                duration,
-                writers,
-                source: source.clone(),
-            };
-            let e = self::run(&plan, &Server::of(&relay)).await?;
             table.add(
                 format!(
-                    "eventrelay fan-out {subscribers} subs, 1 scope, {pace_label}, {} (send-to-receive)",
-                    source.label()
+                    "side by side, {subscribers} subs, {pace_label}: eventrelay {lane} / nchan"
                 ),
-                fanout_summary(&e),
-                format!("all received: {}", verdict(e.delivered == e.expected)),
+                format!("deliveries/s {ratio:.2}× · {}", against(&ours, &f)),
+                target,
             );
-            ours_by_lane.push(("HTTP publish, ephemeral lane", Some(e)));
-            for (lane, ours) in ours_by_lane {
-                let Some(ours) = ours else { continue };
-                let ratio = ours.deliveries_per_second / f.deliveries_per_second.max(1.0);
-                let target = if matches!(pace, Pace::Unthrottled) {
-                    format!(
-                        "≥ 1.5× nchan's, p99 below: {}",
-                        verdict(ratio >= 1.5 && ours.latency.p99 < f.latency.p99)
-                    )
-                } else if subscribers == cx.scale.large_fanout {
-                    format!(
-                        "deliveries/s ≥ nchan's, p99 below: {}",
-                        verdict(ratio >= 0.995 && ours.latency.p99 < f.latency.p99)
-                    )
-                } else {
-                    format!(
-                        "deliveries/s ≥ nchan's, p50 ≤ 1.2× nchan's: {}",
-                        verdict(
-                            ratio >= 0.995
-                                && ours.latency.p50.as_secs_f64()
-                                    <= 1.2 * f.latency.p50.as_secs_f64()
-                        )
-                    )
-                };
-                table.add(
-                    format!("side by side, {subscribers} subs, {pace_label}: eventrelay {lane} / nchan"),
-                    format!(
-                        "deliveries/s {ratio:.2}× · p50 {} vs {} · p99 {} vs {} · CPU s/1k {:.3} vs {:.3}",
-                        ms(ours.latency.p50), ms(f.latency.p50), ms(ours.latency.p99), ms(f.latency.p99),
-                        ours.cpu_seconds_per_1000, f.cpu_seconds_per_1000
-                    ),
-                    target,
-                );
-            }
         }
     }
     Ok(())
+}
+
+/// p50, p99 and CPU of `ours` against `theirs`, for side-by-side rows.
+pub fn against(ours: &FanoutFigures, theirs: &FanoutFigures) -> String {
+    format!(
+        "p50 {} vs {} · p99 {} vs {} · CPU s/1k {:.3} vs {:.3}",
+        ms(ours.latency.p50),
+        ms(theirs.latency.p50),
+        ms(ours.latency.p99),
+        ms(theirs.latency.p99),
+        ours.cpu_seconds_per_1000,
+        theirs.cpu_seconds_per_1000
+    )
 }
 
 fn fanout_target(subscribers: usize, pace: Pace, http: bool, f: &FanoutFigures) -> String {

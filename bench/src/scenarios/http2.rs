@@ -8,7 +8,7 @@
 use crate::BenchResult;
 use crate::context::Context;
 use crate::publish::Pace;
-use crate::report::{Table, ms, size, verdict};
+use crate::report::{Table, size, verdict};
 use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server, fanout_summary};
 /// Fan-out over HTTP/2 next to HTTP/1.1, at the same rate and subscriber
 /// count: plain HTTP/1.1 (the fan-out rows' client), then a relay serving
@@ -66,14 +66,9 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
             Some(h1) => table.add(
                 format!("side by side, {subscribers} subs, 100 ev/s: {label} / HTTPS, HTTP/1.1"),
                 format!(
-                    "deliveries/s {:.2}× · p50 {} vs {} · p99 {} vs {} · CPU s/1k {:.3} vs {:.3} · RSS {} vs {}",
+                    "deliveries/s {:.2}× · {} · RSS {} vs {}",
                     f.deliveries_per_second / h1.deliveries_per_second.max(1.0),
-                    ms(f.latency.p50),
-                    ms(h1.latency.p50),
-                    ms(f.latency.p99),
-                    ms(h1.latency.p99),
-                    f.cpu_seconds_per_1000,
-                    h1.cpu_seconds_per_1000,
+                    fanout::against(&f, h1),
                     size(f.rss_bytes as f64),
                     size(h1.rss_bytes as f64)
                 ),
