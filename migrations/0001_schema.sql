@@ -141,7 +141,7 @@ CREATE TABLE outbox (
     id          uuid        NOT NULL CONSTRAINT outbox_id_unique UNIQUE,
     type        text        NOT NULL
         CONSTRAINT outbox_type_valid
-        CHECK (type <> '' AND octet_length(type) <= 200 AND type !~ '[\x01-\x1f\x7f-\x9f]')
+        CHECK (type <> '' AND octet_length(type) <= 200 AND type !~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]')
         -- Event types that streams use for their own frames are refused at
         -- every emit path: emit(), the batch INSERT, and a plain INSERT.
         CONSTRAINT outbox_type_not_reserved

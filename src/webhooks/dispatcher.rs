@@ -562,7 +562,10 @@ fn describe(error: &reqwest::Error) -> String {
 /// other reserved ranges, and IPv6 addresses that carry an IPv4 address
 /// (mapped, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`) when that one is
 /// internal. The deprecated IPv4-compatible (`::/96`) and site-local
-/// (`fec0::/10`) ranges are internal outright.
+/// (`fec0::/10`) ranges are internal outright, and so are the translation
+/// prefixes whose gateways may sit inside the network: SIIT's IPv4-translated
+/// addresses (`::ffff:0:0:0/96`), local-use NAT64 (`64:ff9b:1::/48`, RFC
+/// 8215) and Teredo (`2001::/32`).
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
@@ -593,10 +596,16 @@ pub fn is_internal(ip: IpAddr) -> bool {
             };
             let nat64 = segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
             let ipv4_compatible = segments[..6] == [0; 6];
+            let ipv4_translated = segments[..6] == [0, 0, 0, 0, 0xffff, 0];
+            let local_nat64 = segments[..3] == [0x64, 0xff9b, 1];
+            let teredo = segments[..2] == [0x2001, 0];
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || ipv4_compatible
+                || ipv4_translated
+                || local_nat64
+                || teredo
                 || (nat64 && embedded(segments[6], segments[7]))
                 || (first == 0x2002 && embedded(segments[1], segments[2]))
                 || (first & 0xfe00) == 0xfc00
@@ -679,6 +688,12 @@ mod tests {
             "::7f00:1",
             "::10.0.0.1",
             "fec0::1",
+            "::ffff:0:5db8:d822",
+            "::ffff:0:7f00:1",
+            "64:ff9b:1::5db8:d822",
+            "64:ff9b:1:ffff::1",
+            "2001::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
         ] {
             assert!(is_internal(internal.parse().unwrap()), "{internal}");
         }
@@ -688,6 +703,8 @@ mod tests {
             "2606:4700:4700::1111",
             "64:ff9b::5db8:d822",
             "2002:5db8:d822::1",
+            "2001:4860:4860::8888",
+            "2001:1::1",
         ] {
             assert!(!is_internal(public.parse().unwrap()), "{public}");
         }
@@ -697,6 +714,9 @@ mod tests {
     fn literal_internal_urls_are_refused_unless_allowed() {
         assert!(check_literal_address("http://127.0.0.1:9/hook", false).is_err());
         assert!(check_literal_address("http://[::1]/hook", false).is_err());
+        assert!(check_literal_address("http://[2001::5db8:d822]/hook", false).is_err());
+        assert!(check_literal_address("http://[64:ff9b:1::a00:1]/hook", false).is_err());
+        assert!(check_literal_address("http://[::ffff:0:a00:1]/hook", false).is_err());
         assert!(check_literal_address("http://127.0.0.1:9/hook", true).is_ok());
         assert!(check_literal_address("https://hooks.example.com/x", false).is_ok());
     }

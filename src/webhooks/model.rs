@@ -270,7 +270,7 @@ pub fn validate_subscription_fields(
             return Err(invalid("secret", "must not contain control characters"));
         }
         WebhookSecret::parse_for_subscription(secret).map_err(|error| InvalidSubscription {
-            weak_secret: matches!(error, SecretError::TooShort { .. }),
+            weak_secret: matches!(error, SecretError::TooShort { .. } | SecretError::Uniform),
             ..invalid("secret", error.to_string())
         })?;
     }
@@ -552,8 +552,10 @@ mod tests {
     #[test]
     fn a_secret_shorter_than_24_bytes_is_refused_in_either_form() {
         let check = |secret: &str| validate_subscription_fields(None, None, None, Some(secret));
-        let whsec = |n: usize| WebhookSecret::from_bytes(vec![1u8; n]).to_whsec();
-        for short in ["s".repeat(23), whsec(23)] {
+        let varied = |n: usize| (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        let whsec =
+            |n: usize| WebhookSecret::from_bytes((0..n as u8).collect::<Vec<_>>()).to_whsec();
+        for short in [varied(23), whsec(23)] {
             let error = check(&short).unwrap_err();
             assert_eq!(
                 (error.field, error.weak_secret),
@@ -562,9 +564,11 @@ mod tests {
             );
             assert!(error.message.contains("at least 24"), "{}", error.message);
         }
-        for enough in ["s".repeat(24), whsec(24)] {
+        for enough in [varied(24), whsec(24)] {
             check(&enough).unwrap();
         }
+        let error = check(&"s".repeat(40)).unwrap_err();
+        assert_eq!((error.field, error.weak_secret), ("secret", true));
         let error = check("whsec_not base64!").unwrap_err();
         assert_eq!((error.field, error.weak_secret), ("secret", false));
         let error = check("a-secret-long-enough-but-\u{0}").unwrap_err();

@@ -136,7 +136,9 @@ pub enum EnvelopeError {
     EmptyType,
     #[error("event type is {len} bytes; the limit is {MAX_EVENT_TYPE_BYTES}")]
     TypeTooLong { len: usize },
-    #[error("event type must not contain control characters (such as a newline)")]
+    #[error(
+        "event type must not contain control characters (such as a newline) or U+2028 / U+2029"
+    )]
     TypeHasControlCharacter,
     #[error(
         "event type {0:?} is reserved: `ready`, `open`, `error` and every type starting with `eventrelay.` name a stream's own control frames"
@@ -154,6 +156,12 @@ pub enum EnvelopeError {
     EphemeralWithSeq,
 }
 
+/// Control characters, and the line and paragraph separators (U+2028,
+/// U+2029), which JavaScript and some log viewers take for line ends.
+fn breaks_a_line(c: char) -> bool {
+    c.is_control() || c == '\u{2028}' || c == '\u{2029}'
+}
+
 /// Checks an event type: non-empty, bounded, free of control characters (a
 /// newline in a type could otherwise split an SSE frame) and not reserved.
 pub fn validate_event_type(event_type: &str) -> Result<(), EnvelopeError> {
@@ -165,7 +173,7 @@ pub fn validate_event_type(event_type: &str) -> Result<(), EnvelopeError> {
             len: event_type.len(),
         });
     }
-    if event_type.chars().any(char::is_control) {
+    if event_type.chars().any(breaks_a_line) {
         return Err(EnvelopeError::TypeHasControlCharacter);
     }
     if is_reserved_event_type(event_type) {
@@ -374,10 +382,13 @@ mod tests {
     #[test]
     fn types_and_scopes_are_checked() {
         assert_eq!(validate_event_type(""), Err(EnvelopeError::EmptyType));
-        assert_eq!(
-            validate_event_type("a\nb"),
-            Err(EnvelopeError::TypeHasControlCharacter)
-        );
+        for broken in ["a\nb", "a\u{2028}b", "a\u{2029}b", "a\u{85}b"] {
+            assert_eq!(
+                validate_event_type(broken),
+                Err(EnvelopeError::TypeHasControlCharacter),
+                "{broken:?}"
+            );
+        }
         assert_eq!(
             validate_event_type(&"x".repeat(MAX_EVENT_TYPE_BYTES + 1)),
             Err(EnvelopeError::TypeTooLong {

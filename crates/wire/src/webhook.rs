@@ -49,6 +49,11 @@ pub enum SecretError {
          (a whsec_ secret counts its decoded bytes, any other its UTF-8 bytes)"
     )]
     TooShort { bytes: usize },
+    #[error(
+        "webhook secret is one character repeated, or whitespace around one: \
+         {MIN_SECRET_BYTES} bytes of it must vary (let eventrelay generate one)"
+    )]
+    Uniform,
 }
 
 impl WebhookSecret {
@@ -78,6 +83,23 @@ impl WebhookSecret {
             return Err(SecretError::TooShort {
                 bytes: parsed.0.len(),
             });
+        }
+        // Length alone lets through 24 spaces or `aaaa…`: what remains
+        // without whitespace must be long enough and not one character
+        // (of a text secret) or byte (of a `whsec_` one) repeated.
+        let (bytes, uniform) = if secret.starts_with(SECRET_PREFIX) {
+            (parsed.0.len(), parsed.0.iter().all(|b| *b == parsed.0[0]))
+        } else {
+            let mut content = secret.chars().filter(|c| !c.is_whitespace());
+            let first = content.clone().next();
+            let bytes = content.clone().map(char::len_utf8).sum();
+            (bytes, content.all(|c| Some(c) == first))
+        };
+        if bytes < MIN_SECRET_BYTES {
+            return Err(SecretError::TooShort { bytes });
+        }
+        if uniform {
+            return Err(SecretError::Uniform);
         }
         Ok(parsed)
     }
@@ -211,6 +233,36 @@ mod tests {
     }
 
     #[test]
+    fn a_subscription_secret_must_vary_beyond_whitespace() {
+        let weak = [
+            (" ".repeat(24), SecretError::TooShort { bytes: 0 }),
+            ("a".repeat(30), SecretError::Uniform),
+            (format!("  {}  ", "z".repeat(24)), SecretError::Uniform),
+            (
+                format!("{SECRET_PREFIX}{}", STANDARD.encode([7u8; 32])),
+                SecretError::Uniform,
+            ),
+            (
+                format!("ab cd ef {}", " ".repeat(20)),
+                SecretError::TooShort { bytes: 6 },
+            ),
+        ];
+        for (secret, why) in weak {
+            assert_eq!(
+                WebhookSecret::parse_for_subscription(&secret).err(),
+                Some(why),
+                "{secret:?}"
+            );
+        }
+        for strong in ["correct horse battery staple", VECTOR_SECRET] {
+            assert!(
+                WebhookSecret::parse_for_subscription(strong).is_ok(),
+                "{strong}"
+            );
+        }
+    }
+
+    #[test]
     fn signs_the_published_test_vector() {
         let secret = WebhookSecret::parse(VECTOR_SECRET).unwrap();
         assert_eq!(
@@ -289,8 +341,9 @@ mod tests {
 
     #[test]
     fn a_secret_to_sign_with_has_at_least_24_bytes_in_either_form() {
-        let plain = |n: usize| "s".repeat(n);
-        let whsec = |n: usize| WebhookSecret::from_bytes(vec![7u8; n]).to_whsec();
+        let plain = |n: usize| (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        let whsec =
+            |n: usize| WebhookSecret::from_bytes((0..n as u8).collect::<Vec<_>>()).to_whsec();
         for short in [plain(23), whsec(23)] {
             assert_eq!(
                 WebhookSecret::parse_for_subscription(&short),
@@ -304,10 +357,14 @@ mod tests {
             WebhookSecret::parse_for_subscription(&enough).unwrap();
         }
         // 24 characters of which some are multi-byte count their bytes.
-        WebhookSecret::parse_for_subscription(&"é".repeat(12)).unwrap();
+        WebhookSecret::parse_for_subscription(&"éè".repeat(6)).unwrap();
         assert_eq!(
-            WebhookSecret::parse_for_subscription(&"é".repeat(11)),
-            Err(SecretError::TooShort { bytes: 22 })
+            WebhookSecret::parse_for_subscription(&"éè".repeat(5)),
+            Err(SecretError::TooShort { bytes: 20 })
+        );
+        assert_eq!(
+            WebhookSecret::parse_for_subscription(&"é".repeat(12)),
+            Err(SecretError::Uniform)
         );
         assert_eq!(
             WebhookSecret::parse_for_subscription("whsec_!!!"),

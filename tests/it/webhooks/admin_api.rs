@@ -375,11 +375,13 @@ async fn malformed_subscriptions_are_refused_with_the_field_named() {
 }
 
 /// Secrets of `bytes` bytes in both forms: UTF-8 text, and `whsec_` with
-/// that many bytes once decoded.
+/// that many bytes once decoded; not one byte repeated, which is refused
+/// whatever its length.
 fn secrets_of(bytes: usize) -> [String; 2] {
+    let varied: Vec<u8> = (0..bytes).map(|n| b'a' + (n % 26) as u8).collect();
     [
-        "k".repeat(bytes),
-        WebhookSecret::from_bytes(vec![0x5a; bytes]).to_whsec(),
+        String::from_utf8(varied.clone()).unwrap(),
+        WebhookSecret::from_bytes(varied).to_whsec(),
     ]
 }
 
