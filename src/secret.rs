@@ -110,25 +110,42 @@ impl From<&str> for DatabaseUrl {
     }
 }
 
+/// The prefixes that make a connection string a URI, as libpq and
+/// tokio-postgres tell one (case-sensitively); anything else is the
+/// `keyword = value` form, even with a `://` inside a value.
+const URI_PREFIXES: [&str; 2] = ["postgresql://", "postgres://"];
+
 /// `postgres://user:pw@host/db?password=pw` → `postgres://user:***@host/db?password=***`,
 /// and the same for libpq's `keyword = value` form, in every spelling
 /// libpq accepts: spaces around `=`, quoted values with escapes, and
-/// percent-encoded query keys.
+/// percent-encoded query keys. The parts are found as the connectors find
+/// them: the credentials run to the first `@` before any `/`, so a
+/// password may hold a `?`.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let Some(prefix) = URI_PREFIXES.into_iter().find(|p| url.starts_with(p)) else {
         return redact_keywords(url);
     };
-    let (location, query) = match rest.split_once('?') {
-        Some((location, query)) => (location, Some(query)),
-        None => (rest, None),
+    let rest = &url[prefix.len()..];
+    let credentials_end = rest
+        .find(['@', '/'])
+        .filter(|&at| rest[at..].starts_with('@'));
+    let (credentials, after) = match credentials_end {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
     };
-    let location = match location.rsplit_once('@') {
-        Some((credentials, host)) => match credentials.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None => format!("{credentials}@{host}"),
+    let credentials = match credentials {
+        Some(credentials) => match credentials.split_once(':') {
+            Some((user, _)) => format!("{user}:***@"),
+            None => format!("{credentials}@"),
         },
-        None => location.to_owned(),
+        None => String::new(),
     };
+    let (location, query) = match after.split_once('?') {
+        Some((location, query)) => (location, Some(query)),
+        None => (after, None),
+    };
+    let scheme = prefix.trim_end_matches("://");
+    let location = format!("{credentials}{location}");
     let Some(query) = query else {
         return format!("{scheme}://{location}");
     };
@@ -277,10 +294,95 @@ mod tests {
                 "postgresql://app@db/app?%70assword=X",
                 "postgresql://app@db/app?%70assword=***",
             ),
+            // A `://` inside a value does not make a URI.
+            (
+                "application_name=x://y password=hunter2",
+                "application_name=x://y password=***",
+            ),
+            // A `?` in a URI's password is part of it.
+            (
+                "postgres://app:hun?ter2@db/app",
+                "postgres://app:***@db/app",
+            ),
+            (
+                "postgres://app:pw@db/app?application_name=a@b",
+                "postgres://app:***@db/app?application_name=a@b",
+            ),
         ] {
             let url = DatabaseUrl::from(url);
             assert_eq!(url.to_string(), shown);
             assert_eq!(format!("{url:?}"), format!("{shown:?}"));
+        }
+    }
+
+    use proptest::prelude::*;
+
+    /// A password as a connection string may carry it: marked, so that
+    /// finding it in the output cannot be chance, with the characters that
+    /// confuse splitting (`?`, `=`, `&`, `:`, `#`, spaces, quotes).
+    fn password() -> impl Strategy<Value = String> {
+        "PW[A-Za-z0-9?=&:#!]{4,12}"
+    }
+
+    /// Connection strings in the URI form, the credentials and the query
+    /// both able to hold a password.
+    fn uri() -> impl Strategy<Value = String> {
+        (
+            prop::sample::select(vec!["postgres://", "postgresql://"]),
+            password(),
+            prop::sample::select(vec!["db", "db:5432", "127.0.0.1:5432", "h1,h2:5433"]),
+            prop::option::of(password()),
+            prop::sample::select(vec!["", "application_name=x://y", "sslmode=require"]),
+        )
+            .prop_map(|(prefix, pw, host, query_pw, extra)| {
+                let mut url = format!("{prefix}app:{pw}@{host}/app");
+                let mut query: Vec<String> = Vec::new();
+                if !extra.is_empty() {
+                    query.push(extra.to_owned());
+                }
+                if let Some(pw) = query_pw {
+                    query.push(format!(
+                        "password={}",
+                        pw.replace('&', "%26").replace('#', "%23")
+                    ));
+                }
+                if !query.is_empty() {
+                    url.push('?');
+                    url.push_str(&query.join("&"));
+                }
+                url
+            })
+    }
+
+    /// Connection strings in the `keyword = value` form, the password
+    /// quoted or bare, with spaces around `=`, and a value holding `://`.
+    fn keywords() -> impl Strategy<Value = String> {
+        (
+            password(),
+            any::<bool>(),
+            prop::sample::select(vec!["=", " = ", "= "]),
+            prop::sample::select(vec![
+                "",
+                "application_name=x://y ",
+                "application_name='a b' ",
+            ]),
+        )
+            .prop_map(|(pw, quoted, equals, extra)| {
+                let value = if quoted { format!("'{} \\'q'", pw) } else { pw };
+                format!("{extra}host=db user=app password{equals}{value} dbname=app")
+            })
+    }
+
+    proptest! {
+        /// Whatever password tokio-postgres would connect with never
+        /// appears in what is printed.
+        #[test]
+        fn no_password_the_connector_reads_is_printed(text in prop_oneof![uri(), keywords()]) {
+            let config: tokio_postgres::Config = text.parse().expect("an accepted connection string");
+            let password = String::from_utf8(config.get_password().expect("a password").to_vec()).unwrap();
+            let shown = DatabaseUrl::from(text.as_str()).to_string();
+            prop_assert!(!shown.contains(&password), "{} shown as {}", text, shown);
+            prop_assert!(!shown.contains("PW"), "{} shown as {}", text, shown);
         }
     }
 }

@@ -543,6 +543,9 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     value.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
+/// What went wrong, as stored with the delivery and shown to operators:
+/// the error and its causes, with the URL's credentials, query and
+/// fragment left out (a subscription's URL may carry a token there).
 fn describe(error: &reqwest::Error) -> String {
     if error.is_timeout() {
         return "timed out".to_owned();
@@ -554,7 +557,21 @@ fn describe(error: &reqwest::Error) -> String {
         text.push_str(&cause.to_string());
         source = cause.source();
     }
-    text
+    match error.url() {
+        Some(url) => text.replace(url.as_str(), &url_fit_to_show(url)),
+        None => text,
+    }
+}
+
+/// `url` without user, password, query or fragment.
+fn url_fit_to_show(url: &reqwest::Url) -> String {
+    let mut shown = url.clone();
+    shown.set_query(None);
+    shown.set_fragment(None);
+    // Only URLs that cannot have credentials refuse these, and have none.
+    let _ = shown.set_password(None);
+    let _ = shown.set_username("");
+    shown.to_string()
 }
 
 /// True for addresses a webhook must not reach unless allowed: loopback,
@@ -708,6 +725,15 @@ mod tests {
         ] {
             assert!(!is_internal(public.parse().unwrap()), "{public}");
         }
+    }
+
+    #[test]
+    fn a_url_is_shown_without_its_secrets() {
+        let url = reqwest::Url::parse(
+            "https://user:pw@hooks.example.com:8443/in?password=hunter2&x=1#frag",
+        )
+        .unwrap();
+        assert_eq!(url_fit_to_show(&url), "https://hooks.example.com:8443/in");
     }
 
     #[test]

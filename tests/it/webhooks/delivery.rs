@@ -347,6 +347,48 @@ async fn internal_addresses_are_refused_unless_allowed() {
     assert!(error.contains("internal address"), "{error}");
 }
 
+/// A URL may carry a token in its query; a failed attempt's error, stored
+/// and shown to operators, leaves it out.
+#[tokio::test]
+async fn a_delivery_error_does_not_show_the_urls_query() {
+    let db = TestDb::new().await;
+    let closed = format!(
+        "http://127.0.0.1:{}/hook?password=hunter2&token=s3cr3t",
+        crate::support::process::free_port()
+    );
+    let server = TestServer::start(&db, webhooks(&closed, &[50]));
+    server.ready().await;
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
+    assert_eq!(settled(&db).await, [("dead".to_owned(), 2)]);
+    let client = db.connect().await;
+    let errors: Vec<String> = client
+        .query(
+            &format!(
+                "SELECT last_error FROM {schema}.webhook_deliveries
+                 UNION ALL SELECT error FROM {schema}.webhook_attempts",
+                schema = db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get::<_, Option<String>>(0).unwrap_or_default())
+        .collect();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    for error in errors {
+        assert!(
+            error.contains("127.0.0.1"),
+            "the error names the host: {error}"
+        );
+        assert!(
+            !error.contains("hunter2") && !error.contains("s3cr3t"),
+            "{error}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_rotated_secret_keeps_signing_during_its_grace_window() {
     let db = TestDb::new().await;
