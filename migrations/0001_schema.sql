@@ -174,7 +174,13 @@ CREATE TABLE outbox (
     txid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
     -- When the row was written. Retention counts from here, never from
     -- `occurred_at`, which callers may set to any time.
-    written_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+    written_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The statement that wrote the row sent its pointer itself
+    -- (outbox_announce_rows), so the outbox trigger leaves it out. Only
+    -- roles trusted with the outbox (the owner, the relay's) can write a
+    -- row directly; the emit functions never set this, so no setting an
+    -- emitter can change keeps its events from being announced.
+    announced   boolean     NOT NULL DEFAULT false
 );
 
 -- Reading a scope after a seq (live relay and replay).
@@ -236,20 +242,12 @@ $$;
 -- Runs once per INSERT statement (not per row): one set-based pass over
 -- the statement's new rows costs less than per-row trigger calls. It sends
 -- the pointers for the scopes the statement wrote, in order of their
--- lowest seqs.
---
--- Scopes the transaction has announced with a bare pointer are skipped for
--- the rest of the transaction: the read that bare pointer causes after
--- COMMIT finds every row the transaction wrote there. They are kept in the
--- transaction-local setting `eventrelay.announced_scopes`, keyed by this
--- schema, which Postgres rolls back with a savepoint, so a pointer
--- discarded with a savepoint is sent again. Past a few kilobytes the list
--- stops growing and later scopes are announced again, which is correct,
--- only not coalesced.
---
--- A statement that announced its own rows (outbox_announce_rows) has left
--- the mark `eventrelay.rows_announced` = this schema: the trigger spends the
--- mark and sends nothing, before it reads anything.
+-- lowest seqs, leaving out rows their statement announced itself
+-- (`announced`). It trusts no setting: every session may set any custom
+-- setting, so one it read could let an emitter keep its own events from
+-- being announced. After a bare pointer, a later statement of the same
+-- transaction writing to that scope sends its own pointer too; a relay
+-- that has read past its seqs ignores it without a read.
 --
 -- In the logical wake-up mode this trigger is disabled by the runner.
 CREATE FUNCTION outbox_notify() RETURNS trigger
@@ -258,21 +256,13 @@ DECLARE
     channel text;
     max_payload int;
     overhead int;
-    announced text;
-    grew boolean := false;
     scope record;
     written record;
     scope_json text;
-    key text;
     carried text;
     first_seq bigint;
     carried_txid xid8;
 BEGIN
-    -- The statement announced its rows itself: spend the mark, send nothing.
-    IF current_setting('eventrelay.rows_announced', true) = TG_TABLE_SCHEMA THEN
-        PERFORM set_config('eventrelay.rows_announced', '', true);
-        RETURN NULL;
-    END IF;
     SELECT s.channel, s.max_notify_payload, s.pointer_overhead
       INTO channel, max_payload, overhead
       FROM settings s;
@@ -280,7 +270,6 @@ BEGIN
         -- Raises the error that names the missing setting.
         channel := notify_channel();
     END IF;
-    announced := coalesce(current_setting('eventrelay.announced_scopes', true), '');
     -- Most statements write few small rows per scope: one query builds
     -- each scope's whole pointer, and only a scope whose rows do not fit
     -- in one payload is walked row by row.
@@ -290,11 +279,10 @@ BEGIN
                (array_agg(n.txid ORDER BY n.seq))[1] AS txid,
                string_agg(outbox_envelope(n), ',' ORDER BY n.seq) AS carried
         FROM new_rows n
+        WHERE NOT n.announced
         GROUP BY n.scope_key
         ORDER BY 2
     LOOP
-        key := TG_TABLE_SCHEMA || '/' || md5(scope.scope_key) || ';';
-        CONTINUE WHEN position(key IN announced) > 0;
         scope_json := to_json(scope.scope_key)::text;
         IF octet_length(scope.carried) + octet_length(scope_json) + overhead <= max_payload THEN
             PERFORM pg_notify(channel, seal('P', outbox_carrying_pointer(scope_json, scope.first_seq, scope.txid, scope.carried)));
@@ -304,7 +292,7 @@ BEGIN
         FOR written IN
             SELECT n.seq, n.txid, outbox_envelope(n) AS envelope
             FROM new_rows n
-            WHERE n.scope_key = scope.scope_key
+            WHERE n.scope_key = scope.scope_key AND NOT n.announced
             ORDER BY n.seq
         LOOP
             IF octet_length(written.envelope) + octet_length(scope_json) + overhead > max_payload THEN
@@ -315,10 +303,6 @@ BEGIN
                     carried := '';
                 END IF;
                 PERFORM pg_notify(channel, seal('P', format('{"k":"ptr","s":%s,"q":%s}', scope_json, written.seq)));
-                IF length(announced) < 8192 THEN
-                    announced := announced || key;
-                    grew := true;
-                END IF;
                 EXIT;
             END IF;
             IF carried <> '' AND octet_length(carried) + 1 + octet_length(written.envelope)
@@ -338,9 +322,6 @@ BEGIN
             PERFORM pg_notify(channel, seal('P', outbox_carrying_pointer(scope_json, first_seq, carried_txid, carried)));
         END IF;
     END LOOP;
-    IF grew THEN
-        PERFORM set_config('eventrelay.announced_scopes', announced, true);
-    END IF;
     RETURN NULL;
 END
 $$;
@@ -356,13 +337,12 @@ CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
 -- the INSERT returned; for each row (by id) the caller gives its scope, the
 -- pointer it goes in (`chunks`, numbered in order of the pointers' lowest
 -- seqs, each planned by the caller under the same size rules as the
--- trigger's), and its envelope's text before and after the seq. Scopes this
--- transaction already announced with a bare pointer are skipped, as the
--- trigger skips them. It then marks the transaction so that the trigger,
--- which fires when the statement ends, sends nothing for it. In the logical
--- wake-up mode nothing is sent and no mark is left (the trigger is
--- disabled there). The texts are the caller's, so only the relay's role
--- may call it: an emitting role could announce rows other than its own.
+-- trigger's), and its envelope's text before and after the seq. The
+-- caller's INSERT sets `announced` on those rows, so the trigger, which
+-- fires when the statement ends, leaves them out. In the logical wake-up
+-- mode nothing is sent (the trigger is disabled there too). The texts are
+-- the caller's, so only the relay's role may call it: an emitting role
+-- could announce rows other than its own.
 CREATE FUNCTION outbox_announce_rows(
     ids uuid[], seqs bigint[],
     row_ids uuid[], scopes text[], chunks int[], heads text[], tails text[]
@@ -371,8 +351,6 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     channel text;
     mode text;
-    announced text := coalesce(current_setting('eventrelay.announced_scopes', true), '');
-    here text := current_schema();
 BEGIN
     SELECT s.channel, s.wakeup INTO channel, mode FROM settings s;
     IF NOT FOUND THEN
@@ -382,7 +360,6 @@ BEGIN
     IF mode <> 'notify' THEN
         RETURN;
     END IF;
-    PERFORM set_config('eventrelay.rows_announced', here, true);
     PERFORM pg_notify(channel, seal('P', p.payload))
     FROM (
         SELECT r.chunk,
@@ -393,8 +370,6 @@ BEGIN
         FROM unnest(ids, seqs) AS w(id, seq)
         JOIN unnest(row_ids, scopes, chunks, heads, tails) AS r(id, scope, chunk, head, tail)
           USING (id)
-        WHERE announced = ''
-           OR position(here || '/' || md5(r.scope) || ';' IN announced) = 0
         GROUP BY r.chunk
         ORDER BY r.chunk
     ) AS p;

@@ -150,7 +150,7 @@ async fn many_emits_in_one_transaction_carry_every_committed_row_once() {
 }
 
 #[tokio::test]
-async fn rows_too_large_to_travel_wake_relays_once_per_scope_and_transaction() {
+async fn rows_too_large_to_travel_wake_relays_with_a_bare_pointer_each() {
     let db = TestDb::new().await;
     let mut listener = db.listen().await;
     let mut client = db.connect().await;
@@ -166,13 +166,12 @@ async fn rows_too_large_to_travel_wake_relays_once_per_scope_and_transaction() {
             .unwrap();
         first.get_or_insert(envelope.seq.unwrap());
     }
-    // A small row after a bare pointer needs no pointer of its own: the
-    // read the bare one causes finds it.
-    publisher
+    // A small row after them travels as it would alone.
+    let small = publisher
         .emit(&tx, NewEvent::durable("small", "org-1", json!({})))
         .await
         .unwrap();
-    // A bare pointer rolled back with its savepoint must be sent again.
+    // A bare pointer rolled back with its savepoint is not sent.
     let savepoint = tx.savepoint("undone").await.unwrap();
     publisher
         .emit(&savepoint, NewEvent::durable("undone", "org-2", big(9)))
@@ -187,13 +186,18 @@ async fn rows_too_large_to_travel_wake_relays_once_per_scope_and_transaction() {
 
     let mut seen = pointers(&listener.drain(&db).await);
     seen.sort();
+    let first = first.unwrap();
+    let small = small.seq.unwrap();
     assert_eq!(
         seen,
         vec![
-            ("org-1".to_owned(), first.unwrap(), None),
+            ("org-1".to_owned(), first, None),
+            ("org-1".to_owned(), first + 1, None),
+            ("org-1".to_owned(), first + 2, None),
+            ("org-1".to_owned(), small, Some(vec![small])),
             ("org-2".to_owned(), kept.seq.unwrap(), None),
         ],
-        "one bare pointer per scope, at its lowest seq"
+        "a bare pointer per row too large, the rest carried"
     );
 
     // A batch that does not fit in one payload is split, in order.
@@ -384,7 +388,8 @@ async fn a_statement_that_announced_itself_leaves_the_next_to_the_trigger() {
     let mut client = db.connect().await;
     let publisher = publisher(&db);
     let tx = client.transaction().await.unwrap();
-    // A bare pointer first: the batch must not announce that scope again.
+    // A bare pointer first; the batch announces its own rows, that scope's
+    // included (a relay that read past them ignores the pointer).
     let big = publisher
         .emit(
             &tx,
@@ -393,6 +398,8 @@ async fn a_statement_that_announced_itself_leaves_the_next_to_the_trigger() {
         .await
         .unwrap();
     let batch = publisher
+        .clone()
+        .announcing_rows()
         .emit_batch(
             &tx,
             vec![
@@ -415,6 +422,11 @@ async fn a_statement_that_announced_itself_leaves_the_next_to_the_trigger() {
         seen,
         vec![
             ("bare".to_owned(), big.seq.unwrap(), None),
+            (
+                "bare".to_owned(),
+                batch[0].seq.unwrap(),
+                Some(vec![batch[0].seq.unwrap()])
+            ),
             (
                 "org-1".to_owned(),
                 batch[1].seq.unwrap(),
@@ -929,4 +941,37 @@ async fn only_a_batch_of_ephemeral_events_commits_without_waiting_for_the_flush(
         )
         .sum();
     assert_eq!(inline, 4);
+}
+
+/// The outbox trigger reads no setting a session can change: the marks it
+/// once trusted, set by hand (as a mistaken code path on a pooled
+/// connection would), keep no event from being announced.
+#[tokio::test]
+async fn settings_an_emitter_can_change_keep_no_event_from_being_announced() {
+    let db = TestDb::new().await;
+    let mut listener = db.listen().await;
+    let client = db.connect().await;
+    // Session-wide, as `SET` would leave them.
+    client
+        .execute(
+            "SELECT set_config('eventrelay.rows_announced', $1, false),
+                    set_config('eventrelay.announced_scopes', $1 || '/' || md5('org-1') || ';', false)",
+            &[&db.schema.as_str()],
+        )
+        .await
+        .unwrap();
+    let seq: i64 = client
+        .query_one(
+            &format!("SELECT {}.emit('order.created', 'org-1')", db.schema),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let seen = pointers(&listener.drain(&db).await);
+    assert_eq!(
+        seen,
+        vec![("org-1".to_owned(), seq, Some(vec![seq]))],
+        "the event is announced whatever the session's settings say"
+    );
 }
