@@ -239,10 +239,11 @@ pub async fn run(
     }
     let mut rss_streaming_kib = vec![rss_kib(&relay)];
 
-    // Further waves, each arriving while the previous one hangs up.
+    // Further waves, each arriving while the previous one hangs up; the
+    // figures of each wave that left, the storm's first.
     let mut leaving = storm;
     let mut leaving_emitted = emitted;
-    let mut storm_phases = None;
+    let mut left = Vec::new();
     let mut waves = Vec::new();
     for number in 0..plan.extra_waves {
         let arriving = realtime_ns();
@@ -255,32 +256,23 @@ pub async fn run(
             None,
         )?;
         leaving.hang_up(leaving_emitted)?;
-        let left = leaving.finished().await?;
-        storm_phases.get_or_insert(left);
-        let all_streaming_after = wave.all_streaming(arriving).await;
+        left.push(leaving.finished().await?);
+        waves.push(wave.all_streaming(arriving).await);
         rss_streaming_kib.push(rss_kib(&relay));
-        waves.push(all_streaming_after);
         (leaving, leaving_emitted) = (wave, 0);
     }
     leaving.hang_up(leaving_emitted)?;
-    let left = leaving.finished().await?;
-    let mut wave_phases = Vec::new();
-    let (storm_phases, missed) = match storm_phases {
-        Some(storm) => {
-            wave_phases.push(left.0);
-            storm
-        }
-        None => left,
-    };
+    left.push(leaving.finished().await?);
     let phase = |figures: Option<&PhaseFigures>, after| Phase {
         all_streaming_after: after,
         figures: figures.cloned().unwrap_or_default(),
     };
     let waves = waves
         .into_iter()
-        .enumerate()
-        .map(|(index, after)| phase(wave_phases.get(index).and_then(|p| p.first()), after))
+        .zip(&left[1..])
+        .map(|(after, (phases, _))| phase(phases.first(), after))
         .collect();
+    let (storm_phases, missed) = &left[0];
 
     let deadline = Instant::now() + PATIENCE;
     while relay.metric("sse_connections").await > 0.0 && Instant::now() < deadline {
@@ -293,7 +285,7 @@ pub async fn run(
         stopped_in,
         restart: phase(storm_phases.get(1), restart_after),
         emitted,
-        missed,
+        missed: *missed,
         waves,
         rss_before_kib,
         rss_streaming_kib,
