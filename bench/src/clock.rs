@@ -74,6 +74,17 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
+    /// `p50 … · p99 … · max …`, as the table's rows print them.
+    pub fn summary(&self) -> String {
+        use crate::report::ms;
+        format!(
+            "p50 {} · p99 {} · max {}",
+            ms(self.p50),
+            ms(self.p99),
+            ms(self.max)
+        )
+    }
+
     /// From samples in nanoseconds (sorted in place).
     pub fn of(samples: &mut [u64]) -> Percentiles {
         samples.sort_unstable();

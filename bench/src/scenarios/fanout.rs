@@ -375,14 +375,12 @@ fn fanout_target(subscribers: usize, pace: Pace, http: bool, f: &FanoutFigures) 
 
 pub fn fanout_summary(f: &FanoutFigures) -> String {
     format!(
-        "{:.0} deliveries/s · {} of {} received from {} events · p50 {} · p99 {} · max {} · {:.3} CPU s per 1,000 deliveries · RSS {}",
+        "{:.0} deliveries/s · {} of {} received from {} events · {} · {:.3} CPU s per 1,000 deliveries · RSS {}",
         f.deliveries_per_second,
         f.delivered,
         f.expected,
         f.published,
-        ms(f.latency.p50),
-        ms(f.latency.p99),
-        ms(f.latency.max),
+        f.latency.summary(),
         f.cpu_seconds_per_1000,
         size(f.rss_bytes as f64)
     )

@@ -9,7 +9,7 @@
 //! commit-to-receive latency for a subscriber of the first relay.
 
 use crate::context::Context;
-use crate::report::{Table, ms, verdict};
+use crate::report::{Table, verdict};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -174,11 +174,9 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
                     placement.as_str()
                 ),
                 format!(
-                    "primary CPU {:.1} ms per 1,000 commits · p50 {} · p99 {} · max {} · {} of {} received",
+                    "primary CPU {:.1} ms per 1,000 commits · {} · {} of {} received",
                     f.cpu_seconds_per_1000 * 1000.0,
-                    ms(f.latency.p50),
-                    ms(f.latency.p99),
-                    ms(f.latency.max),
+                    f.latency.summary(),
                     f.delivered,
                     f.expected
                 ),

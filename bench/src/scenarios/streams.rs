@@ -459,15 +459,13 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         table.add(
             format!("{label}: relay {} ({streams} streams)", r + 1),
             format!(
-                "connect {:.0} streams/s · idle RSS per connection {} · RSS idle {} · after the run {} · CPU {cpu:.1} s over the {run_secs:.0} s run ({:.0}% of a core) · {relay_delivered} deliveries, p50 {} · p99 {} · max {}",
+                "connect {:.0} streams/s · idle RSS per connection {} · RSS idle {} · after the run {} · CPU {cpu:.1} s over the {run_secs:.0} s run ({:.0}% of a core) · {relay_delivered} deliveries, {}",
                 streams as f64 / connect_secs(r),
                 size((idle[r].rss_bytes as f64 - before[r].rss_bytes as f64) / streams as f64),
                 size(idle[r].rss_bytes as f64),
                 size(after_run[r].rss_bytes as f64),
                 cpu / run_secs * 100.0,
-                ms(p.p50),
-                ms(p.p99),
-                ms(p.max),
+                p.summary(),
             ),
             "–",
         );
@@ -538,11 +536,9 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
             "{label}: one event per second to each of {n} streams for {run_secs:.0} s ({rate:.0} durable emits/s, commit-to-receive)"
         ),
         format!(
-            "{:.0} deliveries/s · p50 {} · p99 {} · max {} · {delivered} of {expected_run} delivered ({} missing) · relays' CPU {cpu_run:.1} s over {run_secs:.0} s ({:.0}% of one core), RSS after {}",
+            "{:.0} deliveries/s · {} · {delivered} of {expected_run} delivered ({} missing) · relays' CPU {cpu_run:.1} s over {run_secs:.0} s ({:.0}% of one core), RSS after {}",
             delivered as f64 / span.max(1e-9),
-            ms(latency.p50),
-            ms(latency.p99),
-            ms(latency.max),
+            latency.summary(),
             expected_run.saturating_sub(delivered),
             cpu_run / run_secs * 100.0,
             size(sum_rss(&after_run)),
@@ -666,7 +662,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
             }
         ),
         format!(
-            "{} · slowest relay exited {:.2} s after SIGTERM, last one ready again {:.2} s after it · connect p50 {} · p99 {} · max {} · {} · refused while down: {} · {} streams opened · {emitted} events emitted in all, {missing} (subscriber, event) pairs missed on {missing_streams} streams · relays' RSS after {} · most relay connections to Postgres at once {most_connections} · pool waiters at the end {:?}{}",
+            "{} · slowest relay exited {:.2} s after SIGTERM, last one ready again {:.2} s after it · connect {} · {} · refused while down: {} · {} streams opened · {emitted} events emitted in all, {missing} (subscriber, event) pairs missed on {missing_streams} streams · relays' RSS after {} · most relay connections to Postgres at once {most_connections} · pool waiters at the end {:?}{}",
             if all_back {
                 format!(
                     "all {n} streaming again {from_sigterm:.1} s after the SIGTERMs ({from_last_relay:.1} s after the last relay was ready)"
@@ -676,9 +672,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
             },
             slowest_stop.as_secs_f64(),
             last_ready_relay.saturating_sub(sigterm_at) as f64 / 1e9,
-            ms(storm.connect.p50),
-            ms(storm.connect.p99),
-            ms(storm.connect.max),
+            storm.connect.summary(),
             storm.errors(),
             storm.refused_while_down,
             storm.streams_opened,

@@ -18,7 +18,7 @@ use crate::database::{create_schema_for, drop_schema};
 use crate::proc_stats::{self, Usage};
 use crate::publish::{Pace, Source, publish_for, slice_side};
 use crate::relay_process::RelaySettings;
-use crate::report::{Table, median, ms, verdict};
+use crate::report::{Table, median, verdict};
 use crate::scenarios::emit_cost::{self, WriteKind};
 use crate::scenarios::fanout::{Server, cpu_per_1000};
 use crate::sse_load::{StreamOutcome, Subscribers};
@@ -435,10 +435,8 @@ async fn wakeup_pair_row(
                 plan.slice
             ),
             format!(
-                "p50 {} · p99 {} · max {} · {} of {} received from {} events · {:.3} relay CPU s per 1,000 deliveries",
-                ms(side.latency.p50),
-                ms(side.latency.p99),
-                ms(side.latency.max),
+                "{} · {} of {} received from {} events · {:.3} relay CPU s per 1,000 deliveries",
+                side.latency.summary(),
                 side.delivered,
                 side.expected,
                 side.published,
