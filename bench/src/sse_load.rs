@@ -6,13 +6,13 @@
 //! speaks HTTP/1.1 or HTTP/2, where subscribers share connections as a
 //! browser's streams do.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -41,11 +41,6 @@ pub struct StreamTarget {
     pub authorization: Option<String>,
     pub last_event_id: Option<i64>,
     pub ready_when: ReadyWhen,
-    /// The loopback address to connect from (127.0.0.2, say): each source
-    /// address has an ephemeral port range of its own towards the server,
-    /// which a few tens of thousands of streams need. Unset: the system's
-    /// choice.
-    pub source: Option<IpAddr>,
 }
 
 /// How subscribers reach the server.
@@ -249,7 +244,7 @@ async fn read_stream(
     stopped: &mut watch::Receiver<bool>,
     on_ready: &mut (dyn FnMut() + Send),
 ) -> Result<StreamOutcome, String> {
-    let mut stream = connect_from(target.source, target.address)
+    let mut stream = TcpStream::connect(target.address)
         .await
         .map_err(|e| format!("connect: {e}"))?;
     stream.set_nodelay(true).ok();
@@ -288,22 +283,6 @@ async fn read_stream(
             on_ready();
         }
     }
-}
-
-/// A TCP connection to `address`, from `source` when given.
-pub(crate) async fn connect_from(
-    source: Option<IpAddr>,
-    address: SocketAddr,
-) -> std::io::Result<TcpStream> {
-    let Some(source) = source else {
-        return TcpStream::connect(address).await;
-    };
-    let socket = match source {
-        IpAddr::V4(_) => TcpSocket::new_v4()?,
-        IpAddr::V6(_) => TcpSocket::new_v6()?,
-    };
-    socket.bind(SocketAddr::new(source, 0))?;
-    socket.connect(address).await
 }
 
 /// One stream over HTTPS (HTTP/1.1 or HTTP/2, as the client negotiates):

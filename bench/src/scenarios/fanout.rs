@@ -84,7 +84,6 @@ impl Server {
                     )),
                     last_event_id: None,
                     ready_when: ReadyWhen::ReadyEvent,
-                    source: None,
                 }
             }
             Server::Nchan { address, .. } => StreamTarget {
@@ -93,7 +92,6 @@ impl Server {
                 authorization: None,
                 last_event_id: None,
                 ready_when: ReadyWhen::HeadersEnd,
-                source: None,
             },
         }
     }

@@ -39,7 +39,6 @@ pub fn target(
         )),
         last_event_id: after,
         ready_when: ReadyWhen::ReadyEvent,
-        source: None,
     }
 }
 
