@@ -3,11 +3,13 @@
 //! (open, as every notification was before sealing), and sealed pointers
 //! that carry no rows (each durable event read back from the outbox).
 //!
-//! Three figures: the emitting transaction's rate with SQL `emit()` (the
-//! database seals in the commit path), commit-to-rows-in-hand latency for a
-//! listener that opens each payload and, for bare pointers, reads the row
-//! back as a relay would, and the time the relay spends opening one
-//! payload.
+//! The figures: the emitting transaction's rate with SQL `emit()` (the
+//! database seals in the commit path), HTTP publish throughput at 64
+//! publishers sealed and open, what each step of `seal` costs for the
+//! payload of a typical group-commit transaction, commit-to-rows-in-hand
+//! latency for a listener that opens each payload and, for bare pointers,
+//! reads the row back as a relay would, and the time the relay spends
+//! opening one payload.
 
 use crate::context::Context;
 use crate::report::{Table, median, ms};
@@ -20,6 +22,17 @@ use serde_json::json;
 use tokio_postgres::AsyncMessage;
 
 use crate::BenchResult;
+
+/// Per-round rates, for a row.
+fn rates(rounds: &[f64]) -> String {
+    rates_of(rounds, 0)
+}
+
+/// Per-round figures with `decimals`, for a row.
+fn rates_of(rounds: &[f64], decimals: usize) -> String {
+    let shown: Vec<String> = rounds.iter().map(|r| format!("{r:.decimals$}")).collect();
+    shown.join(" / ")
+}
 use crate::scenarios::emit_cost::{self, WriteKind};
 
 /// How notifications travel in one variant.
@@ -235,6 +248,147 @@ async fn latency(
     Ok(latencies)
 }
 
+/// HTTP publish throughput at `publishers`, sealed and open in turn
+/// (reversed every other round), against one relay: events per second per
+/// round, sealed first. The schema's channel points elsewhere meanwhile,
+/// so that the relay hears neither variant (it cannot take the open one's
+/// payloads): the rounds compare what sealing costs the publishing
+/// transaction, and `open_micros` what it costs the relay.
+/// Also answers the bytes of rows one group's pointer carries on average.
+pub async fn http_rounds(
+    cx: &Context,
+    publishers: usize,
+    rounds: usize,
+    run_for: Duration,
+) -> BenchResult<(Vec<f64>, Vec<f64>, f64)> {
+    let (db, schema) = (cx.db(), cx.schema.as_str());
+    let client = eventrelay::connect(db).await?;
+    let sealing_sql = sealing_function(&client, schema).await?;
+    let relay = cx.start_relay(cx.settings()).await?;
+    let channel: String = client
+        .query_one(&format!("SELECT channel FROM {schema}.settings"), &[])
+        .await?
+        .get(0);
+    let set_channel = format!("UPDATE {schema}.settings SET channel = $1");
+    client
+        .execute(&set_channel, &[&format!("{channel}_unheard")])
+        .await?;
+    let outcome = async {
+        let (mut sealed, mut open) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let mut order = [Variant::Sealed, Variant::Open];
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for variant in order {
+                switch(&client, schema, variant, &sealing_sql).await?;
+                eprintln!(
+                    "sealing: HTTP publish, {publishers} publishers, {}, round {}",
+                    variant.name(),
+                    round + 1
+                );
+                let f = crate::scenarios::publish_throughput::http_publish(
+                    relay.address(),
+                    publishers,
+                    run_for,
+                )
+                .await?;
+                match variant {
+                    Variant::Sealed => sealed.push(f.events_per_second),
+                    _ => open.push(f.events_per_second),
+                }
+            }
+        }
+        let metrics = relay.metrics().await;
+        let group = metrics.value("eventrelay_publish_group_requests_sum")
+            / metrics
+                .value("eventrelay_publish_group_requests_count")
+                .max(1.0);
+        // The envelopes' size as the relay writes them into its pointers.
+        let written = eventrelay::store::Outbox::new(&Identifier::new(schema)?)
+            .read_since(&client, "publish-bench", 0, 200)
+            .await?;
+        let envelope = written
+            .iter()
+            .map(|e| serde_json::to_string(e).map_or(0, |text| text.len()))
+            .sum::<usize>()
+            / written.len().max(1);
+        BenchResult::Ok((sealed, open, group * (envelope + 1) as f64))
+    }
+    .await;
+    switch(&client, schema, Variant::Sealed, &sealing_sql).await?;
+    client.execute(&set_channel, &[&channel]).await?;
+    outcome
+}
+
+/// Microseconds each step of `seal` takes for a payload of `bytes`,
+/// measured in the database over `rounds` calls each; each figure includes
+/// one PL/pgSQL statement's own cost, as `seal`'s steps do.
+pub async fn steps(
+    database_url: &str,
+    schema: &str,
+    bytes: usize,
+    rounds: i32,
+) -> BenchResult<Vec<(String, f64)>> {
+    let mut client = eventrelay::connect(database_url).await?;
+    let tx = client.transaction().await?;
+    // `seal`'s own search_path (pgcrypto's schema among it), for the steps.
+    let path: String = tx
+        .query_one(
+            "SELECT substring(c FROM 'search_path=(.*)') FROM pg_proc p
+             JOIN pg_namespace n ON n.oid = p.pronamespace, unnest(p.proconfig) c
+             WHERE n.nspname = $1 AND p.proname = 'seal' AND c LIKE 'search_path=%'",
+            &[&schema],
+        )
+        .await?
+        .get(0);
+    tx.execute("SELECT set_config('search_path', $1, true)", &[&path])
+        .await?;
+    tx.batch_execute(
+        "CREATE FUNCTION pg_temp.seal_steps(payload text, rounds int)
+         RETURNS TABLE (step text, micros float8) LANGUAGE plpgsql AS $steps$
+         DECLARE
+             k bytea; iv bytea; body bytea; tag bytea; r text; i int; t timestamptz;
+         BEGIN
+             SELECT n.key INTO k FROM notify_key n;
+             iv := gen_random_bytes(16);
+             body := iv || encrypt_iv(convert_to('P' || payload, 'UTF8'), substring(k FROM 1 FOR 32),
+                                      iv, 'aes-cbc/pad:pkcs'::text);
+             t := clock_timestamp();
+             FOR i IN 1..rounds LOOP SELECT n.key INTO k FROM notify_key n; END LOOP;
+             step := 'read the key'; micros := extract(epoch FROM clock_timestamp() - t) * 1e6 / rounds; RETURN NEXT;
+             t := clock_timestamp();
+             FOR i IN 1..rounds LOOP iv := gen_random_bytes(16); END LOOP;
+             step := 'random IV'; micros := extract(epoch FROM clock_timestamp() - t) * 1e6 / rounds; RETURN NEXT;
+             t := clock_timestamp();
+             FOR i IN 1..rounds LOOP
+                 body := iv || encrypt_iv(convert_to('P' || payload, 'UTF8'), substring(k FROM 1 FOR 32),
+                                          iv, 'aes-cbc/pad:pkcs'::text);
+             END LOOP;
+             step := 'AES-256-CBC'; micros := extract(epoch FROM clock_timestamp() - t) * 1e6 / rounds; RETURN NEXT;
+             t := clock_timestamp();
+             FOR i IN 1..rounds LOOP tag := hmac(body, substring(k FROM 33 FOR 32), 'sha256'::text); END LOOP;
+             step := 'HMAC-SHA256'; micros := extract(epoch FROM clock_timestamp() - t) * 1e6 / rounds; RETURN NEXT;
+             t := clock_timestamp();
+             FOR i IN 1..rounds LOOP r := replace(encode(body || tag, 'base64'), E'\n', ''); END LOOP;
+             step := 'base64'; micros := extract(epoch FROM clock_timestamp() - t) * 1e6 / rounds; RETURN NEXT;
+             t := clock_timestamp();
+             FOR i IN 1..rounds LOOP r := seal('P', payload); END LOOP;
+             step := 'seal, whole'; micros := extract(epoch FROM clock_timestamp() - t) * 1e6 / rounds; RETURN NEXT;
+         END
+         $steps$",
+    )
+    .await?;
+    let rows = tx
+        .query(
+            "SELECT step, micros FROM pg_temp.seal_steps(repeat('x', $1), $2)",
+            &[&(bytes as i32), &rounds],
+        )
+        .await?;
+    tx.rollback().await?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
 /// Microseconds the relay spends opening one sealed payload of `len`
 /// bytes (before sealing), measured over many.
 pub fn open_micros(len: usize) -> BenchResult<f64> {
@@ -256,7 +410,7 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let (rounds, run_for, samples) = if cx.args.quick {
         (2, Duration::from_secs(2), 200)
     } else {
-        (3, Duration::from_secs(4), 1_000)
+        (5, Duration::from_secs(4), 600)
     };
     let figures = run(cx.db(), schema, &WRITERS, rounds, run_for, samples).await?;
     let sealed = &figures[0].1;
@@ -269,10 +423,25 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
                 format!("{} {tps:.0} tx/s ({:.2}×)", variant.name(), tps / base)
             })
             .collect();
+        // Each round's sealed rate over its open one: neighbours in time
+        // share the machine's state, which drifts by a tenth over a run.
+        let paired: Vec<f64> = sealed.tps[w]
+            .iter()
+            .zip(&figures[1].1.tps[w])
+            .map(|(s, o)| s / o)
+            .collect();
+        let ratio = median(&paired);
         table.add(
             format!("sealing: SQL emit(), {writers} writer(s), medians of {rounds} rounds"),
-            cells.join(" · "),
-            "–",
+            format!(
+                "{} · sealed over open per round {} (median {ratio:.3}×)",
+                cells.join(" · "),
+                rates_of(&paired, 3)
+            ),
+            format!(
+                "sealed ≥ 0.95× open: {}",
+                crate::report::verdict(ratio >= 0.95)
+            ),
         );
     }
     let cells: Vec<String> = figures
@@ -291,6 +460,53 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         cells.join(" · "),
         "–",
     );
+    let publishers = 64;
+    // Throughput at saturation swings by a tenth from run to run here:
+    // more and longer rounds, each judged against its own neighbour.
+    let (http_rounds_n, http_run_for) = if cx.args.quick {
+        (2, Duration::from_secs(2))
+    } else {
+        (5, Duration::from_secs(8))
+    };
+    let (sealed, open, group_rows) =
+        http_rounds(cx, publishers, http_rounds_n, http_run_for).await?;
+    let (sealed_rate, open_rate) = (median(&sealed), median(&open));
+    let paired: Vec<f64> = sealed.iter().zip(&open).map(|(s, o)| s / o).collect();
+    let ratio = median(&paired);
+    table.add(
+        format!(
+            "sealing: HTTP publish, {publishers} publishers, {http_rounds_n} rounds of {}s",
+            http_run_for.as_secs()
+        ),
+        format!(
+            "sealed {sealed_rate:.0} · open {open_rate:.0} events/s (medians) · sealed over open per round {} (median {ratio:.3}×) · rounds sealed {} · open {}",
+            rates_of(&paired, 3),
+            rates(&sealed),
+            rates(&open)
+        ),
+        format!(
+            "sealed ≥ 0.95× open: {}",
+            crate::report::verdict(ratio >= 0.95)
+        ),
+    );
+    // One group's pointer: its events' envelopes, joined, in the
+    // pointer's own fields (a larger group splits into several).
+    let group_bytes = (group_rows as usize + 80).min(eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES);
+    for (label, bytes) in [
+        ("an average publish group".to_owned(), group_bytes),
+        ("one SQL emit".to_owned(), 300),
+    ] {
+        let cells: Vec<String> = steps(cx.db(), schema, bytes, 2_000)
+            .await?
+            .into_iter()
+            .map(|(step, micros)| format!("{step} {micros:.1} µs"))
+            .collect();
+        table.add(
+            format!("sealing: the steps of {label} ({bytes}-byte pointer)"),
+            cells.join(" · "),
+            "–",
+        );
+    }
     table.add(
         "sealing: the relay opening one payload",
         format!(
