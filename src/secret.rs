@@ -111,8 +111,9 @@ impl From<&str> for DatabaseUrl {
 }
 
 /// The prefixes that make a connection string a URI, as libpq and
-/// tokio-postgres tell one (case-sensitively); anything else is the
-/// `keyword = value` form, even with a `://` inside a value.
+/// tokio-postgres tell one (case-sensitively); a connection string without
+/// a URL scheme is the `keyword = value` form, even with a `://` inside a
+/// value.
 const URI_PREFIXES: [&str; 2] = ["postgresql://", "postgres://"];
 
 /// `postgres://user:pw@host/db?password=pw` → `postgres://user:***@host/db?password=***`,
@@ -122,13 +123,21 @@ const URI_PREFIXES: [&str; 2] = ["postgresql://", "postgres://"];
 /// them: the credentials run to the first `@` before any `/`, so a
 /// password may hold a `?`.
 pub fn redact_url(url: &str) -> String {
-    let Some(prefix) = URI_PREFIXES.into_iter().find(|p| url.starts_with(p)) else {
+    let Some((scheme, rest)) = url
+        .split_once("://")
+        .filter(|(scheme, _)| is_scheme(scheme))
+    else {
         return redact_keywords(url);
     };
-    let rest = &url[prefix.len()..];
-    let credentials_end = rest
-        .find(['@', '/'])
-        .filter(|&at| rest[at..].starts_with('@'));
+    let credentials_end = if URI_PREFIXES.iter().any(|p| url.starts_with(p)) {
+        rest.find(['@', '/'])
+            .filter(|&at| rest[at..].starts_with('@'))
+    } else {
+        // Any other URL (a webhook's) as the URL standard reads it: the
+        // userinfo runs to the last `@` of the authority.
+        let authority = rest.find(['/', '?', '#']).map_or(rest, |end| &rest[..end]);
+        authority.rfind('@')
+    };
     let (credentials, after) = match credentials_end {
         Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
         None => (None, rest),
@@ -144,7 +153,6 @@ pub fn redact_url(url: &str) -> String {
         Some((location, query)) => (location, Some(query)),
         None => (after, None),
     };
-    let scheme = prefix.trim_end_matches("://");
     let location = format!("{credentials}{location}");
     let Some(query) = query else {
         return format!("{scheme}://{location}");
@@ -157,6 +165,14 @@ pub fn redact_url(url: &str) -> String {
         })
         .collect();
     format!("{scheme}://{location}?{}", query.join("&"))
+}
+
+/// A URL scheme: a letter, then letters, digits, `+`, `-` or `.`; so a
+/// keyword string whose value holds `://` is never taken for a URL.
+fn is_scheme(text: &str) -> bool {
+    let mut chars = text.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 fn is_password_key(key: &str) -> bool {
@@ -307,6 +323,11 @@ mod tests {
             (
                 "postgres://app:pw@db/app?application_name=a@b",
                 "postgres://app:***@db/app?application_name=a@b",
+            ),
+            // A webhook URL: the userinfo runs to the authority's last `@`.
+            (
+                "https://user:p@ss@hooks.example.com/in?password=x",
+                "https://user:***@hooks.example.com/in?password=***",
             ),
         ] {
             let url = DatabaseUrl::from(url);

@@ -34,6 +34,9 @@ fn subcommands(help: &str) -> Vec<String> {
         .skip_while(|line| !line.starts_with("Commands:"))
         .skip(1)
         .take_while(|line| line.starts_with("  "))
+        // A description wrapped to the terminal's width goes on indented
+        // further than the names.
+        .filter(|line| !line.starts_with("   "))
         .filter_map(|line| line.split_whitespace().next())
         .filter(|name| *name != "help")
         .map(str::to_owned)
