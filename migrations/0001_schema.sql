@@ -263,6 +263,10 @@ DECLARE
     first_seq bigint;
     carried_txid xid8;
 BEGIN
+    -- A statement that announced all its rows itself: nothing to read.
+    IF NOT EXISTS (SELECT 1 FROM new_rows n WHERE NOT n.announced) THEN
+        RETURN NULL;
+    END IF;
     SELECT s.channel, s.max_notify_payload, s.pointer_overhead
       INTO channel, max_payload, overhead
       FROM settings s;
@@ -576,9 +580,11 @@ $$;
 -- subscription at all, so a schema without webhooks pays next to nothing.
 --
 -- Webhook workers are woken only by transactions that queued deliveries:
--- in the notify wake-up mode this sends `{"k":"due"}` on the channel when
--- it queued any, once per transaction. In
--- the logical mode the relays see the delivery rows in the stream.
+-- in the notify wake-up mode this sends `{"k":"due"}` on the channel for
+-- each statement that queued any. It keeps no mark to send one per
+-- transaction, since any session may set any setting: an emitter could
+-- set it to keep its deliveries from waking the workers. In the logical
+-- mode the relays see the delivery rows in the stream.
 CREATE FUNCTION outbox_enqueue_webhooks() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
@@ -592,13 +598,10 @@ BEGIN
       ON (s.scope_key IS NULL OR s.scope_key = n.scope_key)
      AND webhook_type_matches(s.types, n.type)
     ORDER BY n.seq, s.id;
-    -- Sealed, no two `due` payloads are equal, so Postgres no longer folds
-    -- a transaction's into one: a transaction-local mark (rolled back with
-    -- a savepoint, like the notification) sends one per transaction.
-    IF FOUND AND (SELECT wakeup FROM settings) = 'notify'
-       AND current_setting('eventrelay.due_sent', true) IS DISTINCT FROM TG_TABLE_SCHEMA THEN
+    -- Sealed, no two `due` payloads are equal, so Postgres does not fold a
+    -- transaction's into one; the dispatcher folds the wake-ups instead.
+    IF FOUND AND (SELECT wakeup FROM settings) = 'notify' THEN
         PERFORM pg_notify(notify_channel(), seal('P', '{"k":"due"}'));
-        PERFORM set_config('eventrelay.due_sent', TG_TABLE_SCHEMA, true);
     END IF;
     RETURN NULL;
 END

@@ -42,8 +42,9 @@ pub enum MigrateError {
     )]
     UnknownVersion { schema: String, version: i32 },
     #[error(
-        "migration {version} ({name}) in schema {schema} differs from the one applied; \
-         applied migrations must never be edited"
+        "migration {version} ({name}) in schema {schema} differs from the one applied: \
+         a released migration is never edited, so the schema comes from a development build; \
+         `eventrelay migrate --reset` makes it new (dropping its events, deliveries and subscriptions)"
     )]
     ChecksumMismatch {
         schema: String,

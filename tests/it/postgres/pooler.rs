@@ -411,10 +411,10 @@ async fn a_listen_url_through_a_transaction_pooler_is_refused_by_name() {
         let status = response.status().as_u16();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         assert_ne!(status, 200, "ready with a deaf listener: {body}");
-        body
+        (status, body)
     };
     let body = eventually("/readyz names the deaf listener", async || {
-        let body = readyz().await;
+        let (_, body) = readyz().await;
         (body["listener"] == json!(false) && body["database"] == json!(true)).then_some(body)
     })
     .await;
@@ -422,11 +422,11 @@ async fn a_listen_url_through_a_transaction_pooler_is_refused_by_name() {
         body["reason"].as_str().unwrap().contains("LISTEN"),
         "{body}"
     );
-    // And it stays not ready over several probe rounds (`readyz` fails the
-    // test on a 200).
+    // And it stays not ready over several probe rounds.
     let watching = std::time::Instant::now();
     while watching.elapsed() < Duration::from_secs(3) {
-        readyz().await;
+        let (status, body) = readyz().await;
+        assert_eq!(status, 503, "{body}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

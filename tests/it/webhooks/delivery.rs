@@ -483,7 +483,7 @@ async fn subscribe_to_orders(db: &TestDb, url: &str) {
 }
 
 #[tokio::test]
-async fn only_a_transaction_that_queues_deliveries_announces_them_and_once() {
+async fn only_a_statement_that_queues_deliveries_announces_them() {
     let db = TestDb::new().await;
     subscribe_to_orders(&db, "http://127.0.0.1:9/hooks").await;
     let mut notifications = db.listen().await;
@@ -510,11 +510,26 @@ async fn only_a_transaction_that_queues_deliveries_announces_them_and_once() {
     tx.commit().await.unwrap();
     let sent = notifications.drain(&db).await;
     let due: Vec<&String> = sent.iter().filter(|p| p.contains(r#""due""#)).collect();
-    assert_eq!(
-        due,
-        [&eventrelay::wire::DELIVERIES_QUEUED.to_owned()],
-        "{sent:?}"
-    );
+    let queued = eventrelay::wire::DELIVERIES_QUEUED.to_owned();
+    assert_eq!(due, [&queued, &queued], "one per statement: {sent:?}");
+
+    // No setting a session can change keeps them from going out.
+    client
+        .execute(
+            "SELECT set_config('eventrelay.due_sent', $1, false)",
+            &[&db.schema.as_str()],
+        )
+        .await
+        .unwrap();
+    publisher
+        .emit(
+            &client,
+            NewEvent::durable("order.refunded", "org-1", json!({})),
+        )
+        .await
+        .unwrap();
+    let sent = notifications.drain(&db).await;
+    assert!(sent.contains(&queued), "{sent:?}");
 
     // Nothing queued: pointers only.
     db.emit(NewEvent::durable("user.deleted", "org-1", json!({})))
