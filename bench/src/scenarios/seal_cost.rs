@@ -23,11 +23,6 @@ use tokio_postgres::AsyncMessage;
 
 use crate::BenchResult;
 
-/// Per-round rates, for a row.
-fn rates(rounds: &[f64]) -> String {
-    rates_of(rounds, 0)
-}
-
 /// Per-round figures with `decimals`, for a row.
 fn rates_of(rounds: &[f64], decimals: usize) -> String {
     let shown: Vec<String> = rounds.iter().map(|r| format!("{r:.decimals$}")).collect();
@@ -481,8 +476,8 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         format!(
             "sealed {sealed_rate:.0} · open {open_rate:.0} events/s (medians) · sealed over open per round {} (median {ratio:.3}×) · rounds sealed {} · open {}",
             rates_of(&paired, 3),
-            rates(&sealed),
-            rates(&open)
+            rates_of(&sealed, 0),
+            rates_of(&open, 0)
         ),
         format!(
             "sealed ≥ 0.95× open: {}",
