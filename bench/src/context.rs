@@ -48,16 +48,6 @@ pub struct Args {
     /// side (bench/run starts a throwaway one); without it they are skipped.
     #[arg(long)]
     pub logical_database_url: Option<String>,
-    /// A Postgres 16+ primary with `wal_level = logical` and a streaming
-    /// standby of it (`hot_standby_feedback = on`), for relays decoding on
-    /// the standby (bench/run starts both); without them that is skipped.
-    #[arg(long)]
-    pub standby_primary_url: Option<String>,
-    #[arg(long)]
-    pub standby_url: Option<String>,
-    /// The primary's data directory (its postmaster.pid).
-    #[arg(long)]
-    pub standby_primary_data: Option<PathBuf>,
     /// Run only these scenarios (comma separated, the names of the binary's
     /// table: tail, emit, publish, seal, wakeup, wakeup-latency, fanout, …;
     /// wakeup-latency is the wake-up modes' commit-to-receive rows without
@@ -99,13 +89,9 @@ pub struct Args {
 pub struct Scale {
     pub small_fanout: usize,
     pub large_fanout: usize,
-    pub scopes: usize,
-    pub per_scope: usize,
     pub fixed_run: Duration,
     pub unthrottled_run: Duration,
     pub emit_run: Duration,
-    pub replay_events: usize,
-    pub webhook_events: usize,
 }
 
 impl Scale {
@@ -114,25 +100,17 @@ impl Scale {
             Scale {
                 small_fanout: 200,
                 large_fanout: 1_000,
-                scopes: 100,
-                per_scope: 10,
                 fixed_run: Duration::from_secs(3),
                 unthrottled_run: Duration::from_secs(2),
                 emit_run: Duration::from_secs(1),
-                replay_events: 2_000,
-                webhook_events: 300,
             }
         } else {
             Scale {
                 small_fanout: 1_000,
                 large_fanout: 10_000,
-                scopes: 1_000,
-                per_scope: 10,
                 fixed_run: Duration::from_secs(10),
                 unthrottled_run: Duration::from_secs(5),
                 emit_run: Duration::from_secs(3),
-                replay_events: 10_000,
-                webhook_events: 2_000,
             }
         }
     }

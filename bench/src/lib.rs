@@ -20,7 +20,6 @@ pub mod report;
 pub mod scenarios;
 pub mod sse_load;
 pub mod stream_client;
-pub mod webhook_receiver;
 
 /// Errors are reported, not handled: a tool, not a library.
 pub type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;

@@ -30,23 +30,15 @@ const SCENARIOS: &[Scenario] = &[
     scenario(&["wakeup", "wakeup-latency"], rows!(wakeup::rows)),
     scenario(&["fanout"], rows!(fanout::rows)),
     scenario(&["floor"], rows!(floor::rows)),
-    scenario(&["pools"], rows!(pools::rows)),
-    scenario(&["http2"], rows!(http2::rows)),
     scenario(&["memory"], rows!(connection_heap::rows)),
     scenario(&["storm"], rows!(storm::rows)),
     scenario(&["streams"], rows!(streams::rows)),
-    scenario(&["standby"], rows!(standby::rows)),
-    scenario(&["outage"], rows!(outage::rows)),
     // 100,000 streams over 6 relays: only when named.
     Scenario {
         names: &["box"],
         by_default: false,
         run: rows!(streams::box_rows),
     },
-    scenario(&["scopes"], rows!(scopes::rows)),
-    scenario(&["replay"], rows!(replay::rows)),
-    scenario(&["resume"], rows!(resume_cost::rows)),
-    scenario(&["webhooks"], rows!(webhooks::rows)),
 ];
 
 const fn scenario(names: &'static [&'static str], run: Run) -> Scenario {

@@ -1,10 +1,8 @@
 //! Many SSE subscribers over plain TCP, cheap enough to run 10,000 of them
 //! next to the server. Each one sends a `GET`, waits until its stream is
 //! ready, then notes the arrival time of every frame that carries a bench
-//! event number (`"bn":<n>` in its data line). Over plain HTTP/1.1 each
-//! subscriber holds a connection of its own; over TLS a client library
-//! speaks HTTP/1.1 or HTTP/2, where subscribers share connections as a
-//! browser's streams do.
+//! event number (`"bn":<n>` in its data line), each on a connection of its
+//! own.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,40 +41,6 @@ pub struct StreamTarget {
     pub ready_when: ReadyWhen,
 }
 
-/// How subscribers reach the server.
-#[derive(Clone, Debug)]
-pub enum Transport {
-    /// One TCP connection per subscriber, HTTP/1.1 written by hand.
-    Http1,
-    /// HTTPS through a client library, as browsers reach a relay serving
-    /// TLS: target `i` uses client `i % len`. Certificates are not checked
-    /// (the bench makes a self-signed one).
-    Tls(Vec<reqwest::Client>),
-}
-
-impl Transport {
-    /// HTTP/1.1 over TLS: one client, which opens a connection per stream.
-    pub fn http1_tls() -> BenchResult<Transport> {
-        let client = tls_client().http1_only().build()?;
-        Ok(Transport::Tls(vec![client]))
-    }
-
-    /// HTTP/2 over TLS: `connections` clients, one connection each, every
-    /// stream of a client multiplexed on its connection.
-    pub fn http2_tls(connections: usize) -> BenchResult<Transport> {
-        let clients = (0..connections.max(1))
-            .map(|_| tls_client().http2_prior_knowledge().build())
-            .collect::<Result<_, _>>()?;
-        Ok(Transport::Tls(clients))
-    }
-}
-
-fn tls_client() -> reqwest::ClientBuilder {
-    reqwest::Client::builder()
-        .danger_accept_invalid_certs(true)
-        .tcp_nodelay(true)
-}
-
 /// What one subscriber saw.
 #[derive(Default)]
 pub struct StreamOutcome {
@@ -101,16 +65,6 @@ impl Subscribers {
         log: Arc<CommitLog>,
         concurrency: usize,
     ) -> BenchResult<Subscribers> {
-        Self::open_over(targets, log, concurrency, Transport::Http1).await
-    }
-
-    /// Like [`Subscribers::open`], over `transport`.
-    pub async fn open_over(
-        targets: Vec<StreamTarget>,
-        log: Arc<CommitLog>,
-        concurrency: usize,
-        transport: Transport,
-    ) -> BenchResult<Subscribers> {
         let (stop, stopped) = watch::channel(false);
         let received = Arc::new(AtomicU64::new(0));
         let handshakes = Arc::new(Semaphore::new(concurrency));
@@ -118,20 +72,15 @@ impl Subscribers {
         let count = targets.len();
         let tasks = targets
             .into_iter()
-            .enumerate()
-            .map(|(index, target)| {
+            .map(|target| {
                 let log = Arc::clone(&log);
                 let received = Arc::clone(&received);
                 let handshakes = Arc::clone(&handshakes);
                 let ready = ready_tx.clone();
                 let stopped = stopped.clone();
-                let client = match &transport {
-                    Transport::Http1 => None,
-                    Transport::Tls(clients) => Some(clients[index % clients.len()].clone()),
-                };
                 tokio::spawn(async move {
                     let permit = handshakes.acquire_owned().await.ok();
-                    subscribe(target, client, log, received, ready, permit, stopped).await
+                    subscribe(target, log, received, ready, permit, stopped).await
                 })
             })
             .collect();
@@ -202,7 +151,6 @@ impl Subscribers {
 
 async fn subscribe(
     target: StreamTarget,
-    tls: Option<reqwest::Client>,
     log: Arc<CommitLog>,
     received: Arc<AtomicU64>,
     ready: mpsc::UnboundedSender<Result<(), String>>,
@@ -215,20 +163,7 @@ async fn subscribe(
         signalled = true;
         let _ = ready.send(Ok(()));
     };
-    let result = match tls {
-        None => read_stream(&target, &log, &received, &mut stopped, &mut on_ready).await,
-        Some(client) => {
-            read_stream_tls(
-                &client,
-                &target,
-                &log,
-                &received,
-                &mut stopped,
-                &mut on_ready,
-            )
-            .await
-        }
-    };
+    let result = read_stream(&target, &log, &received, &mut stopped, &mut on_ready).await;
     if let Err(error) = &result {
         if !signalled {
             let _ = ready.send(Err(format!("{}{}: {error}", target.address, target.path)));
@@ -277,61 +212,6 @@ async fn read_stream(
         let now = log.now();
         let before = outcome.receipts.len();
         let became_ready = parser.feed(&buffer[..read], now, &mut outcome.receipts)?;
-        received.fetch_add((outcome.receipts.len() - before) as u64, Ordering::Relaxed);
-        if became_ready {
-            outcome.ready_at = Some(now);
-            on_ready();
-        }
-    }
-}
-
-/// One stream over HTTPS (HTTP/1.1 or HTTP/2, as the client negotiates):
-/// the status from the response head, then the body through the same
-/// parser as the hand-written HTTP/1.1 client.
-async fn read_stream_tls(
-    client: &reqwest::Client,
-    target: &StreamTarget,
-    log: &CommitLog,
-    received: &AtomicU64,
-    stopped: &mut watch::Receiver<bool>,
-    on_ready: &mut (dyn FnMut() + Send),
-) -> Result<StreamOutcome, String> {
-    let mut request = client
-        .get(format!("https://{}{}", target.address, target.path))
-        .header("accept", "text/event-stream");
-    if let Some(authorization) = &target.authorization {
-        request = request.header("authorization", authorization);
-    }
-    if let Some(id) = target.last_event_id {
-        request = request.header("last-event-id", id.to_string());
-    }
-    let mut response = request.send().await.map_err(|e| format!("send: {e}"))?;
-    if response.status() != reqwest::StatusCode::OK {
-        return Err(format!("refused: {}", response.status()));
-    }
-    let mut parser = FrameParser::new(target.ready_when);
-    parser.in_headers = false;
-    let mut outcome = StreamOutcome::default();
-    if target.ready_when == ReadyWhen::HeadersEnd {
-        parser.ready = true;
-        outcome.ready_at = Some(log.now());
-        on_ready();
-    }
-    loop {
-        let chunk = tokio::select! {
-            _ = stopped.changed() => return Ok(outcome),
-            chunk = response.chunk() => chunk.map_err(|e| format!("read: {e}"))?,
-        };
-        let Some(chunk) = chunk else {
-            return if outcome.ready_at.is_some() {
-                Ok(outcome)
-            } else {
-                Err("the server closed the stream before it was ready".to_owned())
-            };
-        };
-        let now = log.now();
-        let before = outcome.receipts.len();
-        let became_ready = parser.feed(&chunk, now, &mut outcome.receipts)?;
         received.fetch_add((outcome.receipts.len() - before) as u64, Ordering::Relaxed);
         if became_ready {
             outcome.ready_at = Some(now);

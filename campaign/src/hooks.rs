@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use eventrelay::publisher::{WebhookHeaders, WebhookSecret, verify};
 
+use crate::webhook_receiver::WebhookReceiver;
 use eventrelay_bench::BenchResult;
 use eventrelay_bench::relay_process::WEBHOOK_SECRET;
-use eventrelay_bench::webhook_receiver::WebhookReceiver;
 
 /// One request the receiver got.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -11,6 +11,7 @@ pub mod faults;
 pub mod hooks;
 pub mod records;
 pub mod subscribers;
+pub mod webhook_receiver;
 pub mod writers;
 
 use std::collections::{BTreeMap, HashSet};

@@ -14,7 +14,7 @@ use crate::BenchResult;
 use crate::clock::{CommitLog, Percentiles};
 use crate::proc_stats::{self, Usage};
 use crate::publish::{Pace, Source, publish_for};
-use crate::sse_load::{ReadyWhen, StreamTarget, Subscribers, Transport};
+use crate::sse_load::{ReadyWhen, StreamTarget, Subscribers};
 
 /// Handshakes in flight while subscribers connect.
 const CONNECT_CONCURRENCY: usize = 200;
@@ -26,22 +26,8 @@ const UNTHROTTLED_CAPACITY: usize = 1 << 21;
 /// The server the subscribers connect to.
 #[derive(Clone, Debug)]
 pub enum Server {
-    Eventrelay {
-        address: SocketAddr,
-        pids: Vec<u32>,
-    },
-    /// eventrelay serving TLS, as browsers reach it: HTTP/1.1 with a
-    /// connection per subscriber (`http2_streams_per_connection` unset), or
-    /// HTTP/2 with this many subscribers' streams on each connection.
-    EventrelayTls {
-        address: SocketAddr,
-        pids: Vec<u32>,
-        http2_streams_per_connection: Option<usize>,
-    },
-    Nchan {
-        address: SocketAddr,
-        pids: Vec<u32>,
-    },
+    Eventrelay { address: SocketAddr, pids: Vec<u32> },
+    Nchan { address: SocketAddr, pids: Vec<u32> },
 }
 
 impl Server {
@@ -55,37 +41,22 @@ impl Server {
 
     pub(crate) fn pids(&self) -> &[u32] {
         match self {
-            Server::Eventrelay { pids, .. }
-            | Server::EventrelayTls { pids, .. }
-            | Server::Nchan { pids, .. } => pids,
-        }
-    }
-
-    pub(crate) fn transport(&self, subscribers: usize) -> BenchResult<Transport> {
-        match self {
-            Server::EventrelayTls {
-                http2_streams_per_connection: Some(streams),
-                ..
-            } => Transport::http2_tls(subscribers.div_ceil((*streams).max(1))),
-            Server::EventrelayTls { .. } => Transport::http1_tls(),
-            _ => Ok(Transport::Http1),
+            Server::Eventrelay { pids, .. } | Server::Nchan { pids, .. } => pids,
         }
     }
 
     pub(crate) fn target(&self, subscriber: usize, scope: &str) -> StreamTarget {
         match self {
-            Server::Eventrelay { address, .. } | Server::EventrelayTls { address, .. } => {
-                StreamTarget {
-                    address: *address,
-                    path: "/v1/events".to_owned(),
-                    authorization: Some(format!(
-                        "Bearer {}",
-                        crate::subscriber_token(&format!("s{subscriber}"), scope)
-                    )),
-                    last_event_id: None,
-                    ready_when: ReadyWhen::ReadyEvent,
-                }
-            }
+            Server::Eventrelay { address, .. } => StreamTarget {
+                address: *address,
+                path: "/v1/events".to_owned(),
+                authorization: Some(format!(
+                    "Bearer {}",
+                    crate::subscriber_token(&format!("s{subscriber}"), scope)
+                )),
+                last_event_id: None,
+                ready_when: ReadyWhen::ReadyEvent,
+            },
             Server::Nchan { address, .. } => StreamTarget {
                 address: *address,
                 path: "/sub".to_owned(),
@@ -144,9 +115,7 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
         .collect();
 
     let before_connect = proc_stats::usage(server.pids());
-    let transport = server.transport(plan.subscribers)?;
-    let subscribers =
-        Subscribers::open_over(targets, Arc::clone(&log), CONNECT_CONCURRENCY, transport).await?;
+    let subscribers = Subscribers::open(targets, Arc::clone(&log), CONNECT_CONCURRENCY).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = proc_stats::usage(server.pids());
 

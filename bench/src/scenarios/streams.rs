@@ -39,7 +39,7 @@ const APPLICATION_NAME: &str = "eventrelay-box";
 /// server (another relay under test holds `pool_size + 1` = 17 by default).
 const HEADROOM: usize = 20;
 /// The largest pool worth giving a relay here: 8 connections served 500
-/// simultaneous outbox replays as fast as 32 did (`--only pools`).
+/// simultaneous outbox replays as fast as 32 did.
 const POOL_CEILING: usize = 8;
 /// Longest wait for every stream to be ready, in either phase.
 const PATIENCE: Duration = Duration::from_secs(300);

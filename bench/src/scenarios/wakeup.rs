@@ -76,11 +76,8 @@ pub async fn run(plan: &PairedPlan, servers: [&Server; 2]) -> BenchResult<Paired
             let targets = (0..plan.subscribers)
                 .map(|i| server.target(i, scope))
                 .collect();
-            let transport = server.transport(plan.subscribers)?;
-            subscribers.push(
-                Subscribers::open_over(targets, Arc::clone(&log), CONNECT_CONCURRENCY, transport)
-                    .await?,
-            );
+            subscribers
+                .push(Subscribers::open(targets, Arc::clone(&log), CONNECT_CONCURRENCY).await?);
         }
         Ok(())
     }

@@ -10,7 +10,6 @@
 
 mod floor_commits;
 mod http1_fanout;
-mod http2_fanout;
 mod own_session;
 mod restart_storm;
 

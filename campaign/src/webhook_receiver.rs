@@ -1,6 +1,5 @@
-//! A local webhook receiver that counts requests and answers each as it is
-//! told: 200 at once by default, after a delay, or as a function of the
-//! request decides (the fault campaign's receiver fails some first tries).
+//! A local webhook receiver that answers each request as a function of the
+//! request decides (the campaign's receiver fails some first tries).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::BenchResult;
+use eventrelay_bench::BenchResult;
 
 /// How to answer one request, from its head (as sent) and its body: a
 /// status, after a delay.
@@ -22,15 +21,6 @@ pub struct WebhookReceiver {
 }
 
 impl WebhookReceiver {
-    pub async fn start() -> BenchResult<WebhookReceiver> {
-        Self::start_slow(Duration::ZERO).await
-    }
-
-    /// A receiver that takes `delay` to answer each request.
-    pub async fn start_slow(delay: Duration) -> BenchResult<WebhookReceiver> {
-        Self::start_answering(Arc::new(move |_, _| (200, delay))).await
-    }
-
     /// A receiver that answers each request as `answer` says.
     pub async fn start_answering(answer: Answer) -> BenchResult<WebhookReceiver> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
