@@ -166,82 +166,33 @@ pub fn realtime_ns() -> u64 {
 // ---------------------------------------------------------------------------
 // The child process.
 
-/// What [`Tally`] reports to the parent, which sums the processes'.
-#[derive(Default, Serialize, Deserialize)]
-struct Counts {
-    timeouts: u64,
-    server_errors: u64,
-    other_refusals: u64,
-    resets: u64,
-    refused_while_down: u64,
-    out_of_descriptors: u64,
-    out_of_ports: u64,
-    streams_opened: u64,
-    connect_micros: Vec<u32>,
-    reset_reasons: BTreeMap<String, u64>,
-    first_attempt: u64,
-    last_ready: Vec<u64>,
-    opened_per_relay: Vec<u64>,
+/// One phase's counters in one process: locked by its streams (all on the
+/// process's one thread), sent to the parent, which sums the processes'.
+type Tally = Mutex<PhaseFigures>;
+
+fn new_tally(relays: usize) -> Tally {
+    Mutex::new(PhaseFigures {
+        last_ready: vec![0; relays],
+        opened_per_relay: vec![0; relays],
+        ..PhaseFigures::default()
+    })
 }
 
-/// Refusals, resets and connect times of one phase, in one process.
-#[derive(Default)]
-struct Tally {
-    timeouts: AtomicU64,
-    server_errors: AtomicU64,
-    other_refusals: AtomicU64,
-    resets: AtomicU64,
-    refused_while_down: AtomicU64,
-    out_of_descriptors: AtomicU64,
-    out_of_ports: AtomicU64,
-    streams_opened: AtomicU64,
-    /// Connect time (TCP connect to `ready`) of every stream opened, µs.
-    connect_micros: Mutex<Vec<u32>>,
-    reset_reasons: Mutex<BTreeMap<String, u64>>,
-    /// Per relay: the latest `ready` of the phase (realtime ns), and the
-    /// streams opened.
-    last_ready: Vec<AtomicU64>,
-    opened_per_relay: Vec<AtomicU64>,
-    /// The first connect attempt of the phase (realtime ns; 0 until then).
-    first_attempt: AtomicU64,
+/// Counts into `tally`, poisoned or not.
+fn count(tally: &Tally, update: impl FnOnce(&mut PhaseFigures)) {
+    update(
+        &mut tally
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+    );
 }
 
-impl Tally {
-    fn new(relays: usize) -> Tally {
-        Tally {
-            last_ready: (0..relays).map(|_| AtomicU64::new(0)).collect(),
-            opened_per_relay: (0..relays).map(|_| AtomicU64::new(0)).collect(),
-            ..Tally::default()
-        }
-    }
-
-    fn counts(&self) -> Value {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let counts = Counts {
-            timeouts: load(&self.timeouts),
-            server_errors: load(&self.server_errors),
-            other_refusals: load(&self.other_refusals),
-            resets: load(&self.resets),
-            refused_while_down: load(&self.refused_while_down),
-            out_of_descriptors: load(&self.out_of_descriptors),
-            out_of_ports: load(&self.out_of_ports),
-            streams_opened: load(&self.streams_opened),
-            connect_micros: self
-                .connect_micros
-                .lock()
-                .map(|s| s.clone())
-                .unwrap_or_default(),
-            reset_reasons: self
-                .reset_reasons
-                .lock()
-                .map(|r| r.clone())
-                .unwrap_or_default(),
-            first_attempt: load(&self.first_attempt),
-            last_ready: self.last_ready.iter().map(load).collect(),
-            opened_per_relay: self.opened_per_relay.iter().map(load).collect(),
-        };
-        serde_json::to_value(counts).unwrap_or_default()
-    }
+fn counts(tally: &Tally) -> Value {
+    let mut counts = Value::Null;
+    count(tally, |figures| {
+        counts = serde_json::to_value(&*figures).unwrap_or_default()
+    });
+    counts
 }
 
 /// What every stream of the process shares.
@@ -264,11 +215,11 @@ impl Shared {
             .lock()
             .ok()
             .and_then(|phases| phases.last().cloned())
-            .unwrap_or_else(|| Arc::new(Tally::new(self.relays)))
+            .unwrap_or_else(|| Arc::new(new_tally(self.relays)))
     }
 
     fn next_phase(&self) -> (usize, Arc<Tally>) {
-        let fresh = Arc::new(Tally::new(self.relays));
+        let fresh = Arc::new(new_tally(self.relays));
         let mut phases = match self.phases.lock() {
             Ok(phases) => phases,
             Err(poisoned) => poisoned.into_inner(),
@@ -321,38 +272,28 @@ impl Stream {
                 .await;
             // Counts how the attempt failed; the wait before the next one
             // follows from the reconnect policy.
-            let fixed = match ended {
-                Ended::ByServer => None,
-                Ended::Stopped => break,
-                Ended::Down => {
-                    tally.refused_while_down.fetch_add(1, Ordering::Relaxed);
-                    Some(RETRY_WHILE_DOWN)
-                }
-                Ended::NoDescriptor => {
-                    tally.out_of_descriptors.fetch_add(1, Ordering::Relaxed);
-                    Some(RETRY_WHILE_DOWN)
-                }
-                Ended::NoPort => {
-                    tally.out_of_ports.fetch_add(1, Ordering::Relaxed);
-                    Some(RETRY_WHILE_DOWN)
-                }
+            if matches!(ended, Ended::Stopped) {
+                break;
+            }
+            let mut fixed = Some(RETRY_WHILE_DOWN);
+            count(&tally, |t| match ended {
+                Ended::ByServer | Ended::Stopped => fixed = None,
+                Ended::Down => t.refused_while_down += 1,
+                Ended::NoDescriptor => t.out_of_descriptors += 1,
+                Ended::NoPort => t.out_of_ports += 1,
                 Ended::Refused(status) => {
-                    let counter = match status {
-                        408 => &tally.timeouts,
-                        500..=599 => &tally.server_errors,
-                        _ => &tally.other_refusals,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    Some(RETRY_AFTER_REFUSAL)
+                    fixed = Some(RETRY_AFTER_REFUSAL);
+                    *match status {
+                        408 => &mut t.timeouts,
+                        500..=599 => &mut t.server_errors,
+                        _ => &mut t.other_refusals,
+                    } += 1;
                 }
                 Ended::Broken(how) => {
-                    tally.resets.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(mut reasons) = tally.reset_reasons.lock() {
-                        *reasons.entry(how).or_default() += 1;
-                    }
-                    Some(RETRY_WHILE_DOWN)
+                    t.resets += 1;
+                    *t.reset_reasons.entry(how).or_default() += 1;
                 }
-            };
+            });
             let wait = match fixed {
                 None => {
                     failures = 0;
@@ -405,12 +346,11 @@ impl Stream {
         first_permit: &mut Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Ended {
         let started = Instant::now();
-        let _ = tally.first_attempt.compare_exchange(
-            0,
-            realtime_ns(),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        count(tally, |t| {
+            if t.first_attempt == 0 {
+                t.first_attempt = realtime_ns();
+            }
+        });
         let mut stream = match self.connect().await {
             Ok(stream) => stream,
             Err(ended) => return ended,
@@ -506,12 +446,13 @@ impl Stream {
                 streaming = true;
                 first_permit.take();
                 shared.streaming.fetch_add(1, Ordering::Relaxed);
-                tally.streams_opened.fetch_add(1, Ordering::Relaxed);
-                tally.opened_per_relay[self.relay].fetch_add(1, Ordering::Relaxed);
-                tally.last_ready[self.relay].fetch_max(realtime_ns(), Ordering::Relaxed);
-                if let Ok(mut samples) = tally.connect_micros.lock() {
-                    samples.push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
-                }
+                count(tally, |t| {
+                    t.streams_opened += 1;
+                    t.opened_per_relay[self.relay] += 1;
+                    t.last_ready[self.relay] = t.last_ready[self.relay].max(realtime_ns());
+                    let micros = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
+                    t.connect_micros.push(micros);
+                });
             }
             if let Some(outcome) = outcome {
                 break outcome;
@@ -619,7 +560,9 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     let finish = loop {
         if !reported
             && shared.streaming.load(Ordering::Relaxed) >= spec.count
-            && tally.streams_opened.load(Ordering::Relaxed) >= spec.count as u64
+            && tally
+                .lock()
+                .is_ok_and(|t| t.streams_opened >= spec.count as u64)
         {
             reported = true;
             say(&json!({"event": "all_streaming", "phase": phase, "at": realtime_ns()}));
@@ -655,7 +598,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
                 file.flush()?;
                 say(&json!({
                     "event": "report",
-                    "tally": tally.counts(),
+                    "tally": counts(&tally),
                     "received": shared.received.load(Ordering::Relaxed),
                     "receipts": spec.receipts_path().display().to_string(),
                 }));
@@ -696,7 +639,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     let phases: Vec<Value> = shared
         .phases
         .lock()
-        .map(|phases| phases.iter().map(|tally| tally.counts()).collect())
+        .map(|phases| phases.iter().map(|tally| counts(tally)).collect())
         .unwrap_or_default();
     say(&json!({
         "event": "finished",
@@ -811,6 +754,41 @@ impl ClientProcess {
     }
 }
 
+/// Client processes commanded together.
+pub struct Clients(pub Vec<ClientProcess>);
+
+impl Clients {
+    /// Sends `command` to every client.
+    pub fn send(&mut self, command: &str) -> BenchResult<()> {
+        self.0
+            .iter_mut()
+            .try_for_each(|client| client.send(command))
+    }
+
+    /// Every client's next `event` line, within `patience` each.
+    pub async fn expect(&mut self, event: &str, patience: Duration) -> BenchResult<Vec<Value>> {
+        let mut lines = Vec::new();
+        for client in &mut self.0 {
+            lines.push(client.expect(event, patience).await?);
+        }
+        Ok(lines)
+    }
+
+    /// Distinct events received over every stream.
+    pub async fn received(&mut self, patience: Duration) -> BenchResult<u64> {
+        self.send("status")?;
+        Ok(sum(&self.expect("status", patience).await?, "received"))
+    }
+}
+
+/// `key` summed over the clients' lines.
+pub fn sum(lines: &[Value], key: &str) -> u64 {
+    lines
+        .iter()
+        .map(|line| line[key].as_u64().unwrap_or(0))
+        .sum()
+}
+
 impl Drop for ClientProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -818,9 +796,9 @@ impl Drop for ClientProcess {
     }
 }
 
-/// One phase's refusals, resets and connect times over every client
-/// process, as the parent reads them from the clients' counters.
-#[derive(Debug, Default, Clone)]
+/// One phase's refusals, resets and connect times: counted by each client
+/// process, summed over them by the parent.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct PhaseFigures {
     pub timeouts: u64,
     pub server_errors: u64,
@@ -830,10 +808,14 @@ pub struct PhaseFigures {
     pub out_of_descriptors: u64,
     pub out_of_ports: u64,
     pub streams_opened: u64,
+    /// Connect time (TCP connect to `ready`) of every stream opened, µs:
+    /// what a process sends; the parent keeps their percentiles.
+    connect_micros: Vec<u32>,
+    #[serde(skip)]
     pub connect: Percentiles,
     pub reset_reasons: BTreeMap<String, u64>,
-    /// Per relay: the first attempt of the phase and its last stream ready
-    /// (realtime ns), and the streams opened.
+    /// The first attempt of the phase (realtime ns; 0 until then) and, per
+    /// relay, its last stream ready (realtime ns) and the streams opened.
     pub first_attempt: u64,
     pub last_ready: Vec<u64>,
     pub opened_per_relay: Vec<u64>,
@@ -858,7 +840,7 @@ impl PhaseFigures {
         };
         let mut connect = Vec::new();
         for tally in tallies {
-            let Ok(counts) = Counts::deserialize(*tally) else {
+            let Ok(counts) = PhaseFigures::deserialize(*tally) else {
                 continue;
             };
             phase.timeouts += counts.timeouts;

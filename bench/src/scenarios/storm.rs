@@ -28,7 +28,9 @@ use crate::proc_stats;
 use crate::relay_process::{RelayProcess, RelaySettings};
 use crate::report::{Table, ms, size, verdict};
 use crate::scenarios::streams::Emitter;
-use crate::stream_client::{ClientProcess, ClientSpec, PhaseFigures, Reconnect, realtime_ns};
+use crate::stream_client::{
+    self, ClientProcess, ClientSpec, Clients, PhaseFigures, Reconnect, realtime_ns,
+};
 
 /// How long after the last connection left the relay's memory is read
 /// again: past the interval at which it returns freed memory.
@@ -94,93 +96,61 @@ pub struct StormFigures {
     pub rss_settled_kib: u64,
 }
 
-/// One wave of N subscribers over [`CLIENTS`] client processes.
-struct Wave {
-    clients: Vec<ClientProcess>,
+/// Opens one wave of N subscribers' streams on `port` over [`CLIENTS`]
+/// client processes, resuming after `last_event_id`.
+fn open_wave(
+    client_bin: &Path,
+    work_dir: &Path,
+    plan: &StormPlan,
+    name: &str,
+    port: u16,
+    last_event_id: Option<i64>,
+) -> BenchResult<Clients> {
+    let per_client = plan.subscribers.div_ceil(CLIENTS);
+    let mut clients = Vec::new();
+    for (index, first) in (0..plan.subscribers).step_by(per_client).enumerate() {
+        let spec = ClientSpec {
+            index,
+            source: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + index as u8)),
+            relay_ports: vec![port],
+            first,
+            count: per_client.min(plan.subscribers - first),
+            scopes: plan.scopes,
+            scope_prefix: name.to_owned(),
+            last_event_id,
+            connect_concurrency: per_client,
+            reconnect: Reconnect::Immediate,
+            work_dir: work_dir.to_owned(),
+        };
+        clients.push(ClientProcess::spawn(client_bin, &spec)?);
+    }
+    Ok(Clients(clients))
 }
 
-impl Wave {
-    /// Opens the wave's streams on `port`, resuming after `last_event_id`.
-    fn open(
-        client_bin: &Path,
-        work_dir: &Path,
-        plan: &StormPlan,
-        name: &str,
-        port: u16,
-        last_event_id: Option<i64>,
-    ) -> BenchResult<Wave> {
-        let per_client = plan.subscribers.div_ceil(CLIENTS);
-        let mut clients = Vec::new();
-        for (index, first) in (0..plan.subscribers).step_by(per_client).enumerate() {
-            let spec = ClientSpec {
-                index,
-                source: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + index as u8)),
-                relay_ports: vec![port],
-                first,
-                count: per_client.min(plan.subscribers - first),
-                scopes: plan.scopes,
-                scope_prefix: name.to_owned(),
-                last_event_id,
-                connect_concurrency: per_client,
-                reconnect: Reconnect::Immediate,
-                work_dir: work_dir.to_owned(),
-            };
-            clients.push(ClientProcess::spawn(client_bin, &spec)?);
-        }
-        Ok(Wave { clients })
-    }
+/// How long from `since` (realtime ns) until every client said all of its
+/// streams of the phase are ready.
+async fn all_streaming(wave: &mut Clients, since: u64) -> Option<Duration> {
+    let lines = wave.expect("all_streaming", PATIENCE).await.ok()?;
+    let last = lines
+        .iter()
+        .filter_map(|line| line["at"].as_u64())
+        .fold(since, u64::max);
+    Some(Duration::from_nanos(last - since))
+}
 
-    /// How long from `since` (realtime ns) until every client said all of
-    /// its streams of the phase are ready.
-    async fn all_streaming(&mut self, since: u64) -> Option<Duration> {
-        let mut last = since;
-        for client in &mut self.clients {
-            let line = client.expect("all_streaming", PATIENCE).await.ok()?;
-            last = last.max(line["at"].as_u64().unwrap_or(since));
-        }
-        Some(Duration::from_nanos(last - since))
-    }
-
-    /// Distinct events received over all streams.
-    async fn received(&mut self) -> BenchResult<u64> {
-        let mut received = 0;
-        for client in &mut self.clients {
-            client.send("status")?;
-            received += client.expect("status", PATIENCE).await?["received"]
-                .as_u64()
-                .unwrap_or(0);
-        }
-        Ok(received)
-    }
-
-    /// Tells every client to hang up at once, the first `emitted` events
-    /// counted as missed where absent.
-    fn hang_up(&mut self, emitted: usize) -> BenchResult<()> {
-        for client in &mut self.clients {
-            client.send(&format!("finish {emitted} 0"))?;
-        }
-        Ok(())
-    }
-
-    /// Each phase's figures and the missed pairs, once the clients hung up.
-    async fn finished(mut self) -> BenchResult<(Vec<PhaseFigures>, u64)> {
-        let mut lines = Vec::new();
-        for client in &mut self.clients {
-            lines.push(client.expect("finished", PATIENCE).await?);
-        }
-        let phases = lines[0]["phases"].as_array().map_or(0, Vec::len);
-        let figures = (0..phases)
-            .map(|phase| {
-                let tallies: Vec<_> = lines.iter().map(|line| &line["phases"][phase]).collect();
-                PhaseFigures::merge(&tallies, 1)
-            })
-            .collect();
-        let missed = lines
-            .iter()
-            .map(|l| l["missing"].as_u64().unwrap_or(0))
-            .sum();
-        Ok((figures, missed))
-    }
+/// Hangs a wave up at once, the first `emitted` events counted as missed
+/// where absent: each phase's figures and the missed pairs.
+async fn hang_up(wave: &mut Clients, emitted: usize) -> BenchResult<(Vec<PhaseFigures>, u64)> {
+    wave.send(&format!("finish {emitted} 0"))?;
+    let lines = wave.expect("finished", PATIENCE).await?;
+    let phases = lines[0]["phases"].as_array().map_or(0, Vec::len);
+    let figures = (0..phases)
+        .map(|phase| {
+            let tallies: Vec<_> = lines.iter().map(|line| &line["phases"][phase]).collect();
+            PhaseFigures::merge(&tallies, 1)
+        })
+        .collect();
+    Ok((figures, stream_client::sum(&lines, "missing")))
 }
 
 /// Runs the storm against relay processes started from `binary`, with
@@ -201,8 +171,8 @@ pub async fn run(
 
     // The storm wave streams, resuming from the current end of the outbox.
     let connecting = realtime_ns();
-    let mut storm = Wave::open(client_bin, work_dir, plan, "storm", port, Some(start_after))?;
-    let first_after = storm.all_streaming(connecting).await.ok_or(format!(
+    let mut storm = open_wave(client_bin, work_dir, plan, "storm", port, Some(start_after))?;
+    let first_after = all_streaming(&mut storm, connecting).await.ok_or(format!(
         "not all {n} subscribers streamed within {PATIENCE:?}"
     ))?;
 
@@ -220,13 +190,11 @@ pub async fn run(
         tokio::spawn(async move { emitter.run(0, rate, Some(deadline), no_stop).await })
     };
     tokio::time::sleep(plan.emitting / 3).await;
-    for client in &mut storm.clients {
-        client.send("phase")?;
-    }
+    storm.send("phase")?;
     let stopped_in = relay.terminate(Duration::from_secs(30)).await?;
     let restarting = realtime_ns();
     relay = RelayProcess::start_on(binary, work_dir, settings, port).await?;
-    let restart_after = storm.all_streaming(restarting).await;
+    let restart_after = all_streaming(&mut storm, restarting).await;
     let emitted = emitting.await??.len();
 
     // Every subscriber receives every event of its scope, replayed or live.
@@ -234,7 +202,7 @@ pub async fn run(
         .map(|g| (g % plan.scopes..emitted).step_by(plan.scopes).count() as u64)
         .sum();
     let deadline = Instant::now() + PATIENCE;
-    while storm.received().await? < expected && Instant::now() < deadline {
+    while storm.received(PATIENCE).await? < expected && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut rss_streaming_kib = vec![rss_kib(&relay)];
@@ -247,22 +215,14 @@ pub async fn run(
     let mut waves = Vec::new();
     for number in 0..plan.extra_waves {
         let arriving = realtime_ns();
-        let mut wave = Wave::open(
-            client_bin,
-            work_dir,
-            plan,
-            &format!("wave{number}"),
-            port,
-            None,
-        )?;
-        leaving.hang_up(leaving_emitted)?;
-        left.push(leaving.finished().await?);
-        waves.push(wave.all_streaming(arriving).await);
+        let name = format!("wave{number}");
+        let mut wave = open_wave(client_bin, work_dir, plan, &name, port, None)?;
+        left.push(hang_up(&mut leaving, leaving_emitted).await?);
+        waves.push(all_streaming(&mut wave, arriving).await);
         rss_streaming_kib.push(rss_kib(&relay));
         (leaving, leaving_emitted) = (wave, 0);
     }
-    leaving.hang_up(leaving_emitted)?;
-    left.push(leaving.finished().await?);
+    left.push(hang_up(&mut leaving, leaving_emitted).await?);
     let phase = |figures: Option<&PhaseFigures>, after| Phase {
         all_streaming_after: after,
         figures: figures.cloned().unwrap_or_default(),

@@ -28,7 +28,7 @@ use crate::proc_stats::{self, Usage};
 use crate::publish::{TICK_TYPE, event_data};
 use crate::relay_process::{RelayProcess, RelaySettings};
 use crate::stream_client::{
-    self, Arrival, ClientProcess, ClientSpec, PhaseFigures, Reconnect, realtime_ns,
+    self, Arrival, ClientProcess, ClientSpec, Clients, PhaseFigures, Reconnect, realtime_ns,
 };
 
 /// The relays' `application_name`, by which their Postgres connections are
@@ -317,16 +317,16 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     // (of eight in turn), the relays' RSS read after each step.
     let scope_prefix = format!("{label}-{}", std::process::id());
     let binary = std::env::current_exe()?;
-    let mut clients = Vec::new();
+    let mut clients = Clients(Vec::new());
     let mut opened = 0;
     let mut connecting = Duration::ZERO;
     let mut at_step = Vec::new();
     for &step in &plan.steps {
         let started = Instant::now();
         let per_client = step.saturating_sub(opened).div_ceil(plan.clients);
-        let from = clients.len();
+        let from = clients.0.len();
         for first in (opened..step).step_by(per_client.max(1)) {
-            let index = clients.len();
+            let index = clients.0.len();
             let spec = ClientSpec {
                 index,
                 source: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (index % 8) as u8)),
@@ -340,9 +340,9 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
                 reconnect: plan.reconnect,
                 work_dir: work_dir.to_owned(),
             };
-            clients.push(ClientProcess::spawn(&binary, &spec)?);
+            clients.0.push(ClientProcess::spawn(&binary, &spec)?);
         }
-        for client in &mut clients[from..] {
+        for client in &mut clients.0[from..] {
             client.expect("all_streaming", PATIENCE).await?;
         }
         connecting += started.elapsed();
@@ -352,7 +352,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         at_step.push((step, usage(&relays)));
     }
     let idle = usage(&relays);
-    let client_pids: Vec<u32> = clients.iter().map(ClientProcess::pid).collect();
+    let client_pids: Vec<u32> = clients.0.iter().map(ClientProcess::pid).collect();
     let clients_idle_rss = proc_stats::rss_bytes(&client_pids);
 
     // One event per second to every stream.
@@ -372,13 +372,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let drain_deadline = Instant::now() + DRAIN;
     let mut received_run = 0;
     while Instant::now() < drain_deadline {
-        received_run = 0;
-        for client in &mut clients {
-            client.send("status")?;
-            received_run += client.expect("status", Duration::from_secs(10)).await?["received"]
-                .as_u64()
-                .unwrap_or(0);
-        }
+        received_run = clients.received(Duration::from_secs(10)).await?;
         if received_run >= expected_run {
             break;
         }
@@ -386,11 +380,8 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     }
     let after_run = usage(&relays);
     let clients_rss = proc_stats::rss_bytes(&client_pids);
-    let mut reports = Vec::new();
-    for client in &mut clients {
-        client.send("report")?;
-        reports.push(client.expect("report", Duration::from_secs(60)).await?);
-    }
+    clients.send("report")?;
+    let reports = clients.expect("report", Duration::from_secs(60)).await?;
     let mut arrivals: Vec<Arrival> = Vec::new();
     for report in &reports {
         arrivals.extend(ClientProcess::arrivals(report)?);
@@ -430,8 +421,8 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
             "{label}: {n} streams, {relays_n} relays × pool_size {} on one Postgres (http.header_timeout_secs {}), {} client processes on 127.0.0.2–.{}, {} scopes shared by every relay",
             budget.pool_size,
             plan.header_timeout_secs,
-            clients.len(),
-            1 + clients.len().min(8),
+            clients.0.len(),
+            1 + clients.0.len().min(8),
             plan.scopes
         ),
         format!(
@@ -550,9 +541,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     }
 
     // The storm: every relay restarted while events keep coming.
-    for client in &mut clients {
-        client.send("phase")?;
-    }
+    clients.send("phase")?;
     let (stop_storm, storm_stopped) = watch::channel(false);
     let storm_emitter = {
         let (emitter, rate) = (emitter.clone(), plan.storm_rate);
@@ -593,7 +582,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     }
     let mut all_back_at = 0u64;
     let mut all_back = failures.is_empty();
-    for client in &mut clients {
+    for client in &mut clients.0 {
         let left = storm_deadline.saturating_duration_since(tokio::time::Instant::now());
         match client
             .expect("all_streaming", left.max(Duration::from_millis(1)))
@@ -626,24 +615,12 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     } else {
         Duration::from_secs(5)
     };
-    let mut finished = Vec::new();
-    for client in &mut clients {
-        client.send(&format!("finish {emitted} {}", finish_patience.as_millis()))?;
-    }
-    for client in &mut clients {
-        finished.push(
-            client
-                .expect("finished", finish_patience + PATIENCE)
-                .await?,
-        );
-    }
+    clients.send(&format!("finish {emitted} {}", finish_patience.as_millis()))?;
+    let finished = clients
+        .expect("finished", finish_patience + PATIENCE)
+        .await?;
     drop(clients);
-    let total = |key: &str| {
-        finished
-            .iter()
-            .map(|f| f[key].as_u64().unwrap_or(0))
-            .sum::<u64>()
-    };
+    let total = |key| stream_client::sum(&finished, key);
     let (missing, missing_streams) = (total("missing"), total("missing_streams"));
     let storm = PhaseFigures::merge(
         &finished.iter().map(|f| &f["phases"][1]).collect::<Vec<_>>(),
