@@ -1015,31 +1015,28 @@ eventrelay_events_delivered_total 5
     #[test]
     fn each_round_starts_with_the_next_side() {
         use Side::*;
-        assert_eq!(round_order(0, false), [Nchan, Durable, Ephemeral]);
-        assert_eq!(round_order(1, false), [Durable, Ephemeral, Nchan]);
-        assert_eq!(round_order(2, false), [Ephemeral, Nchan, Durable]);
-        assert_eq!(round_order(3, false), [Nchan, Durable, Ephemeral]);
+        let (n, d, e) = (Nchan, Durable, Ephemeral);
+        for (round, order) in [[n, d, e], [d, e, n], [e, n, d], [n, d, e]]
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(round_order(round, false), order);
+        }
     }
 
     #[test]
     fn the_control_runs_nchan_twice_in_every_round() {
         use Side::*;
-        assert_eq!(
-            round_order(0, true),
-            [Durable, Nchan, Ephemeral, NchanAgain]
-        );
-        assert_eq!(
-            round_order(1, true),
-            [Ephemeral, Nchan, Durable, NchanAgain]
-        );
-        assert_eq!(
-            round_order(2, true),
-            [Durable, NchanAgain, Ephemeral, Nchan]
-        );
-        assert_eq!(
-            round_order(3, true),
-            [Ephemeral, NchanAgain, Durable, Nchan]
-        );
+        let (n, again, d, e) = (Nchan, NchanAgain, Durable, Ephemeral);
+        let orders = [
+            [d, n, e, again],
+            [e, n, d, again],
+            [d, again, e, n],
+            [e, again, d, n],
+        ];
+        for (round, order) in orders.iter().enumerate() {
+            assert_eq!(round_order(round, true), order);
+        }
         let runs: Vec<Side> = (0..8).flat_map(|round| round_order(round, true)).collect();
         for side in Side::ALL {
             assert_eq!(runs.iter().filter(|s| **s == side).count(), 8, "{side:?}");
