@@ -94,6 +94,13 @@ pub struct DatabaseConfig {
     /// prepared statements (PgBouncer before 1.21, or without
     /// `max_prepared_statements`).
     pub prepared_statements: bool,
+    /// The largest message the logical replication stream may hand the
+    /// relay, in bytes. A larger one is refused by its declared length
+    /// before any of it is read: the stream is replaced on a new slot (past
+    /// it) and every active scope re-read from the outbox, so an outbox row
+    /// that large still arrives while a huge logical message from any role
+    /// that can log in costs the relay no memory.
+    pub replication_max_message_bytes: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -136,6 +143,11 @@ pub struct HttpConfig {
     /// a slower one is answered 408 `request_timeout` and its connection
     /// closed.
     pub body_timeout_secs: u64,
+    /// How long a response in flight may go without the client taking any
+    /// of it: a socket that accepts no byte, or (HTTP/2) a stream whose
+    /// flow-control window stays shut. Past it the connection is closed,
+    /// event streams included (a reader that stopped is a slow consumer).
+    pub write_timeout_secs: u64,
     /// Connections the kernel queues for the relay to accept (the `listen`
     /// backlog, capped by `net.core.somaxconn`). A reconnect storm arrives
     /// faster than any accept loop; a short queue drops the excess, and
@@ -287,6 +299,7 @@ impl Default for DatabaseConfig {
             embedded_dir: ".eventrelay/pgdata".to_owned(),
             wakeup: WakeupMode::Notify,
             prepared_statements: true,
+            replication_max_message_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -305,6 +318,7 @@ impl Default for HttpConfig {
             tls: TlsConfig::default(),
             header_timeout_secs: 10,
             body_timeout_secs: 10,
+            write_timeout_secs: 30,
             listen_backlog: 4096,
             opening_per_worker: 256,
             opening_wait_ms: 2000,
@@ -462,6 +476,18 @@ impl Config {
                 ),
             ));
         }
+        // An ephemeral event's logical message carries its channel prefix
+        // and a few framing bytes beyond the payload.
+        let replication_floor = ephemeral_max + 1024;
+        if self.database.replication_max_message_bytes < replication_floor {
+            return Err(invalid(
+                "database.replication_max_message_bytes",
+                format!(
+                    "must be at least {replication_floor} (publish.ephemeral_max_bytes and the \
+                     message's framing)"
+                ),
+            ));
+        }
         if self.database.listen_health_secs == 0 {
             return Err(invalid("database.listen_health_secs", "must be at least 1"));
         }
@@ -607,6 +633,9 @@ impl Config {
         }
         if http.body_timeout_secs == 0 {
             return Err(invalid("http.body_timeout_secs", "must be at least 1"));
+        }
+        if http.write_timeout_secs == 0 {
+            return Err(invalid("http.write_timeout_secs", "must be at least 1"));
         }
         if http.listen_backlog == 0 {
             return Err(invalid("http.listen_backlog", "must be at least 1"));

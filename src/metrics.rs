@@ -173,6 +173,9 @@ pub struct Metrics {
     /// Notifications that were not sealed by this schema's functions, or
     /// said what their sender may not say: dropped.
     pub notifications_rejected: Family<ReasonLabel, Counter>,
+    /// HTTP connections at their end, by the deadline that closed them
+    /// (see `http::deadline`).
+    pub connections_closed: Family<ReasonLabel, Counter>,
     /// Horizon marks this relay sent (see `listener::horizon`).
     pub horizon_marks_sent: Counter,
     /// Pointers that announced nothing new (a seq already delivered, or
@@ -230,6 +233,21 @@ fn latency_buckets() -> Histogram {
 }
 
 impl Metrics {
+    /// The `connections_closed` counters, one per reason, for the HTTP
+    /// server's connections to share.
+    pub fn connections_closed_counters(&self) -> crate::http::deadline::ClosedCounters {
+        let counter = |reason| {
+            self.connections_closed
+                .get_or_create(&ReasonLabel { reason })
+                .clone()
+        };
+        crate::http::deadline::ClosedCounters {
+            header_timeout: counter("header_timeout"),
+            write_timeout: counter("write_timeout"),
+            ended: counter("ended"),
+        }
+    }
+
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("eventrelay");
         let metrics = Metrics {
@@ -244,6 +262,7 @@ impl Metrics {
             database_connections_dead: Counter::default(),
             notifications_malformed: Counter::default(),
             notifications_rejected: Family::default(),
+            connections_closed: Family::default(),
             pointers_ignored: Counter::default(),
             history_rewinds: Counter::default(),
             horizon_marks_sent: Counter::default(),
@@ -357,6 +376,11 @@ impl Metrics {
                 .notifications_rejected
                 .get_or_create(&ReasonLabel { reason });
         }
+        registry.register(
+            "connections_closed",
+            "HTTP connections closed, by why: header_timeout, write_timeout (the client took none of a response within http.write_timeout_secs), or ended (by the client, keep-alive or shutdown)",
+            metrics.connections_closed.clone(),
+        );
         registry.register(
             "notifications_rejected",
             "Notifications dropped because they were not sealed with this schema's key, or said what their sender may not say",

@@ -41,7 +41,7 @@ use actix_web::rt::net::TcpStream;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Semaphore;
 
-use super::deadline::Deadlined;
+use super::deadline::{ClosedCounters, Deadlined, Limits};
 
 /// How long a closing connection gets to take its last bytes
 /// (`HttpServer`'s default).
@@ -51,9 +51,11 @@ const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct Settings {
     /// Worker threads; 0: one per core.
     pub workers: usize,
-    /// `http.header_timeout_secs`: the first request's, by actix-http, and
-    /// every later one's, by [`Deadlined`].
-    pub header_timeout: Duration,
+    /// `http.header_timeout_secs` (the first request's, by actix-http, and
+    /// every later one's, by [`Deadlined`]) and `http.write_timeout_secs`.
+    pub limits: Limits,
+    /// Counts each connection at its end.
+    pub closed: Arc<ClosedCounters>,
     /// How long open connections get to finish when the server stops.
     pub shutdown_timeout: Duration,
     /// `http.opening_per_worker`: plain connections each worker reads a
@@ -95,19 +97,23 @@ where
         builder = builder.workers(settings.workers);
     }
     let Settings {
-        header_timeout,
+        limits,
+        closed,
         on_connect,
         opening_per_worker,
         opening_wait,
         ..
     } = settings;
+    let header_timeout = limits.headers;
     let builder = match tls {
         None => builder.listen("eventrelay-http", listener, move || {
             let http = http_builder(address, header_timeout, on_connect).h1(application(&factory));
             // Per worker: a connection is read by the worker it landed on.
             let opening = Arc::new(Semaphore::new(opening_per_worker));
+            let closed = Arc::clone(&closed);
             (move |tcp: TcpStream| {
                 let opening = Arc::clone(&opening);
+                let closed = Arc::clone(&closed);
                 async move {
                     send_at_once(&tcp);
                     first_bytes(&tcp, header_timeout).await?;
@@ -116,7 +122,7 @@ where
                         .ok()
                         .and_then(Result::ok);
                     let peer = tcp.peer_addr().ok();
-                    let stream = Deadlined::new(tcp, header_timeout, true).opening(permit);
+                    let stream = Deadlined::new(tcp, limits, true, closed).opening(permit);
                     Ok::<_, DispatchError>((stream, peer))
                 }
             })
@@ -129,6 +135,7 @@ where
             protocols.append(&mut config.alpn_protocols);
             config.alpn_protocols = protocols;
             builder.listen("eventrelay-https", listener, move || {
+                let closed = Arc::clone(&closed);
                 let http =
                     http_builder(address, header_timeout, on_connect).finish(application(&factory));
                 Acceptor::new(config.clone())
@@ -141,7 +148,7 @@ where
                         send_at_once(tls.get_ref().0);
                         let peer = tls.get_ref().0.peer_addr().ok();
                         let first_timed = protocol == Protocol::Http1;
-                        let stream = Deadlined::new(tls, header_timeout, first_timed);
+                        let stream = Deadlined::new(tls, limits, first_timed, Arc::clone(&closed));
                         ready(Ok::<_, TlsError<std::io::Error, DispatchError>>((
                             stream, protocol, peer,
                         )))

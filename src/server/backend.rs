@@ -95,6 +95,7 @@ pub(super) async fn open_backend(config: &Config) -> Result<Backend, ServeError>
             health: config.listen_health(),
             probe_via: db.clone(),
             ephemeral_max_bytes: config.publish.ephemeral_max_bytes,
+            max_message_bytes: config.database.replication_max_message_bytes,
         }),
     };
     Ok(Backend {

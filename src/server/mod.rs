@@ -261,6 +261,7 @@ pub async fn run_with(
         metrics.connections.clone(),
     ));
     let (open_streams, streams_open, streams_ended) = OpenStreams::channel();
+    let connections_closed = Arc::new(metrics.connections_closed_counters());
     let state = web::Data::new(AppState {
         config: live,
         reload: reload_handle,
@@ -302,7 +303,11 @@ pub async fn run_with(
         tls,
         crate::http::serve::Settings {
             workers: config.http.workers,
-            header_timeout: Duration::from_secs(config.http.header_timeout_secs),
+            limits: crate::http::deadline::Limits {
+                headers: Duration::from_secs(config.http.header_timeout_secs),
+                writes: Duration::from_secs(config.http.write_timeout_secs),
+            },
+            closed: connections_closed,
             shutdown_timeout: shutdown::HTTP_SHUTDOWN_GRACE,
             opening_per_worker: config.http.opening_per_worker,
             opening_wait: Duration::from_millis(config.http.opening_wait_ms),

@@ -33,6 +33,7 @@ use tokio_postgres::config::Host;
 
 use super::forward::{Targets, supervised_forward};
 use crate::actors::relay::Decoded;
+use crate::metrics::ReasonLabel;
 use crate::store::pgoutput::{Change, OutboxDecoder, PgOutputError};
 use crate::store::wakeup::publication_name;
 use crate::store::{Database, StoredEvent};
@@ -61,6 +62,9 @@ pub struct LogicalSource {
     pub probe_via: Database,
     /// The largest ephemeral payload accepted from the stream.
     pub ephemeral_max_bytes: usize,
+    /// The largest replication message read; a larger one ends the stream
+    /// before it is buffered.
+    pub max_message_bytes: usize,
 }
 
 /// Why one stream ended.
@@ -139,6 +143,27 @@ pub(super) async fn stream_forever(
                 tracing::info!(%error, "the server offers no TLS; the replication stream goes without (sslmode=prefer)");
                 plain = true;
                 continue;
+            }
+            Err(StreamError::Replication(PgWireError::MessageTooLarge {
+                payload_bytes,
+                limit_bytes,
+            })) => {
+                // Nothing of it was read. The new stream's slot starts past
+                // it, and the reconnect re-reads every scope from the
+                // outbox: an outbox row that large is delivered from there.
+                tracing::warn!(
+                    payload_bytes,
+                    limit_bytes,
+                    "refused a replication message larger than \
+                     database.replication_max_message_bytes; reconnecting past it"
+                );
+                targets
+                    .metrics
+                    .notifications_rejected
+                    .get_or_create(&ReasonLabel {
+                        reason: "too_large",
+                    })
+                    .inc();
             }
             Err(error) => {
                 tracing::warn!(%error, "replication stream failed; reconnecting");
@@ -570,6 +595,7 @@ fn replication_config(
     // How often the slot hears how far the relay got: the WAL it may free.
     config.status_interval = Duration::from_secs(1);
     config.idle_wakeup_interval = source.health;
+    config.max_message_size = source.max_message_bytes;
     config.application_name = Some(pg.get_application_name().unwrap_or("eventrelay").to_owned());
     config
 }

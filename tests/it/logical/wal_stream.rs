@@ -8,7 +8,7 @@ use std::process::Command;
 
 use crate::support::cluster::Cluster;
 use crate::support::process::{RelayProcess, free_port, relay_config};
-use crate::support::server::{TestServer, token};
+use crate::support::server::{SseStream, TestServer, token};
 use crate::support::{TestDb, eventually};
 use eventrelay::publisher::{NewEvent, Publisher};
 use eventrelay::store::WakeupMode;
@@ -151,6 +151,88 @@ async fn an_ephemeral_event_over_the_notify_limit_travels_when_the_cap_is_raised
     assert_eq!(stream.next_event().await.json()["id"], after.id.to_string());
     let rejected = "eventrelay_notifications_rejected_total{reason=\"not_sealed\"}";
     assert_eq!(server.metric(rejected).await, 1.0);
+}
+
+#[tokio::test]
+async fn a_replication_message_over_the_limit_is_refused_and_its_row_still_arrives() {
+    let (db, _cluster) = TestDb::for_mode(WakeupMode::Logical).await;
+    let server = TestServer::start(&db, |c| {
+        c.database.replication_max_message_bytes = 64 * 1024;
+    });
+    server.ready().await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    let pad = "x".repeat(100_000);
+    let big = db
+        .emit(NewEvent::durable("doc.big", "org-1", json!({"pad": pad})))
+        .await;
+    // Its insert is too large for the stream, which reconnects past it;
+    // the reconnect's re-read from the outbox delivers it.
+    let frame = stream.next_event().await;
+    assert_eq!(frame.json()["id"], big.id.to_string());
+    assert_eq!(
+        frame.json()["data"]["pad"].as_str().map(str::len),
+        Some(100_000)
+    );
+    let refused = "eventrelay_notifications_rejected_total{reason=\"too_large\"}";
+    server.wait_for_metric(refused, |count| count >= 1.0).await;
+    let after = db
+        .emit(NewEvent::durable("after.big", "org-1", json!({})))
+        .await;
+    assert_eq!(stream.next_event().await.json()["id"], after.id.to_string());
+}
+
+#[tokio::test]
+async fn a_huge_logical_message_from_any_role_costs_the_relay_no_memory() {
+    let (db, _cluster) = TestDb::for_mode(WakeupMode::Logical).await;
+    let relay = RelayProcess::spawn(&relay_config(&db, free_port(), ""));
+    relay.ready().await;
+    let response = reqwest::Client::new()
+        .get(format!("{}/v1/events", relay.base))
+        .bearer_auth(token("alice", "org-1", json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = SseStream::new(response);
+    stream.ready().await;
+    let first = db
+        .emit(NewEvent::durable("before.huge", "org-1", json!({})))
+        .await;
+    assert_eq!(stream.next_event().await.json()["id"], first.id.to_string());
+    let peak_before = relay.status_kib("VmHWM");
+
+    // A role with no grant at all may write one.
+    let admin = db.connect().await;
+    admin
+        .batch_execute("CREATE ROLE nobody_special LOGIN")
+        .await
+        .unwrap();
+    let stranger = eventrelay::connect(&db.url.replace("postgres@", "nobody_special@"))
+        .await
+        .unwrap();
+    stranger
+        .execute(
+            "SELECT pg_logical_emit_message(true, $1, repeat('A', 200 * 1024 * 1024))",
+            &[&db.channel.as_str()],
+        )
+        .await
+        .unwrap();
+    let refused = "eventrelay_notifications_rejected_total{reason=\"too_large\"}";
+    eventually("the relay refuses the 200 MiB message", async || {
+        (relay.metric(refused).await >= 1.0).then_some(())
+    })
+    .await;
+    let after = db
+        .emit(NewEvent::durable("after.huge", "org-1", json!({})))
+        .await;
+    assert_eq!(stream.next_event().await.json()["id"], after.id.to_string());
+    let grown_kib = relay.status_kib("VmHWM").saturating_sub(peak_before);
+    assert!(
+        grown_kib < 8 * 1024,
+        "the relay's peak memory grew by {grown_kib} KiB for a 200 MiB message"
+    );
 }
 
 #[tokio::test]
