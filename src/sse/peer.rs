@@ -61,6 +61,27 @@ impl PeerSocket {
         }
     }
 
+    /// Bytes written to the socket that the peer has not acknowledged yet
+    /// (`SIOCOUTQ`): how far the reader is behind, beyond what its own
+    /// receive buffer holds. `None` where the kernel cannot tell.
+    ///
+    /// Must only be called while the connection is open (see
+    /// [`PeerSocket::is_closed`]).
+    pub fn unacknowledged(self) -> Option<usize> {
+        #[cfg(target_os = "linux")]
+        {
+            let mut queued: libc::c_int = 0;
+            // SAFETY: the descriptor is open (see above) and `queued` is
+            // the `int` this request writes.
+            let result = unsafe { libc::ioctl(self.0, libc::TIOCOUTQ, &mut queued) };
+            (result == 0).then(|| usize::try_from(queued).unwrap_or(0))
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            None
+        }
+    }
+
     pub fn is_closed(self) -> bool {
         // SAFETY: the descriptor is the connection's socket, which stays
         // open for as long as the connection's response is being polled

@@ -39,6 +39,17 @@ const MAX_FRAMES_PER_CHUNK: usize = 64;
 /// keeps the distribution (and the first write of each stream is in it).
 const FILL_SAMPLE_EVERY: u32 = 32;
 
+/// How much of a replay may wait for its reader in the kernel before the
+/// next chunk is written. A replay is read far faster than a slow reader
+/// takes it; unpaced, megabytes would queue in the socket, and whatever is
+/// written after them (the `reauth` warning above all) would reach the
+/// reader only once it had read through them, after its token expired.
+/// Held to this, a warning written on time is this far behind at most
+/// (besides the HTTP layer's buffer and the reader's own).
+const REPLAY_AHEAD_BYTES: usize = 128 * 1024;
+/// How often a replay held back looks whether its reader caught up.
+const READER_CHECK_EVERY: Duration = Duration::from_millis(20);
+
 /// Why a stream was cut short rather than ended.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
@@ -154,6 +165,9 @@ pub struct SessionParams {
     /// Whether the connection carries this stream alone (HTTP/1.x), so it
     /// may be cut when a replay stalls past the stream's end.
     pub own_connection: bool,
+    /// `http.write_timeout_secs`: how long a replay holds back for a
+    /// reader that takes nothing (see [`REPLAY_AHEAD_BYTES`]).
+    pub write_timeout: Duration,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -286,6 +300,9 @@ impl Session {
     }
 
     async fn next_chunk(&mut self) -> Option<Result<Bytes, StreamError>> {
+        // While the replay waits for its reader: the unacknowledged bytes
+        // last seen, and since when they have not shrunk.
+        let mut held_back: Option<(usize, Instant)> = None;
         loop {
             // The end holds in every phase: a replay to a slow reader must
             // not outlive the token or the age cap.
@@ -305,6 +322,21 @@ impl Session {
                 // A page goes out a few frames at a time, so a reader that
                 // drains it slowly still sees the stream end on time.
                 Phase::Replay if !self.replay_left.is_empty() => {
+                    if let Some(queued) = self.reader_behind() {
+                        let now = Instant::now();
+                        let since = match held_back {
+                            Some((before, since)) if queued >= before => since,
+                            _ => now,
+                        };
+                        held_back = Some((queued, since));
+                        // A reader that takes nothing for the write timeout
+                        // is held back for no longer: the socket fills, and
+                        // the connection's write deadline closes it.
+                        if now - since < self.params.write_timeout {
+                            tokio::time::sleep(READER_CHECK_EVERY).await;
+                            continue;
+                        }
+                    }
                     let take = self.replay_left.len().min(MAX_FRAMES_PER_CHUNK);
                     let mut batch: Vec<_> = self.replay_left.drain(..take).collect();
                     if let Some(chunk) = self.frames(&mut batch, Source::Replay) {
@@ -347,6 +379,13 @@ impl Session {
                 Phase::Finished => return None,
             }
         }
+    }
+
+    /// How many bytes the reader has yet to acknowledge, when that is more
+    /// than a replay may write ahead of it.
+    fn reader_behind(&self) -> Option<usize> {
+        let queued = self.params.peer?.unacknowledged()?;
+        (queued > REPLAY_AHEAD_BYTES).then_some(queued)
     }
 
     /// What is due at `now` in every phase, checked before every chunk:

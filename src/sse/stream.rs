@@ -257,6 +257,7 @@ pub async fn stream_events(
         replay,
         peer: request.conn_data::<PeerSocket>().copied(),
         own_connection: request.version() < actix_web::http::Version::HTTP_2,
+        write_timeout: Duration::from_secs(config.http.write_timeout_secs),
     };
     let body = Session::new(params, subscriber, receiver, registration).into_stream();
     Ok(HttpResponse::Ok()

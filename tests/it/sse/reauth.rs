@@ -95,3 +95,86 @@ async fn a_token_past_its_expiry_is_refused_even_inside_the_leeway() {
             .contains("expired")
     );
 }
+
+/// A reader far slower than its replay still gets `reauth` before its
+/// token expires: the stream keeps little of the replay queued ahead of
+/// the reader, so the warning is not stuck behind megabytes of it.
+#[tokio::test]
+async fn a_slow_reader_behind_a_long_replay_is_warned_before_its_token_expires() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| c.sse.reauth_lead_secs = 4);
+    server.ready().await;
+    let (mut first, _) = server
+        .subscribe(&token("alice", "org-1", json!({})), None, "")
+        .await;
+    db.emit(NewEvent::durable("doc.mark", "org-1", json!({})))
+        .await;
+    let cursor = first
+        .next_event()
+        .await
+        .id
+        .expect("a durable frame has an id");
+    drop(first);
+    // About 3.2 MB of replay: far more than the reader takes before the
+    // token expires.
+    db.connect()
+        .await
+        .execute(
+            &format!(
+                "SELECT {}.emit('doc.big', 'org-1', jsonb_build_object('pad', repeat('p', 1600))) \
+                 FROM generate_series(1, 2000)",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+
+    // `exp` has whole seconds: 9 to 10 s left at connect.
+    let bearer = token_for("alice", "org-1", json!({}), Duration::from_secs(10));
+    let connected = Instant::now();
+    let expires = connected + Duration::from_secs(9);
+    let mut socket = tokio::net::TcpStream::connect(server.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    socket
+        .write_all(
+            format!(
+                "GET /v1/events HTTP/1.1\r\nHost: relay\r\nAuthorization: Bearer {bearer}\r\n\
+                 Last-Event-ID: {cursor}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    // 160 KB/s: 8 KiB every 50 ms.
+    let mut seen = Vec::new();
+    let mut chunk = vec![0u8; 8 * 1024];
+    let warned = loop {
+        assert!(
+            Instant::now() < expires,
+            "no reauth before the token expired; {} bytes read",
+            seen.len()
+        );
+        let read = socket.read(&mut chunk).await.unwrap();
+        assert!(read > 0, "the stream ended before its warning");
+        seen.extend_from_slice(&chunk[..read]);
+        let tail = &seen[seen.len().saturating_sub(read + 16)..];
+        if tail.windows(13).any(|w| w == b"event: reauth") {
+            break Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        warned < expires,
+        "the warning arrived {:?} after connecting, past the expiry",
+        warned - connected
+    );
+    assert!(
+        seen.len() < 2_000 * 1_600,
+        "the reader had taken the whole replay ({} bytes) before the warning",
+        seen.len()
+    );
+}
