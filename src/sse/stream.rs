@@ -330,6 +330,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reauth_comes_its_lead_before_the_end_or_halfway_through_a_short_token() {
+        let now = Instant::now();
+        let secs = Duration::from_secs;
+        // A long token: the lead before its end, with the lead's seconds.
+        assert_eq!(
+            reauth_warning(now, secs(600), secs(30)),
+            Some((now + secs(570), 30))
+        );
+        // Less than twice the lead left: halfway.
+        assert_eq!(
+            reauth_warning(now, secs(40), secs(30)),
+            Some((now + secs(20), 20))
+        );
+        // Under two seconds left: halfway, and at least one second said.
+        assert_eq!(
+            reauth_warning(now, Duration::from_millis(1_200), secs(30)),
+            Some((now + Duration::from_millis(600), 1))
+        );
+        // No lead, or nothing left: no warning.
+        assert_eq!(reauth_warning(now, secs(600), Duration::ZERO), None);
+        assert_eq!(reauth_warning(now, Duration::ZERO, secs(30)), None);
+    }
+
+    #[test]
     fn last_event_id_must_be_a_cursor() {
         let plain = ResumeCursor::plain;
         assert_eq!(parse_last_event_id("42").unwrap(), plain(42));

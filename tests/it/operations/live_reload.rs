@@ -3,7 +3,6 @@
 //! a configuration that fails validation is refused whole; changed
 //! restart-only settings are named; SIGHUP reloads the real binary.
 
-use std::time::Duration;
 
 use crate::support::process::{RelayProcess, relay_config};
 use crate::support::server::{TestServer, token};
@@ -63,7 +62,6 @@ async fn sse_settings_apply_to_new_connections_and_open_ones_stay() {
 
     // A new stream gets the new heartbeat and the new age cap.
     let mut fresh = server.connect(Some(&alice), None, "").await.unwrap();
-    let started = tokio::time::Instant::now();
     let heartbeat = loop {
         let frame = fresh.next_frame().await.unwrap();
         if frame.comment.is_some() {
@@ -71,8 +69,9 @@ async fn sse_settings_apply_to_new_connections_and_open_ones_stay() {
         }
     };
     assert_eq!(heartbeat.comment.as_deref(), Some("hb"));
+    // Each frame is awaited for at most the tests' deadline: under the
+    // old age cap (minutes) the stream would not end in time.
     assert!(fresh.ends().await);
-    assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 #[tokio::test]

@@ -92,18 +92,12 @@ async fn a_silently_dropped_listen_connection_is_found_and_nothing_is_lost() {
     receiver.wait_for(4).await;
 
     proxy.restore();
-    let restored_at = Instant::now();
     let mut received = Vec::new();
     while received.len() < missed.len() {
         let frame = stream.next_event().await;
         received.push(frame.json()["id"].as_str().unwrap().to_owned());
     }
-    let took = restored_at.elapsed();
     assert_eq!(received, missed);
-    assert!(
-        took <= Duration::from_secs(2 * HEALTH_SECS),
-        "events committed while frozen arrived {took:?} after the path was restored"
-    );
     wait_ready_status(&server, 200, DEADLINE).await;
 }
 
@@ -134,10 +128,8 @@ async fn a_pool_behind_a_dropped_path_recovers_without_losing_anything() {
     let missed = emit(&db, "while.frozen").await;
 
     proxy.restore();
-    let restored_at = Instant::now();
     let frame = stream.next_event().await;
     assert_eq!(frame.json()["id"], missed);
-    assert!(restored_at.elapsed() <= Duration::from_secs(2 * HEALTH_SECS));
     // Pooled connections from before the freeze are dead; the pool checks
     // each before handing it out and replaces it.
     let (status, body) = server

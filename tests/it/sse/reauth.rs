@@ -27,9 +27,10 @@ async fn a_stream_its_token_ends_warns_halfway_through_a_short_token_and_still_e
     assert!(warning.id.is_none(), "a control frame has no id");
     let expires_in = warning.json()["expiresIn"].as_u64().unwrap();
     assert!((1..=2).contains(&expires_in), "{expires_in}");
+    // Never early; when exactly is `reauth_warning`'s unit test.
     assert!(
-        warned >= Duration::from_millis(1_400) && warned <= Duration::from_millis(2_600),
-        "warned {warned:?} after connecting, not halfway"
+        warned >= Duration::from_millis(1_400),
+        "warned {warned:?} after connecting, before halfway"
     );
     // The stream goes on until the token expires, events included.
     let event = db
@@ -38,9 +39,11 @@ async fn a_stream_its_token_ends_warns_halfway_through_a_short_token_and_still_e
     assert_eq!(stream.next_event().await.json()["id"], event.id.to_string());
     assert!(stream.ends().await);
     let ended = connected.elapsed();
+    // Not before the expiry; each frame is awaited for at most the tests'
+    // deadline, so a stream that outlived its token fails above.
     assert!(
-        ended >= Duration::from_millis(2_900) && ended <= Duration::from_millis(4_600),
-        "ended {ended:?} after connecting"
+        ended >= Duration::from_millis(2_900),
+        "ended {ended:?} after connecting, before the token expired"
     );
 }
 
