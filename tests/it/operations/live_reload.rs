@@ -3,7 +3,6 @@
 //! a configuration that fails validation is refused whole; changed
 //! restart-only settings are named; SIGHUP reloads the real binary.
 
-
 use crate::support::process::{RelayProcess, relay_config};
 use crate::support::server::{TestServer, token};
 use crate::support::{TestDb, eventually};

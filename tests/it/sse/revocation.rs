@@ -4,7 +4,6 @@
 //! refused until it expires. The admin API lists who is connected, and the
 //! connection cap counts a subscriber's streams across scopes.
 
-
 use crate::support::server::{TestServer, token};
 use crate::support::{TestDb, eventually};
 use eventrelay::publisher::NewEvent;
