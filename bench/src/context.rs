@@ -1,8 +1,7 @@
 //! What every scenario is handed: the command line ([`Args`]), the sizes
-//! of the run ([`Scale`]) and the bench's schema, with the few things
-//! scenarios keep asking of them (a relay on the bench's settings, an emit
-//! source, nchan when it runs); and the shape of a scenario ([`Scenario`]),
-//! so that the binary is a table of them.
+//! of the run ([`Scale`]), the bench's schema and the few things scenarios
+//! keep asking of them; and the shape of a [`Scenario`], so that the binary
+//! is a table of them.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,50 +38,21 @@ pub struct Args {
     /// Where relay configurations and logs go.
     #[arg(long, default_value = "/tmp/eventrelay-bench")]
     pub work_dir: PathBuf,
-    /// An earlier release `eventrelay` binary, whose HTTP publish
-    /// throughput the publish rows measure side by side (bench/run builds
-    /// one when BASELINE_REV names a commit).
+    /// An earlier release `eventrelay`, for the publish rows side by side.
     #[arg(long)]
     pub baseline_relay_bin: Option<PathBuf>,
-    /// A Postgres with `wal_level = logical`, for the wake-up modes side by
-    /// side (bench/run starts a throwaway one); without it they are skipped.
+    /// A Postgres with `wal_level = logical`, for the wake-up modes.
     #[arg(long)]
     pub logical_database_url: Option<String>,
-    /// Run only these scenarios (comma separated, the names of the binary's
-    /// table: tail, emit, publish, seal, wakeup, wakeup-latency, fanout, …;
-    /// wakeup-latency is the wake-up modes' commit-to-receive rows without
-    /// their emit-cost rounds; box runs only when named).
+    /// Run only these scenarios (comma separated; box runs only when named).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
-    /// Rounds of the floor scenario (each side once per round, the order
-    /// turning from round to round).
+    /// Rounds of the floor scenario.
     #[arg(long, default_value_t = 3)]
     pub floor_rounds: usize,
-    /// Run nchan twice in every round of the floor scenario: its second
-    /// run over its first shows how far two runs of one server land apart
-    /// on this machine, beside each lane's figures over nchan's.
+    /// Run nchan twice in every round of the floor scenario.
     #[arg(long)]
     pub floor_control: bool,
-    /// The floor scenario's loads, as subscribers `x` events per second
-    /// (comma separated, e.g. `1000x100,10000x2`); by default its four
-    /// rows, scaled down with --quick.
-    #[arg(long, value_delimiter = ',', value_parser = crate::scenarios::floor::parse_load)]
-    pub floor_loads: Vec<(usize, f64)>,
-    /// Streams of the box scenario (default 100,000; 12,000 with --quick).
-    #[arg(long)]
-    pub box_streams: Option<usize>,
-    /// `database.pool_size` of the box scenario's relays (default: chosen
-    /// from what Postgres has free, at most 8).
-    #[arg(long)]
-    pub box_pool_size: Option<usize>,
-    /// How the box scenario's subscribers reconnect: `jittered` (as
-    /// eventrelay's browser client, the default) or `immediate` (at once,
-    /// retrying every 50 ms while nothing listens).
-    #[arg(long, default_value = "jittered")]
-    pub box_reconnect: String,
-    /// The box scenario's relays' `http.header_timeout_secs` (default 60).
-    #[arg(long)]
-    pub box_header_timeout: Option<u64>,
 }
 
 /// Sizes and durations of one run.
@@ -129,17 +99,11 @@ impl Context {
         &self.args.database_url
     }
 
-    /// Whether `--only` names `name` (every scenario is wanted without it).
-    pub fn named(&self, name: &str) -> bool {
-        self.args.only.iter().any(|only| only == name)
-    }
-
     /// Relay settings on the bench's database and schema.
     pub fn settings(&self) -> RelaySettings {
         RelaySettings::new(self.db(), &self.schema)
     }
 
-    /// Starts `--relay-bin` with `settings`.
     pub async fn start_relay(&self, settings: RelaySettings) -> BenchResult<RelayProcess> {
         RelayProcess::start(&self.args.relay_bin, &self.args.work_dir, &settings).await
     }
@@ -161,7 +125,6 @@ impl Context {
 /// A scenario's rows, as the table of scenarios holds them.
 pub type Rows<'a> = Pin<Box<dyn Future<Output = BenchResult<()>> + 'a>>;
 
-/// How a scenario runs.
 #[derive(Clone, Copy)]
 pub enum Run {
     /// Before any runtime or other thread exists: for figures read off the
@@ -171,10 +134,10 @@ pub enum Run {
     Async(for<'a> fn(&'a Context, &'a mut Table) -> Rows<'a>),
 }
 
-/// One entry of the binary's table: the names `--only` selects it by,
+/// One entry of the binary's table: the name `--only` selects it by,
 /// whether it runs without `--only`, and its run.
 pub struct Scenario {
-    pub names: &'static [&'static str],
+    pub name: &'static str,
     pub by_default: bool,
     pub run: Run,
 }
@@ -184,7 +147,7 @@ impl Scenario {
         if cx.args.only.is_empty() {
             self.by_default
         } else {
-            self.names.iter().any(|name| cx.named(name))
+            cx.args.only.iter().any(|only| only == self.name)
         }
     }
 }

@@ -23,35 +23,34 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// Every scenario, in the order a full run takes them.
 const SCENARIOS: &[Scenario] = &[
-    scenario(&["tail"], Run::Alone(tail::rows)),
-    scenario(&["emit"], rows!(emit_cost::rows)),
-    scenario(&["publish"], rows!(publish_throughput::rows)),
-    scenario(&["seal"], rows!(seal_cost::rows)),
-    scenario(&["wakeup", "wakeup-latency"], rows!(wakeup::rows)),
-    scenario(&["fanout"], rows!(fanout::rows)),
-    scenario(&["floor"], rows!(floor::rows)),
-    scenario(&["memory"], rows!(connection_heap::rows)),
-    scenario(&["storm"], rows!(storm::rows)),
-    scenario(&["streams"], rows!(streams::rows)),
+    scenario("tail", Run::Alone(tail::rows)),
+    scenario("emit", rows!(emit_cost::rows)),
+    scenario("publish", rows!(publish_throughput::rows)),
+    scenario("seal", rows!(seal_cost::rows)),
+    scenario("wakeup", rows!(wakeup::rows)),
+    scenario("fanout", rows!(fanout::rows)),
+    scenario("floor", rows!(floor::rows)),
+    scenario("memory", rows!(connection_heap::rows)),
+    scenario("storm", rows!(storm::rows)),
+    scenario("streams", rows!(streams::rows)),
     // 100,000 streams over 6 relays: only when named.
     Scenario {
-        names: &["box"],
+        name: "box",
         by_default: false,
         run: rows!(streams::box_rows),
     },
 ];
 
-const fn scenario(names: &'static [&'static str], run: Run) -> Scenario {
+const fn scenario(name: &'static str, run: Run) -> Scenario {
     Scenario {
-        names,
+        name,
         by_default: true,
         run,
     }
 }
 
 fn main() -> BenchResult<()> {
-    // The stream-holding client processes of the streams and box
-    // scenarios, started by the load tool itself.
+    // The stream-holding client processes, started by the load tool itself.
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some(stream_client::SUBCOMMAND) {
         return stream_client::main(&argv[2..]);
@@ -60,7 +59,7 @@ fn main() -> BenchResult<()> {
     let unknown: Vec<&String> = args
         .only
         .iter()
-        .filter(|only| !SCENARIOS.iter().any(|s| s.names.contains(&only.as_str())))
+        .filter(|only| !SCENARIOS.iter().any(|s| s.name == only.as_str()))
         .collect();
     if !unknown.is_empty() {
         return Err(format!("no scenario named {unknown:?}").into());

@@ -1,8 +1,7 @@
-//! Many SSE subscribers over plain TCP, cheap enough to run 10,000 of them
-//! next to the server. Each one sends a `GET`, waits until its stream is
-//! ready, then notes the arrival time of every frame that carries a bench
-//! event number (`"bn":<n>` in its data line), each on a connection of its
-//! own.
+//! Many SSE subscribers over plain TCP in this process, cheap enough to run
+//! 10,000 next to the server: each notes the arrival of every frame that
+//! carries a bench event number (`"bn":<n>` in its data line). Also the
+//! frame parser the stream client processes share.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,7 +36,6 @@ pub struct StreamTarget {
     pub address: SocketAddr,
     pub path: String,
     pub authorization: Option<String>,
-    pub last_event_id: Option<i64>,
     pub ready_when: ReadyWhen,
 }
 
@@ -113,40 +111,46 @@ impl Subscribers {
         }
     }
 
-    pub fn received(&self) -> u64 {
-        self.received.load(Ordering::Relaxed)
-    }
-
     /// Waits until `expected` frames arrived in total, or `patience` passed.
     pub async fn wait_for(&self, expected: u64, patience: Duration) {
         let deadline = tokio::time::Instant::now() + patience;
-        while self.received() < expected && tokio::time::Instant::now() < deadline {
+        while self.received.load(Ordering::Relaxed) < expected
+            && tokio::time::Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
     /// Closes every stream and returns what each saw.
     pub async fn finish(self) -> Vec<StreamOutcome> {
-        self.finish_each()
-            .await
-            .into_iter()
-            .filter_map(Result::ok)
-            .collect()
-    }
-
-    /// Closes every stream and returns what each saw or why it failed, in
-    /// the order of the targets.
-    pub async fn finish_each(self) -> Vec<Result<StreamOutcome, String>> {
         let _ = self.stop.send(true);
         let mut outcomes = Vec::with_capacity(self.tasks.len());
         for task in self.tasks {
-            outcomes.push(match task.await {
-                Ok(outcome) => outcome,
-                Err(error) => Err(format!("the subscriber's task failed: {error}")),
-            });
+            if let Ok(Ok(outcome)) = task.await {
+                outcomes.push(outcome);
+            }
         }
         outcomes
     }
+}
+
+/// Every delivery with a commit time in `log`: (event number, arrival,
+/// latency), in nanoseconds.
+pub fn deliveries<'a>(
+    outcomes: &'a [StreamOutcome],
+    log: &'a CommitLog,
+) -> impl Iterator<Item = (u32, u64, u64)> + 'a {
+    outcomes
+        .iter()
+        .flat_map(|outcome| &outcome.receipts)
+        .filter_map(|receipt| {
+            let committed = log.committed_at(receipt.number as usize)?;
+            Some((
+                receipt.number,
+                receipt.at,
+                receipt.at.saturating_sub(committed),
+            ))
+        })
 }
 
 async fn subscribe(
@@ -187,7 +191,7 @@ async fn read_stream(
         target.address,
         &target.path,
         target.authorization.as_deref(),
-        target.last_event_id,
+        None,
     );
     stream
         .write_all(request.as_bytes())

@@ -1,40 +1,29 @@
-//! The load tool's one stream-holding client, for every scenario that holds
-//! streams open through restarts (`scenarios::streams` for `streams` and
-//! `box`, `scenarios::storm`): the hidden `stream-client` subcommand, which
-//! opens a share of the subscribers from one loopback source address,
-//! keeps them streaming (reconnecting with their `Last-Event-ID` whenever a
-//! stream ends) and reports its figures as JSON lines on stdout, and
-//! [`ClientProcess`], the parent's handle on one such process.
+//! The load tool's stream-holding client processes, for the scenarios that
+//! hold streams through restarts (`streams`, `box`, `storm`): the hidden
+//! `stream-client` subcommand, which opens a share of the subscribers from
+//! a loopback source address of its own (one process holds at most 20,000
+//! files here, one address has about 28,000 ephemeral ports), keeps them
+//! streaming (reconnecting with their `Last-Event-ID`) and reports as JSON
+//! lines on stdout; and [`ClientProcess`], the parent's handle on one.
 //!
-//! One process holds at most 20,000 files here, and one source address has
-//! about 28,000 ephemeral ports, so 100,000 streams need several processes
-//! and several source addresses: each process binds its sockets to its own
-//! address in 127.0.0.0/8 before connecting.
-//!
-//! Protocol, one line each way:
-//! - the parent starts `eventrelay-bench stream-client '<spec JSON>'`;
-//! - the child prints `{"event":"all_streaming","phase":0,...}` once every
-//!   stream is ready, and the same for each later phase;
-//! - `status` answers `{"event":"status",...}` with the distinct events
-//!   received so far;
-//! - `report` writes the arrival time of every event received in the
-//!   first phase to a file and answers `{"event":"report",...}` with the
-//!   phase's counters, so the parent has the fan-out's figures before
-//!   anything else can go wrong;
-//! - `phase` starts a new phase (fresh refusal, reset and connect-time
-//!   counters; arrivals are no longer timed);
-//! - `finish <emitted> <patience_ms>` waits until every stream holds every
+//! Commands, one line each on stdin:
+//! - `status`: the distinct events received so far;
+//! - `report`: writes the arrival time of every event received in the
+//!   first phase to a file and answers with the phase's counters;
+//! - `phase`: starts a new phase (fresh counters; arrivals no longer timed);
+//! - `finish <emitted> <patience_ms>`: waits until every stream holds every
 //!   event below `emitted` of its scope (or the patience ends), closes
-//!   every stream and prints `{"event":"finished",...}` with every
-//!   phase's counters; the process then exits.
+//!   them all and answers with every phase's counters, then exits.
 //!
-//! Arrival times are `CLOCK_REALTIME` nanoseconds, the one clock the
-//! parent (which records commit times) and every child share.
+//! The child also says `all_streaming` once every stream of a phase is
+//! ready. Times are `CLOCK_REALTIME` nanoseconds, the one clock the parent
+//! (which records commit times) and every child share.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
-use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -80,16 +69,6 @@ pub enum Reconnect {
 }
 
 impl Reconnect {
-    pub fn parse(name: &str) -> BenchResult<Reconnect> {
-        match name {
-            "immediate" => Ok(Reconnect::Immediate),
-            "jittered" => Ok(Reconnect::Jittered),
-            other => {
-                Err(format!("unknown reconnect policy {other:?}: immediate or jittered").into())
-            }
-        }
-    }
-
     /// The wait after a stream that was streaming ended.
     fn after_end(self) -> Duration {
         match self {
@@ -118,16 +97,14 @@ const READ_BUFFER: usize = 64 * 1024;
 /// What one client process opens.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ClientSpec {
-    /// Which client this is (0-based); names its receipts file.
+    /// Which client this is (0-based): names its receipts file and picks its
+    /// source address, 127.0.0.2–9 in turn.
     pub index: usize,
-    /// The source address every socket binds to before connecting.
-    pub source: IpAddr,
     /// The relays' ports on 127.0.0.1.
     pub relay_ports: Vec<u16>,
-    /// Global index of this client's first stream, and how many it opens.
-    /// Stream `g` goes to relay `g % relays` and scope `(g / relays) % scopes`.
-    pub first: usize,
-    pub count: usize,
+    /// The global indexes of its streams: stream `g` goes to relay
+    /// `g % relays` and scope `(g / relays) % scopes`.
+    pub streams: Range<usize>,
     pub scopes: usize,
     pub scope_prefix: String,
     /// Every stream first connects resuming after this id, if any.
@@ -142,6 +119,23 @@ impl ClientSpec {
     fn receipts_path(&self) -> PathBuf {
         self.work_dir
             .join(format!("stream-client-{}.receipts", self.index))
+    }
+
+    /// Starts `processes` clients from `binary` sharing this spec's streams,
+    /// numbered from its index.
+    pub fn spawn(&self, binary: &Path, processes: usize) -> BenchResult<Vec<ClientProcess>> {
+        let per_client = self.streams.len().div_ceil(processes).max(1);
+        let shares = self.streams.clone().step_by(per_client).enumerate();
+        shares
+            .map(|(i, first)| {
+                let spec = ClientSpec {
+                    index: self.index + i,
+                    streams: first..self.streams.end.min(first + per_client),
+                    ..self.clone()
+                };
+                ClientProcess::spawn(binary, &spec)
+            })
+            .collect()
     }
 }
 
@@ -517,16 +511,18 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     });
     let (mut phase, mut tally) = shared.next_phase();
     let handshakes = Arc::new(Semaphore::new(spec.connect_concurrency.max(1)));
-    let mut tasks = Vec::with_capacity(spec.count);
+    let count = spec.streams.len();
+    let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (spec.index % 8) as u8));
+    let mut tasks = Vec::with_capacity(count);
     let mut expected_per_scope = vec![0u64; spec.scopes];
-    for global in spec.first..spec.first + spec.count {
+    for global in spec.streams.clone() {
         let (relay, scope) = placement(global, relays, spec.scopes);
         expected_per_scope[scope] += 1;
         let stream = Stream {
             relay,
             scope,
             address: SocketAddr::from(([127, 0, 0, 1], spec.relay_ports[relay])),
-            source: spec.source,
+            source,
             authorization: format!(
                 "Bearer {}",
                 subscriber_token(
@@ -559,10 +555,8 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     let mut reported = false;
     let finish = loop {
         if !reported
-            && shared.streaming.load(Ordering::Relaxed) >= spec.count
-            && tally
-                .lock()
-                .is_ok_and(|t| t.streams_opened >= spec.count as u64)
+            && shared.streaming.load(Ordering::Relaxed) >= count
+            && tally.lock().is_ok_and(|t| t.streams_opened >= count as u64)
         {
             reported = true;
             say(&json!({"event": "all_streaming", "phase": phase, "at": realtime_ns()}));
@@ -673,7 +667,7 @@ pub struct ClientProcess {
 
 impl ClientProcess {
     /// Starts `binary stream-client` with `spec`.
-    pub fn spawn(binary: &std::path::Path, spec: &ClientSpec) -> BenchResult<ClientProcess> {
+    fn spawn(binary: &Path, spec: &ClientSpec) -> BenchResult<ClientProcess> {
         let mut child = Command::new(binary)
             .arg(SUBCOMMAND)
             .arg(serde_json::to_string(spec)?)

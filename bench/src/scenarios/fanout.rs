@@ -1,7 +1,8 @@
-//! Fan-out: N SSE subscribers spread over S scopes, events published at a
-//! fixed rate (or unthrottled), against any server that speaks SSE. Measures
-//! deliveries per second, commit-to-receive latency, server CPU per 1,000
-//! deliveries, server RSS, and the RSS of the idle connections.
+//! Fan-out (`--only fanout`): N SSE subscribers over S scopes, events
+//! published at a fixed rate or unthrottled, against eventrelay or nchan:
+//! deliveries per second, latency, server CPU per 1,000 deliveries, server
+//! RSS, and the RSS of the idle connections. The floor and the wake-up
+//! modes build on its run.
 
 use crate::context::Context;
 use crate::report::{Table, ms, size, verdict};
@@ -14,12 +15,12 @@ use crate::BenchResult;
 use crate::clock::{CommitLog, Percentiles};
 use crate::proc_stats::{self, Usage};
 use crate::publish::{Pace, Source, publish_for};
-use crate::sse_load::{ReadyWhen, StreamTarget, Subscribers};
+use crate::sse_load::{ReadyWhen, StreamTarget, Subscribers, deliveries};
 
 /// Handshakes in flight while subscribers connect.
-const CONNECT_CONCURRENCY: usize = 200;
+pub(crate) const CONNECT_CONCURRENCY: usize = 200;
 /// Longest wait for the last deliveries after publishing stops.
-const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
+pub(crate) const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
 /// Event numbers available to an unthrottled run.
 const UNTHROTTLED_CAPACITY: usize = 1 << 21;
 
@@ -54,14 +55,12 @@ impl Server {
                     "Bearer {}",
                     crate::subscriber_token(&format!("s{subscriber}"), scope)
                 )),
-                last_event_id: None,
                 ready_when: ReadyWhen::ReadyEvent,
             },
             Server::Nchan { address, .. } => StreamTarget {
                 address: *address,
                 path: "/sub".to_owned(),
                 authorization: None,
-                last_event_id: None,
                 ready_when: ReadyWhen::HeadersEnd,
             },
         }
@@ -121,22 +120,9 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
 
     let scopes = plan.scopes;
     let scope_of = Arc::new(move |number: usize| scope_name(number % scopes));
-    let published = publish_for(
-        &plan.source,
-        scope_of,
-        plan.pace,
-        plan.duration,
-        plan.writers,
-        Arc::clone(&log),
-    )
-    .await;
-    let published = match published {
-        Ok(published) => published,
-        Err(error) => {
-            subscribers.finish().await;
-            return Err(error);
-        }
-    };
+    let (pace, duration, writers) = (plan.pace, plan.duration, plan.writers);
+    let log_for = Arc::clone(&log);
+    let published = publish_for(&plan.source, scope_of, pace, duration, writers, log_for).await?;
     let expected = (published * per_scope) as u64;
     subscribers.wait_for(expected, DRAIN_PATIENCE).await;
     let after = proc_stats::usage(server.pids());
@@ -145,16 +131,11 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
     let mut latencies = Vec::with_capacity(expected as usize);
     let mut first_arrivals = HashMap::with_capacity(published);
     let mut last_receipt = 0u64;
-    for outcome in &outcomes {
-        for receipt in &outcome.receipts {
-            if let Some(committed) = log.committed_at(receipt.number as usize) {
-                let latency = receipt.at.saturating_sub(committed);
-                latencies.push(latency);
-                let first = first_arrivals.entry(receipt.number).or_insert(latency);
-                *first = (*first).min(latency);
-                last_receipt = last_receipt.max(receipt.at);
-            }
-        }
+    for (number, at, latency) in deliveries(&outcomes, &log) {
+        latencies.push(latency);
+        let first = first_arrivals.entry(number).or_insert(latency);
+        *first = (*first).min(latency);
+        last_receipt = last_receipt.max(at);
     }
     let mut first_arrivals: Vec<u64> = first_arrivals.into_values().collect();
     let delivered = latencies.len() as u64;

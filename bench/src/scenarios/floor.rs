@@ -1,22 +1,14 @@
-//! Latency at the floor: eventrelay's two lanes of HTTP publish (durable
-//! and ephemeral) against nchan, an in-memory broker, at the same loads
-//! and in rounds of alternating order (nchan's own figures swing from
-//! run to run, so each side meets every stretch of the machine's time).
-//! With the control, nchan runs twice per round, and its second run over
-//! its first is the spread two runs of one server show on this machine.
-//! Also measured in the same run: what one commit costs on this machine
-//! (a one-row commit loop, with and without waiting for the flush, back to
-//! back and at each load's pace), what the relay's own publishing
-//! statement costs at each load's pace with no relay running (until its
-//! commit is answered, and until a listening connection hears it: the
-//! database's part of the durable lane, which no relay in the notify
-//! wake-up mode can go under), and where eventrelay's time goes, stage by
-//! stage, from the relay's `eventrelay_latency_stage_seconds` histograms.
+//! Latency at the floor (`--only floor`): eventrelay's two lanes of HTTP
+//! publish (durable and ephemeral) against nchan at the same loads, in
+//! rounds of turning order, since nchan's own figures swing from run to
+//! run; `--floor-control` runs nchan twice per round, the spread two runs
+//! of one server show here. Also timed: one commit on this machine (back
+//! to back and at each load's pace), the relay's publishing statement at
+//! each load's pace with no relay running (the database's part of the
+//! durable lane, which no relay in notify mode can go under), and the
+//! relay's stages from its `eventrelay_latency_stage_seconds` histograms.
 
-use crate::context::Context;
-use crate::report::{Table, median, ms, verdict};
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use eventrelay::publisher::{
@@ -26,30 +18,27 @@ use eventrelay::store::Database;
 
 use crate::BenchResult;
 use crate::clock::Percentiles;
+use crate::context::Context;
 use crate::metrics::Metrics;
 use crate::publish::{Pace, Source, TICK_TYPE, event_data};
-use crate::relay_process::{RelayProcess, RelaySettings};
+use crate::report::{Table, median, ms, verdict};
 use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
 
 /// One-row commits per measurement of the commit time.
 const COMMITS: usize = 400;
 
-/// One-row commits timed at a load's pace: about five seconds' worth,
-/// and enough for a p99 even at the slowest load.
+/// One-row commits timed at a load's pace: about five seconds' worth, and
+/// enough for a p99 even at the slowest load.
 fn paced_commits(per_second: f64) -> usize {
     ((per_second * 5.0).round() as usize).clamp(20, 200)
 }
 
-/// The sides, in the order of the first round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
     Nchan,
     Durable,
     Ephemeral,
-    /// nchan once more in the same round (`--floor-control`): two runs of
-    /// one unchanged server, whose quotient is how far apart two runs of a
-    /// round land by the machine alone, the band inside which a lane's
-    /// quotient over nchan's says nothing either way.
+    /// nchan once more in the same round (`--floor-control`).
     NchanAgain,
 }
 
@@ -71,20 +60,16 @@ impl Side {
     }
 }
 
-/// The sides of round `round`, each round starting one later than the one
-/// before (N D E, D E N, E N D, ...).
-///
-/// With the control, nchan's two runs take turns with the lanes (D N E N',
-/// E N D N', D N' E N, E N' D N, ...), so that every run of nchan comes
-/// right after one of the relay's, as nchan's one run does without the
-/// control: run right after itself, nchan's median was 1.5 times as long
-/// with 10,000 subscribers at 2 events a second.
+/// The sides of round `round`, each round starting one later (N D E,
+/// D E N, ...). With the control, nchan's two runs take turns with the
+/// lanes (D N E N', E N D N', D N' E N, ...), so that every run of nchan
+/// comes right after one of the relay's: run right after itself, nchan's
+/// median was 1.5 times as long with 10,000 subscribers at 2 events a second.
 pub fn round_order(round: usize, control: bool) -> Vec<Side> {
     use Side::*;
     if !control {
         let mut order = vec![Nchan, Durable, Ephemeral];
-        let turn = round % order.len();
-        order.rotate_left(turn);
+        order.rotate_left(round % 3);
         return order;
     }
     let lanes = if round % 2 == 0 {
@@ -100,22 +85,6 @@ pub fn round_order(round: usize, control: bool) -> Vec<Side> {
     vec![lanes[0], nchan[0], lanes[1], nchan[1]]
 }
 
-pub struct FloorPlan<'a> {
-    pub relay_bin: &'a Path,
-    pub work_dir: &'a Path,
-    pub database_url: &'a str,
-    pub schema: &'a str,
-    /// nchan's subscriber side and its publisher URL; without them the
-    /// rounds hold eventrelay's lanes only.
-    pub nchan: Option<(Server, String)>,
-    /// Subscribers and events per second of each load.
-    pub loads: Vec<(usize, f64)>,
-    pub duration: Duration,
-    pub rounds: usize,
-    /// Run nchan twice per round (needs nchan).
-    pub control: bool,
-}
-
 /// One load's runs.
 pub struct LoadFigures {
     pub subscribers: usize,
@@ -124,11 +93,9 @@ pub struct LoadFigures {
     pub runs: Vec<(Side, FanoutFigures)>,
     /// The relay's stage histograms over all runs of a lane.
     pub stages: Vec<(Side, Stages)>,
-    /// One-row commits (with the flush) made as often as this load's
-    /// events, before its runs.
+    /// One-row commits, and the relay's publishing statement, timed as
+    /// often as this load's events come, before its runs.
     pub paced_commit: Percentiles,
-    /// The relay's publishing statement, as often as this load's events,
-    /// before its runs.
     pub announced: AnnouncedCommit,
 }
 
@@ -143,8 +110,7 @@ impl LoadFigures {
     }
 }
 
-/// One-row commits on this machine: the whole statement round trip with
-/// the flush (`synchronous_commit = on`) and without it.
+/// One-row commits with the flush (`synchronous_commit = on`) and without.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CommitTime {
     pub flushed: Percentiles,
@@ -158,81 +124,51 @@ impl CommitTime {
     }
 }
 
-pub struct FloorFigures {
-    /// Measured before the loads and after them.
-    pub commit: [CommitTime; 2],
-    pub loads: Vec<LoadFigures>,
-}
-
-pub async fn run(plan: &FloorPlan<'_>) -> BenchResult<FloorFigures> {
-    let before = commit_time(plan.database_url, plan.schema).await?;
-    let mut loads = Vec::new();
-    for (index, &(subscribers, per_second)) in plan.loads.iter().enumerate() {
-        loads.push(run_load(plan, index, subscribers, per_second).await?);
+/// Both lanes of HTTP publish against nchan at four loads, with the
+/// machine's commit time measured before and after them.
+pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
+    let (small, large) = (cx.scale.small_fanout, cx.scale.large_fanout);
+    let loads = [(small, 100.0), (small, 20.0), (large, 10.0), (large, 2.0)];
+    let before = commit_time(cx.db(), &cx.schema).await?;
+    let mut figures = Vec::new();
+    for (index, (subscribers, per_second)) in loads.into_iter().enumerate() {
+        figures.push(run_load(cx, index, subscribers, per_second).await?);
     }
-    let after = commit_time(plan.database_url, plan.schema).await?;
-    Ok(FloorFigures {
-        commit: [before, after],
-        loads,
-    })
+    let after = commit_time(cx.db(), &cx.schema).await?;
+    report([before, after], &figures, table);
+    Ok(())
 }
 
 async fn run_load(
-    plan: &FloorPlan<'_>,
+    cx: &Context,
     index: usize,
     subscribers: usize,
     per_second: f64,
 ) -> BenchResult<LoadFigures> {
-    let paced_commit = paced_commit_time(
-        plan.database_url,
-        plan.schema,
-        per_second,
-        paced_commits(per_second),
-    )
-    .await?;
-    let announced = announced_commit_time(
-        plan.database_url,
-        plan.schema,
-        per_second,
-        paced_commits(per_second),
-    )
-    .await?;
+    let (db, schema, commits) = (cx.db(), cx.schema.as_str(), paced_commits(per_second));
+    let paced_commit = paced_commit_time(db, schema, per_second, commits).await?;
+    let announced = announced_commit_time(db, schema, per_second, commits).await?;
     // One relay serves both lanes; the stage histograms are read around
     // each run, so each lane's stages are its own.
-    let relay = RelayProcess::start(
-        plan.relay_bin,
-        plan.work_dir,
-        &RelaySettings::new(plan.database_url, plan.schema).in_own_session(),
-    )
-    .await?;
-    let ours = Server::Eventrelay {
-        address: relay.address(),
-        pids: vec![relay.pid()],
-    };
+    let relay = cx.start_relay(cx.settings().in_own_session()).await?;
+    let ours = Server::of(&relay);
+    let nchan = cx.nchan();
     let mut runs = Vec::new();
-    let mut stages: Vec<(Side, Stages)> = vec![
+    let mut stages = vec![
         (Side::Durable, Stages::default()),
         (Side::Ephemeral, Stages::default()),
     ];
-    for round in 0..plan.rounds {
-        for side in round_order(round, plan.control) {
-            let (server, source) = match side {
-                Side::Nchan | Side::NchanAgain => match &plan.nchan {
-                    Some((server, url)) => (server, Source::Nchan { url: url.clone() }),
-                    None => continue,
-                },
-                Side::Durable => (
-                    &ours,
-                    Source::HttpPublish {
-                        base: relay.base.clone(),
-                    },
-                ),
-                Side::Ephemeral => (
-                    &ours,
-                    Source::HttpPublishEphemeral {
-                        base: relay.base.clone(),
-                    },
-                ),
+    for round in 0..cx.args.floor_rounds {
+        for side in round_order(round, cx.args.floor_control) {
+            let base = relay.base.clone();
+            let (server, source) = match (side, &nchan) {
+                (Side::Nchan | Side::NchanAgain, None) => continue,
+                (Side::Nchan | Side::NchanAgain, Some((address, server))) => {
+                    let url = format!("http://{address}/pub");
+                    (server, Source::Nchan { url })
+                }
+                (Side::Durable, _) => (&ours, Source::HttpPublish { base }),
+                (Side::Ephemeral, _) => (&ours, Source::HttpPublishEphemeral { base }),
             };
             eprintln!(
                 "floor: {subscribers} subs × {per_second} ev/s, round {}, {}",
@@ -240,19 +176,19 @@ async fn run_load(
                 side.label()
             );
             let before = Stages::parse(&relay.metrics().await);
-            let fanout_plan = FanoutPlan {
+            let plan = FanoutPlan {
                 subscribers,
                 scopes: 1,
                 scope_prefix: format!("floor-{index}-{round}-{side:?}"),
                 pace: Pace::PerSecond(per_second),
-                duration: plan.duration,
+                duration: cx.scale.fixed_run,
                 writers: 4,
                 source,
             };
-            let figures = fanout::run(&fanout_plan, server).await?;
+            let figures = fanout::run(&plan, server).await?;
             if let Some((_, total)) = stages.iter_mut().find(|(s, _)| *s == side) {
-                let after = Stages::parse(&relay.metrics().await);
-                total.add(&after.minus(&before));
+                total.add(&Stages::parse(&relay.metrics().await), 1.0);
+                total.add(&before, -1.0);
             }
             runs.push((side, figures));
         }
@@ -267,10 +203,10 @@ async fn run_load(
     })
 }
 
-/// The scenario's rows: the commit time, each side's runs per load, the
-/// targets, and eventrelay's stage breakdown per lane.
-pub fn report(figures: &FloorFigures, table: &mut Table) {
-    let [before, after] = figures.commit;
+/// The commit time, each side's runs per load, the targets, and the
+/// relay's stages per lane.
+fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
+    let [before, after] = commit;
     table.add(
         "floor: one-row commit on this machine, before / after the loads",
         format!(
@@ -289,7 +225,7 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
     // The smaller of the two measurements: the stricter target.
     let commit_p50 = before.flushed.p50.min(after.flushed.p50);
     let commit_p99 = before.flushed.p99.min(after.flushed.p99);
-    for load in &figures.loads {
+    for load in loads {
         let name = format!(
             "{} subs × {:.0} ev/s",
             thousands(load.subscribers),
@@ -367,16 +303,11 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
             let ephemeral_met = ephemeral.1 <= nchan.1 && (large || ephemeral.0 <= nchan.0);
             let (commit50, commit99) = (millis(commit_p50), millis(commit_p99));
             let durable_met = durable.0 <= nchan.0 + commit50 && durable.1 <= nchan.1 + commit99;
-            // For the reader: a commit made as seldom as this load's costs
-            // more than one of a back-to-back loop (every process it
-            // involves has gone idle in between). The verdict keeps the
-            // back-to-back figure, the stricter one.
+            // A commit made as seldom as this load's costs more than one
+            // back to back; the verdict keeps the stricter, back-to-back one.
             let (paced50, paced99) = (millis(load.paced_commit.p50), millis(load.paced_commit.p99));
             let durable_met_at_pace =
                 durable.0 <= nchan.0 + paced50 && durable.1 <= nchan.1 + paced99;
-            // The durable lane's distance from nchan at the median, and how
-            // much of it the database alone takes to announce a commit at
-            // this pace: what is left is the relay's own.
             let heard50 = millis(load.announced.heard.p50);
             table.add(
                 format!("floor {name}: targets on the medians"),
@@ -424,12 +355,9 @@ pub fn report(figures: &FloorFigures, table: &mut Table) {
     }
 }
 
-/// Each lane's p50 and p99 divided by nchan's of the same round, per
-/// round, with their medians: nchan's own figures swing from round to
-/// round with the machine, and a round's three runs are minutes apart, so
-/// these quotients move less between runs than the figures themselves.
-/// With the control, nchan's second run of each round over its first
-/// comes last: the spread two runs of one server show. `None` without
+/// Each lane's p50 and p99 over nchan's of the same round, per round, with
+/// their medians (these move less between runs than the figures); with the
+/// control, nchan's second run over its first comes last. `None` without
 /// nchan.
 fn against_nchan_by_round(load: &LoadFigures) -> Option<String> {
     let nchan = load.of(Side::Nchan);
@@ -456,11 +384,9 @@ fn against_nchan_by_round(load: &LoadFigures) -> Option<String> {
     Some(parts.join(" · "))
 }
 
-/// With the control: the range of nchan's second run over its first, at
-/// the p50 and the p99, and where each lane's median quotient lies
-/// against it (`under`, `inside` or `above`). A lane inside the range is
-/// as far from nchan as nchan is from itself on this machine: the run
-/// cannot tell the two apart. `None` without the control.
+/// With the control: the range of nchan's second run over its first, and
+/// where each lane's median quotient lies against it. A lane inside it is
+/// as far from nchan as nchan is from itself. `None` without the control.
 fn against_nchan_spread(load: &LoadFigures) -> Option<String> {
     let nchan = load.of(Side::Nchan);
     let again = load.of(Side::NchanAgain);
@@ -600,14 +526,11 @@ pub struct AnnouncedCommit {
     pub heard: Percentiles,
 }
 
-/// Writes `commits` durable events one at a time, one every
-/// `1 / per_second` seconds, exactly as the relay writes a publish request
-/// of one event: the relay's publisher, announcing its own rows, on a
-/// connection of the relay's pool with its statements prepared, `BEGIN`,
-/// the statement and `COMMIT` in one round trip. No relay runs meanwhile,
-/// so the notification is heard by this connection only. The time until it
-/// is heard is the least a relay in the notify wake-up mode can take from
-/// a publish to its first write: everything after is the relay's own.
+/// Writes `commits` durable events, one every `1 / per_second` seconds, as
+/// the relay writes a publish request of one event (its publisher and
+/// pool, statements prepared, `BEGIN`, statement and `COMMIT` in one round
+/// trip), with no relay running: the time until it is heard is the least
+/// a relay in notify mode can take from a publish to its first write.
 pub async fn announced_commit_time(
     database_url: &str,
     schema: &str,
@@ -712,12 +635,10 @@ async fn timed_commits(
     Ok(Percentiles::of(&mut samples))
 }
 
-/// The stages of the relay's latency histograms, as `/metrics` serves
-/// them (cumulative counts per bucket).
+/// The relay's stage histograms as `/metrics` serves them (cumulative
+/// counts per bucket), by stage.
 #[derive(Debug, Clone, Default)]
-pub struct Stages {
-    by_stage: BTreeMap<String, StageHistogram>,
-}
+pub struct Stages(BTreeMap<String, StageHistogram>);
 
 #[derive(Debug, Clone, Default)]
 pub struct StageHistogram {
@@ -728,7 +649,7 @@ pub struct StageHistogram {
 }
 
 /// The stages in the order an event passes them.
-pub const STAGE_ORDER: [&str; 7] = [
+const STAGE_ORDER: [&str; 7] = [
     "parse",
     "group_wait",
     "commit",
@@ -738,19 +659,17 @@ pub const STAGE_ORDER: [&str; 7] = [
     "session",
 ];
 
-const METRIC: &str = "eventrelay_latency_stage_seconds";
-
 impl Stages {
     pub fn parse(metrics: &Metrics) -> Stages {
         let mut stages = Stages::default();
         for sample in &metrics.samples {
-            let Some(kind) = sample.name.strip_prefix(METRIC) else {
+            let (Some(kind), Some(stage)) = (
+                sample.name.strip_prefix("eventrelay_latency_stage_seconds"),
+                sample.label("stage"),
+            ) else {
                 continue;
             };
-            let Some(stage) = sample.label("stage") else {
-                continue;
-            };
-            let histogram = stages.by_stage.entry(stage.to_owned()).or_default();
+            let histogram = stages.0.entry(stage.to_owned()).or_default();
             match (kind, sample.label("le")) {
                 ("_sum", _) => histogram.sum = sample.value,
                 ("_count", _) => histogram.count = sample.value,
@@ -761,73 +680,38 @@ impl Stages {
                 _ => {}
             }
         }
-        for histogram in stages.by_stage.values_mut() {
+        for histogram in stages.0.values_mut() {
             histogram.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
         stages
     }
 
-    /// What was observed between `earlier` and this.
-    pub fn minus(&self, earlier: &Stages) -> Stages {
-        let mut by_stage = BTreeMap::new();
-        for (stage, now) in &self.by_stage {
-            let then = earlier.by_stage.get(stage).cloned().unwrap_or_default();
-            by_stage.insert(stage.clone(), now.combined(&then, -1.0));
-        }
-        Stages { by_stage }
-    }
-
-    /// Adds `other`'s observations to these.
-    pub fn add(&mut self, other: &Stages) {
-        for (stage, more) in &other.by_stage {
-            let entry = self.by_stage.entry(stage.clone()).or_default();
-            *entry = entry.combined(more, 1.0);
+    /// Adds `sign` × `other`'s observations, stage by stage and bucket by
+    /// bucket (the same bounds, or none yet): −1 takes an earlier reading
+    /// off a later one.
+    pub fn add(&mut self, other: &Stages, sign: f64) {
+        for (stage, theirs) in &other.0 {
+            let ours = self.0.entry(stage.clone()).or_default();
+            if ours.buckets.is_empty() {
+                ours.buckets = theirs.buckets.iter().map(|(b, _)| (*b, 0.0)).collect();
+            }
+            for (bound, n) in &mut ours.buckets {
+                let found = theirs.buckets.iter().find(|(b, _)| b == bound);
+                *n += sign * found.map_or(0.0, |(_, n)| *n);
+            }
+            ours.sum += sign * theirs.sum;
+            ours.count += sign * theirs.count;
         }
     }
 
     pub fn stage(&self, name: &str) -> Option<&StageHistogram> {
-        self.by_stage.get(name).filter(|h| h.count > 0.0)
+        self.0.get(name).filter(|h| h.count > 0.0)
     }
 }
 
 impl StageHistogram {
-    /// `self + sign × other`, bucket by bucket (the same bounds, or none).
-    fn combined(&self, other: &StageHistogram, sign: f64) -> StageHistogram {
-        let buckets = if self.buckets.is_empty() {
-            other
-                .buckets
-                .iter()
-                .map(|(bound, n)| (*bound, sign * n))
-                .collect()
-        } else {
-            self.buckets
-                .iter()
-                .map(|(bound, n)| {
-                    let theirs = other
-                        .buckets
-                        .iter()
-                        .find(|(b, _)| b == bound)
-                        .map_or(0.0, |(_, n)| *n);
-                    (*bound, n + sign * theirs)
-                })
-                .collect()
-        };
-        StageHistogram {
-            buckets,
-            sum: self.sum + sign * other.sum,
-            count: self.count + sign * other.count,
-        }
-    }
-
-    pub fn count(&self) -> f64 {
-        self.count
-    }
-
     pub fn mean(&self) -> Duration {
-        if self.count <= 0.0 {
-            return Duration::ZERO;
-        }
-        Duration::from_secs_f64((self.sum / self.count).max(0.0))
+        Duration::from_secs_f64((self.sum / self.count.max(f64::MIN_POSITIVE)).max(0.0))
     }
 
     /// The `q` quantile, interpolated inside its bucket (as Prometheus's
@@ -854,58 +738,11 @@ impl StageHistogram {
     }
 }
 
-/// One load of `--floor-loads`: `1000x100` is 1,000 subscribers and 100
-/// events per second.
-pub fn parse_load(text: &str) -> Result<(usize, f64), String> {
-    let invalid =
-        || format!("`{text}` is not a load: write subscribers x events per second, as `1000x100`");
-    let (subscribers, rate) = text.split_once(['x', '×']).ok_or_else(invalid)?;
-    let subscribers: usize = subscribers.trim().parse().map_err(|_| invalid())?;
-    let rate: f64 = rate.trim().parse().map_err(|_| invalid())?;
-    if subscribers == 0 || !(rate > 0.0 && rate.is_finite()) {
-        return Err(invalid());
-    }
-    Ok((subscribers, rate))
-}
-
-/// Latency at the floor: both lanes of HTTP publish against nchan, at
-/// four loads, in alternating rounds, with the machine's commit time and
-/// the relay's stage breakdown (see `scenarios::floor`).
-pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
-    let nchan = cx
-        .nchan()
-        .map(|(address, server)| (server, format!("http://{address}/pub")));
-    let plan = FloorPlan {
-        relay_bin: &cx.args.relay_bin,
-        work_dir: &cx.args.work_dir,
-        database_url: cx.db(),
-        schema: &cx.schema,
-        nchan,
-        loads: if cx.args.floor_loads.is_empty() {
-            vec![
-                (cx.scale.small_fanout, 100.0),
-                (cx.scale.small_fanout, 20.0),
-                (cx.scale.large_fanout, 10.0),
-                (cx.scale.large_fanout, 2.0),
-            ]
-        } else {
-            cx.args.floor_loads.clone()
-        },
-        duration: cx.scale.fixed_run,
-        rounds: cx.args.floor_rounds,
-        control: cx.args.floor_control,
-    };
-    let figures = run(&plan).await?;
-    report(&figures, table);
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const TEXT: &str = "\
-# HELP eventrelay_latency_stage_seconds Time events spend in each stage.
 eventrelay_latency_stage_seconds_sum{stage=\"commit\"} 0.03
 eventrelay_latency_stage_seconds_count{stage=\"commit\"} 20
 eventrelay_latency_stage_seconds_bucket{le=\"0.001\",stage=\"commit\"} 0
@@ -916,49 +753,60 @@ eventrelay_events_delivered_total 5
 ";
 
     #[test]
-    fn quantiles_are_interpolated_inside_their_bucket() {
-        let stages = Stages::parse(&Metrics::parse(TEXT));
-        let commit = stages.stage("commit").unwrap();
-        assert_eq!(commit.count(), 20.0);
-        let mean = commit.mean().as_secs_f64();
-        assert!((mean - 0.0015).abs() < 1e-9, "{mean}");
+    fn stage_quantiles_interpolate_and_differences_hold_what_came_between() {
+        let before = Stages::parse(&Metrics::parse(TEXT));
+        let commit = before.stage("commit").unwrap();
+        assert!((commit.mean().as_secs_f64() - 0.0015).abs() < 1e-9);
         // Half of the 20 are at or below 2 ms, all of them by 5 ms.
         assert_eq!(commit.quantile(0.5), Duration::from_millis(2));
         assert_eq!(commit.quantile(0.75), Duration::from_micros(3500));
-        assert!(stages.stage("parse").is_none());
+        assert!(before.stage("parse").is_none());
+        let after = TEXT
+            .replace("} 10\n", "} 14\n")
+            .replace("} 20\n", "} 24\n")
+            .replace("0.03\n", "0.034\n");
+        let mut between = Stages::default();
+        between.add(&Stages::parse(&Metrics::parse(&after)), 1.0);
+        between.add(&before, -1.0);
+        let commit = between.stage("commit").unwrap();
+        assert_eq!(commit.count, 4.0);
+        assert_eq!(commit.quantile(0.5), Duration::from_micros(1500));
     }
 
     #[test]
-    fn a_difference_holds_only_what_was_observed_in_between() {
-        let before = Stages::parse(&Metrics::parse(TEXT));
-        let after = Stages::parse(&Metrics::parse(
-            &TEXT
-                .replace("} 10\n", "} 14\n")
-                .replace("} 20\n", "} 24\n")
-                .replace("0.03\n", "0.034\n"),
-        ));
-        let between = after.minus(&before);
-        let commit = between.stage("commit").unwrap();
-        assert_eq!(commit.count(), 4.0);
-        assert_eq!(commit.quantile(0.5), Duration::from_micros(1500));
-        let mut total = Stages::default();
-        total.add(&between);
-        total.add(&between);
-        assert_eq!(total.stage("commit").unwrap().count(), 8.0);
+    fn rounds_turn_and_the_control_never_runs_nchan_twice_in_a_row() {
+        use Side::*;
+        let (n, again, d, e) = (Nchan, NchanAgain, Durable, Ephemeral);
+        for (round, order) in [[n, d, e], [d, e, n], [e, n, d], [n, d, e]]
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(round_order(round, false), order);
+        }
+        let controlled = [[d, n, e, again], [e, n, d, again], [d, again, e, n]];
+        for (round, order) in controlled.iter().enumerate() {
+            assert_eq!(round_order(round, true), order);
+        }
+        let runs: Vec<Side> = (0..8).flat_map(|round| round_order(round, true)).collect();
+        for side in Side::ALL {
+            assert_eq!(runs.iter().filter(|s| **s == side).count(), 8, "{side:?}");
+        }
+        let nchan = |side: Side| matches!(side, Nchan | NchanAgain);
+        assert!(runs.windows(2).all(|p| !(nchan(p[0]) && nchan(p[1]))));
     }
 
     fn figures(p50_ms: u64, p99_ms: u64) -> FanoutFigures {
+        let latency = Percentiles {
+            p50: Duration::from_millis(p50_ms),
+            p99: Duration::from_millis(p99_ms),
+            max: Duration::from_millis(p99_ms),
+        };
         FanoutFigures {
-            latency: Percentiles {
-                p50: Duration::from_millis(p50_ms),
-                p99: Duration::from_millis(p99_ms),
-                max: Duration::from_millis(p99_ms),
-            },
+            latency,
             ..FanoutFigures::default()
         }
     }
 
-    /// A load of 1,000 × 100 with these runs and nothing else measured.
     fn load_of(runs: Vec<(Side, FanoutFigures)>) -> LoadFigures {
         LoadFigures {
             subscribers: 1000,
@@ -970,130 +818,49 @@ eventrelay_events_delivered_total 5
         }
     }
 
-    /// `load` with `side`'s runs left out.
-    fn without(load: &LoadFigures, side: Side) -> LoadFigures {
-        load_of(
-            load.runs
-                .iter()
-                .filter(|(s, _)| *s != side)
-                .cloned()
-                .collect(),
-        )
-    }
-
     #[test]
     fn each_round_is_set_against_nchan_of_the_same_round() {
         let load = load_of(vec![
             (Side::Nchan, figures(4, 8)),
             (Side::Durable, figures(6, 16)),
             (Side::Ephemeral, figures(5, 8)),
-            (Side::Durable, figures(4, 12)),
-            (Side::Ephemeral, figures(2, 4)),
-            (Side::Nchan, figures(2, 4)),
-            (Side::Ephemeral, figures(3, 9)),
-            (Side::Nchan, figures(3, 6)),
-            (Side::Durable, figures(3, 12)),
-        ]);
-        let row = against_nchan_by_round(&load).unwrap();
-        assert_eq!(
-            row,
-            "eventrelay ephemeral p50 × 1.25, 1.00, 1.00 (median 1.00) · p99 × 1.00, 1.00, 1.50 (median 1.00) \
-             · eventrelay durable p50 × 1.50, 2.00, 1.00 (median 1.50) · p99 × 2.00, 3.00, 2.00 (median 2.00)"
-        );
-        assert!(against_nchan_by_round(&without(&load, Side::Nchan)).is_none());
-    }
-
-    #[test]
-    fn a_round_without_a_figure_from_nchan_is_left_out() {
-        let ours = [figures(3, 6), figures(4, 8)];
-        let theirs = [figures(0, 4), figures(2, 4)];
-        let (ours, theirs): (Vec<_>, Vec<_>) = (ours.iter().collect(), theirs.iter().collect());
-        assert_eq!(quotients(&ours, &theirs, |f| f.latency.p50), vec![2.0]);
-        assert_eq!(quotients(&ours, &theirs, |f| f.latency.p99), vec![1.5, 2.0]);
-    }
-
-    #[test]
-    fn each_round_starts_with_the_next_side() {
-        use Side::*;
-        let (n, d, e) = (Nchan, Durable, Ephemeral);
-        for (round, order) in [[n, d, e], [d, e, n], [e, n, d], [n, d, e]]
-            .iter()
-            .enumerate()
-        {
-            assert_eq!(round_order(round, false), order);
-        }
-    }
-
-    #[test]
-    fn the_control_runs_nchan_twice_in_every_round() {
-        use Side::*;
-        let (n, again, d, e) = (Nchan, NchanAgain, Durable, Ephemeral);
-        let orders = [
-            [d, n, e, again],
-            [e, n, d, again],
-            [d, again, e, n],
-            [e, again, d, n],
-        ];
-        for (round, order) in orders.iter().enumerate() {
-            assert_eq!(round_order(round, true), order);
-        }
-        let runs: Vec<Side> = (0..8).flat_map(|round| round_order(round, true)).collect();
-        for side in Side::ALL {
-            assert_eq!(runs.iter().filter(|s| **s == side).count(), 8, "{side:?}");
-        }
-        // Neither of nchan's runs ever comes right after the other, within
-        // a round or across two.
-        for pair in runs.windows(2) {
-            let nchan = |side: Side| matches!(side, Nchan | NchanAgain);
-            assert!(!(nchan(pair[0]) && nchan(pair[1])), "{pair:?}");
-        }
-    }
-
-    #[test]
-    fn the_control_is_set_against_nchan_of_the_same_round() {
-        let load = load_of(vec![
-            (Side::Nchan, figures(4, 8)),
-            (Side::Ephemeral, figures(5, 8)),
             (Side::NchanAgain, figures(5, 10)),
             (Side::NchanAgain, figures(3, 6)),
             (Side::Nchan, figures(2, 4)),
             (Side::Ephemeral, figures(2, 4)),
+            (Side::Durable, figures(4, 12)),
         ]);
-        let row = against_nchan_by_round(&load).unwrap();
         assert_eq!(
-            row,
+            against_nchan_by_round(&load).unwrap(),
             "eventrelay ephemeral p50 × 1.25, 1.00 (median 1.12) · p99 × 1.00, 1.00 (median 1.00) \
+             · eventrelay durable p50 × 1.50, 2.00 (median 1.75) · p99 × 2.00, 3.00 (median 2.50) \
              · nchan again p50 × 1.25, 1.50 (median 1.38) · p99 × 1.25, 1.50 (median 1.38)"
         );
-        // The lane's median p50 quotient (1.125) is under nchan's own
-        // spread (1.25–1.50), and so is its p99 (1.00).
+        // The ephemeral lane's median quotients lie under nchan's own spread.
         assert_eq!(
             against_nchan_spread(&load).unwrap(),
             "nchan's second run over its first: p50 1.25–1.50 · p99 1.25–1.50 \
-             · eventrelay ephemeral p50 1.12 (under) · p99 1.00 (under)"
+             · eventrelay ephemeral p50 1.12 (under) · p99 1.00 (under) \
+             · eventrelay durable p50 1.75 (above) · p99 2.50 (above)"
         );
-        assert!(against_nchan_spread(&without(&load, Side::NchanAgain)).is_none());
-    }
-
-    #[test]
-    fn a_spread_places_a_quotient_under_inside_or_above_it() {
-        let spread = Spread::of(&[1.1, 0.9, 1.0]).unwrap();
-        assert_eq!(spread.to_string(), "0.90–1.10");
-        assert_eq!(spread.place(0.89), "under");
-        assert_eq!(spread.place(0.9), "inside");
-        assert_eq!(spread.place(1.1), "inside");
-        assert_eq!(spread.place(1.2), "above");
-        assert!(Spread::of(&[]).is_none());
-    }
-
-    #[test]
-    fn a_floor_load_is_subscribers_times_a_rate() {
-        assert_eq!(parse_load("1000x100"), Ok((1000, 100.0)));
-        assert_eq!(parse_load("10000×2.5"), Ok((10000, 2.5)));
-        for bad in [
-            "1000", "x100", "1000x", "0x100", "1000x0", "1000x-1", "ax1", "1000xinf",
-        ] {
-            assert!(parse_load(bad).is_err(), "{bad} was taken as a load");
-        }
+        let without = |side: Side| {
+            load_of(
+                load.runs
+                    .iter()
+                    .filter(|(s, _)| *s != side)
+                    .cloned()
+                    .collect(),
+            )
+        };
+        assert!(against_nchan_by_round(&without(Side::Nchan)).is_none());
+        assert!(against_nchan_spread(&without(Side::NchanAgain)).is_none());
+        // A round with a zero figure on nchan's side is left out.
+        let (ours, theirs) = (
+            [figures(3, 6), figures(4, 8)],
+            [figures(0, 4), figures(2, 4)],
+        );
+        let (ours, theirs): (Vec<_>, Vec<_>) = (ours.iter().collect(), theirs.iter().collect());
+        assert_eq!(quotients(&ours, &theirs, |f| f.latency.p50), vec![2.0]);
+        assert_eq!(Spread::of(&[1.1, 0.9, 1.0]).unwrap().place(0.9), "inside");
     }
 }

@@ -1,21 +1,14 @@
-//! Reconnect storms (`--only storm`). N subscribers stream with a
-//! `Last-Event-ID` while durable events are emitted; the relay is stopped
-//! with SIGTERM, as a deploy does, and a new process is started on the same
-//! port. Each subscriber behaves like a browser's `EventSource` without its
-//! retry delay: when its stream ends it reconnects at once, resuming from
-//! the last id it saw, and while nothing listens it retries every 50 ms.
-//! The subscribers are held by the load tool's stream client processes
-//! (`stream_client`), as the streams and box scenarios' are.
-//!
-//! Counted per phase: refusals by status (408, 5xx, others), connections
-//! the server reset, connect time (from an attempt's TCP connect to the
-//! stream's `ready` frame) and how long until all N stream again. After the
-//! restart every subscriber must have every event emitted into its scope.
-//! Then further waves of N arrive, each while the previous one hangs up,
-//! and the relay's RSS is read with each wave streaming and after the last
-//! one left.
+//! Reconnect storms (`--only storm`). N subscribers, held by the stream
+//! client processes, stream with a `Last-Event-ID` while durable events are
+//! emitted; the relay gets SIGTERM, as a deploy does, and a new process
+//! starts on the same port. Subscribers reconnect at once, resuming from
+//! the last id they saw, and retry every 50 ms while nothing listens (a
+//! browser's `EventSource` without its retry delay). Counted per phase:
+//! refusals by status, resets, connect times and how long until all N
+//! stream again; after the restart none may miss an event. Then more waves
+//! of N arrive, each while the previous one hangs up, and the relay's RSS
+//! is read with each wave streaming and after the last one left.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -28,19 +21,15 @@ use crate::proc_stats;
 use crate::relay_process::{RelayProcess, RelaySettings};
 use crate::report::{Table, ms, size, verdict};
 use crate::scenarios::streams::Emitter;
-use crate::stream_client::{
-    self, ClientProcess, ClientSpec, Clients, PhaseFigures, Reconnect, realtime_ns,
-};
+use crate::stream_client::{self, ClientSpec, Clients, PhaseFigures, Reconnect, realtime_ns};
 
-/// How long after the last connection left the relay's memory is read
-/// again: past the interval at which it returns freed memory.
+/// Past the interval at which the relay returns freed memory.
 const SETTLE: Duration = Duration::from_secs(5);
 /// Longest wait for all subscribers to stream, or for every event to arrive.
 const PATIENCE: Duration = Duration::from_secs(120);
 /// Client processes per wave, each from a source address of its own.
 const CLIENTS: usize = 2;
 
-/// What to run.
 #[derive(Clone, Debug)]
 pub struct StormPlan {
     pub subscribers: usize,
@@ -51,8 +40,7 @@ pub struct StormPlan {
     /// How long events are emitted after the subscribers first stream; the
     /// SIGTERM comes a third of the way in.
     pub emitting: Duration,
-    /// Waves of N arriving after the restart storm, each while the
-    /// previous wave hangs up.
+    /// Waves of N arriving after the restart storm.
     pub extra_waves: usize,
 }
 
@@ -71,7 +59,6 @@ impl Phase {
     }
 }
 
-/// The whole storm's figures.
 #[derive(Debug, Clone)]
 pub struct StormFigures {
     /// The subscribers' first connect, to an idle relay.
@@ -86,10 +73,8 @@ pub struct StormFigures {
     pub missed: u64,
     /// Each further wave, connecting while the previous one hangs up.
     pub waves: Vec<Phase>,
-    /// Relay RSS before the first subscriber connected, with all N of each
-    /// wave streaming (the restart storm's first), after the last wave
-    /// hung up, and a few seconds later (long enough for the relay to
-    /// hand the freed memory back), in KiB.
+    /// Relay RSS before the first subscriber, with each wave streaming,
+    /// after the last hung up, and [`SETTLE`] later, in KiB.
     pub rss_before_kib: u64,
     pub rss_streaming_kib: Vec<u64>,
     pub rss_after_kib: u64,
@@ -97,7 +82,7 @@ pub struct StormFigures {
 }
 
 /// Opens one wave of N subscribers' streams on `port` over [`CLIENTS`]
-/// client processes, resuming after `last_event_id`.
+/// client processes, all handshakes at once, resuming after `last_event_id`.
 fn open_wave(
     client_bin: &Path,
     work_dir: &Path,
@@ -106,25 +91,18 @@ fn open_wave(
     port: u16,
     last_event_id: Option<i64>,
 ) -> BenchResult<Clients> {
-    let per_client = plan.subscribers.div_ceil(CLIENTS);
-    let mut clients = Vec::new();
-    for (index, first) in (0..plan.subscribers).step_by(per_client).enumerate() {
-        let spec = ClientSpec {
-            index,
-            source: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + index as u8)),
-            relay_ports: vec![port],
-            first,
-            count: per_client.min(plan.subscribers - first),
-            scopes: plan.scopes,
-            scope_prefix: name.to_owned(),
-            last_event_id,
-            connect_concurrency: per_client,
-            reconnect: Reconnect::Immediate,
-            work_dir: work_dir.to_owned(),
-        };
-        clients.push(ClientProcess::spawn(client_bin, &spec)?);
-    }
-    Ok(Clients(clients))
+    let spec = ClientSpec {
+        index: 0,
+        relay_ports: vec![port],
+        streams: 0..plan.subscribers,
+        scopes: plan.scopes,
+        scope_prefix: name.to_owned(),
+        last_event_id,
+        connect_concurrency: plan.subscribers.div_ceil(CLIENTS),
+        reconnect: Reconnect::Immediate,
+        work_dir: work_dir.to_owned(),
+    };
+    Ok(Clients(spec.spawn(client_bin, CLIENTS)?))
 }
 
 /// How long from `since` (realtime ns) until every client said all of its
@@ -153,9 +131,7 @@ async fn hang_up(wave: &mut Clients, emitted: usize) -> BenchResult<(Vec<PhaseFi
     Ok((figures, stream_client::sum(&lines, "missing")))
 }
 
-/// Runs the storm against relay processes started from `binary`, with
-/// stream clients started from `client_bin` (the `eventrelay-bench`
-/// binary).
+/// Runs the storm; `client_bin` is the `eventrelay-bench` binary.
 pub async fn run(
     plan: &StormPlan,
     binary: &Path,
@@ -258,9 +234,7 @@ fn rss_kib(relay: &RelayProcess) -> u64 {
     proc_stats::rss_bytes(&[relay.pid()]) / 1024
 }
 
-/// Reconnect storms: the large fan-out's subscriber count riding out a
-/// SIGTERM restart, then two more waves, each arriving while the previous
-/// one hangs up.
+/// The large fan-out's subscriber count through a restart, then two waves.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let n = cx.scale.large_fanout;
     eprintln!("reconnect storm: {n} subscribers");

@@ -1,21 +1,12 @@
 //! Streams held by client processes (`stream_client`): `--only streams`,
 //! idle streams on one relay in steps up to 19,000 (under a process's
-//! 20,000 open files), and `--only box`, one machine's worth, 100,000
-//! streams over six relay processes on one database. Both send one event
-//! per second to every stream, each commit-to-receive timed; the box then
-//! restarts every relay under all of its streams.
-//!
-//! Owns the plans, the pool sizing against Postgres's `max_connections`,
-//! the emitter (one durable emit per scope per second, numbered, its commit
-//! times on the machine's realtime clock), the relays' restarts, and the
-//! figures and rows: per relay and in total, connect rate, idle RSS per
-//! connection at each step, relay RSS and CPU, deliveries and
-//! commit-to-receive latency, and the storm's errors, connect times and
-//! time until all stream again.
+//! 20,000 open files), and `--only box`, 100,000 streams over six relays on
+//! one database. Both send one event per second to every stream, each
+//! commit-to-receive timed (on the realtime clock every process shares);
+//! the box then restarts every relay at once under all of its streams.
+
 use crate::context::Context;
 use crate::report::{Table, ms, size, verdict};
-use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use eventrelay_publisher::{NewEvent, Publisher};
@@ -45,8 +36,11 @@ const POOL_CEILING: usize = 8;
 const PATIENCE: Duration = Duration::from_secs(300);
 /// Longest wait for the last deliveries once emitting stops.
 const DRAIN: Duration = Duration::from_secs(20);
+/// Every relay's `http.header_timeout_secs`: a restarted relay reads the
+/// requests of all its 16,667 clients at once, on a sixth of two cores, the
+/// last about a minute later; the default 10 s would close them first.
+const HEADER_TIMEOUT_SECS: u64 = 60;
 
-/// What to run.
 #[derive(Clone, Debug)]
 pub struct BoxPlan {
     /// What the rows start with.
@@ -67,16 +61,6 @@ pub struct BoxPlan {
     pub storm_rate: f64,
     /// First-connect handshakes in flight per client process.
     pub connect_concurrency: usize,
-    /// `database.pool_size` of every relay; unset, chosen from what
-    /// Postgres has free ([`pool_budget`]).
-    pub pool_size: Option<usize>,
-    /// How the subscribers come back when their relay restarts.
-    pub reconnect: Reconnect,
-    /// Every relay's `http.header_timeout_secs`. A restarted relay reads
-    /// the requests of all its clients at once, on a sixth of the two
-    /// cores; at 16,667 each, the last are read about a minute later, and
-    /// the default 10 s would close them first.
-    pub header_timeout_secs: u64,
     /// Whether every relay is restarted under the streams after the run.
     pub restart: bool,
 }
@@ -93,16 +77,12 @@ impl BoxPlan {
             run: Duration::from_secs(if quick { 10 } else { 30 }),
             storm_rate: 5.0,
             connect_concurrency: 64,
-            pool_size: None,
-            reconnect: Reconnect::Jittered,
-            header_timeout_secs: 60,
             restart: true,
         }
     }
 
     /// Idle streams on one relay in steps up to 19,000 (1,900 with
-    /// --quick), then one event per second into each of 10 scopes; nothing
-    /// restarts. Each step's streams come from one client process.
+    /// --quick), each step's from one client process; nothing restarts.
     pub fn streams(quick: bool) -> BoxPlan {
         BoxPlan {
             label: "streams",
@@ -193,7 +173,6 @@ pub async fn pool_budget(database_url: &str, relays: usize) -> BenchResult<PoolB
     })
 }
 
-/// Where the scenario's events go.
 #[derive(Clone)]
 pub(crate) struct Emitter {
     pub database_url: String,
@@ -249,7 +228,7 @@ async fn count_connections(database_url: String, mut stop: watch::Receiver<bool>
     let Ok(client) = eventrelay::connect(&database_url).await else {
         return -1;
     };
-    let most = AtomicI64::new(0);
+    let mut most = 0;
     loop {
         if let Ok(row) = client
             .query_one(
@@ -258,14 +237,14 @@ async fn count_connections(database_url: String, mut stop: watch::Receiver<bool>
             )
             .await
         {
-            most.fetch_max(row.get::<_, i64>(0), Ordering::Relaxed);
+            most = most.max(row.get::<_, i64>(0));
         }
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(250)) => {}
             _ = stop.changed() => break,
         }
     }
-    most.load(Ordering::Relaxed)
+    most
 }
 
 /// `url` with the relays' application name added.
@@ -286,15 +265,14 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let relays_n = plan.relays;
     let n = plan.streams_total();
     let label = plan.label;
-    let mut budget = pool_budget(database_url, relays_n).await?;
-    budget.pool_size = plan.pool_size.unwrap_or(budget.pool_size);
+    let budget = pool_budget(database_url, relays_n).await?;
     eprintln!(
         "{label}: {n} streams over {relays_n} relays (pool_size {}) and {} client processes",
         budget.pool_size, plan.clients
     );
     let mut settings = RelaySettings::new(&with_application_name(database_url), schema);
     settings.pool_size = budget.pool_size;
-    settings.header_timeout_secs = Some(plan.header_timeout_secs);
+    settings.header_timeout_secs = Some(HEADER_TIMEOUT_SECS);
 
     let (sampling, sampler_stop) = watch::channel(false);
     let sampler = tokio::spawn(count_connections(database_url.to_owned(), sampler_stop));
@@ -313,35 +291,29 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let before = usage(&relays);
     let start_after = max_seq(database_url, schema).await?;
 
-    // The clients connect in steps, each from a source address of its own
-    // (of eight in turn), the relays' RSS read after each step.
+    // The clients connect in steps, the relays' RSS read after each.
     let scope_prefix = format!("{label}-{}", std::process::id());
-    let binary = std::env::current_exe()?;
     let mut clients = Clients(Vec::new());
     let mut opened = 0;
     let mut connecting = Duration::ZERO;
     let mut at_step = Vec::new();
     for &step in &plan.steps {
         let started = Instant::now();
-        let per_client = step.saturating_sub(opened).div_ceil(plan.clients);
         let from = clients.0.len();
-        for first in (opened..step).step_by(per_client.max(1)) {
-            let index = clients.0.len();
-            let spec = ClientSpec {
-                index,
-                source: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (index % 8) as u8)),
-                relay_ports: ports.clone(),
-                first,
-                count: per_client.min(step - first),
-                scopes: plan.scopes,
-                scope_prefix: scope_prefix.clone(),
-                last_event_id: Some(start_after),
-                connect_concurrency: plan.connect_concurrency,
-                reconnect: plan.reconnect,
-                work_dir: work_dir.to_owned(),
-            };
-            clients.0.push(ClientProcess::spawn(&binary, &spec)?);
-        }
+        let spec = ClientSpec {
+            index: from,
+            relay_ports: ports.clone(),
+            streams: opened..step,
+            scopes: plan.scopes,
+            scope_prefix: scope_prefix.clone(),
+            last_event_id: Some(start_after),
+            connect_concurrency: plan.connect_concurrency,
+            reconnect: Reconnect::Jittered,
+            work_dir: work_dir.to_owned(),
+        };
+        clients
+            .0
+            .extend(spec.spawn(&std::env::current_exe()?, plan.clients)?);
         for client in &mut clients.0[from..] {
             client.expect("all_streaming", PATIENCE).await?;
         }
@@ -420,22 +392,17 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         format!(
             "{label}: {n} streams, {relays_n} relays × pool_size {} on one Postgres (http.header_timeout_secs {}), {} client processes on 127.0.0.2–.{}, {} scopes shared by every relay",
             budget.pool_size,
-            plan.header_timeout_secs,
+            HEADER_TIMEOUT_SECS,
             clients.0.len(),
             1 + clients.0.len().min(8),
             plan.scopes
         ),
         format!(
-            "max_connections {} − {} reserved − {} in use − {HEADROOM} headroom → pool_size {}{} ({relays_n} × {} = {} for the relays)",
+            "max_connections {} − {} reserved − {} in use − {HEADROOM} headroom → pool_size {} ({relays_n} × {} = {} for the relays)",
             budget.max_connections,
             budget.reserved,
             budget.in_use,
             budget.pool_size,
-            if plan.pool_size.is_some() {
-                " (given with --box-pool-size)"
-            } else {
-                ""
-            },
             budget.pool_size + 1,
             relays_n * (budget.pool_size + 1)
         ),
@@ -631,12 +598,8 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let slowest_stop = stopped_in.iter().max().copied().unwrap_or_default();
     table.add(
         format!(
-            "{label}: reconnect storm, all {relays_n} relays SIGTERMed at once and restarted on their ports under {n} streams, {} events/s emitted throughout, clients reconnecting {}",
+            "{label}: reconnect storm, all {relays_n} relays SIGTERMed at once and restarted on their ports under {n} streams, {} events/s emitted throughout, clients reconnecting as eventrelay's browser client (full jitter over 3 s, backoff after failures)",
             plan.storm_rate,
-            match plan.reconnect {
-                Reconnect::Jittered => "as eventrelay's browser client (full jitter over 3 s, backoff after failures)",
-                Reconnect::Immediate => "at once (every 50 ms while down)",
-            }
         ),
         format!(
             "{} · slowest relay exited {:.2} s after SIGTERM, last one ready again {:.2} s after it · connect {} · {} · refused while down: {} · {} streams opened · {emitted} events emitted in all, {missing} (subscriber, event) pairs missed on {missing_streams} streams · relays' RSS after {} · most relay connections to Postgres at once {most_connections} · pool waiters at the end {:?}{}",
@@ -689,15 +652,9 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     run(&BoxPlan::streams(cx.args.quick), cx, table).await
 }
 
-/// The box's rows, with its command-line options.
+/// 100,000 streams over six relays.
 pub async fn box_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
-    let args = &cx.args;
-    let mut plan = BoxPlan::of(args.quick);
-    plan.steps = vec![args.box_streams.unwrap_or(plan.streams_total())];
-    plan.pool_size = args.box_pool_size;
-    plan.reconnect = Reconnect::parse(&args.box_reconnect)?;
-    plan.header_timeout_secs = args.box_header_timeout.unwrap_or(plan.header_timeout_secs);
-    run(&plan, cx, table).await
+    run(&BoxPlan::of(cx.args.quick), cx, table).await
 }
 
 #[cfg(test)]

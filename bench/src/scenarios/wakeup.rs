@@ -1,182 +1,128 @@
-//! The two wake-up modes side by side (`--only wakeup`; `wakeup-latency`
-//! without the emit-cost rounds), on a server with `wal_level = logical`:
-//! what emitting costs a writer in each mode against the floor, then
-//! commit-to-receive with both modes' relays running at once.
+//! The two wake-up modes side by side (`--only wakeup`), on a server with
+//! `wal_level = logical`: what emitting costs a writer in each mode against
+//! the floor, then commit-to-receive with both modes' relays at once.
 //!
-//! The latency is a paired fan-out: each relay has its own subscribers,
-//! and events go to one, then the other, in short slices (A B, B A, …).
-//! Both see the same machine, minute by minute, so a difference between
-//! them is the modes' and not the hour's. Reported: each side's
-//! percentiles over all of its deliveries, and the slice pairs: in how many
-//! the second side's p50 was no higher than the first's, and the median of
-//! the per-pair difference.
+//! The latency is a paired fan-out: each relay has its own subscribers, and
+//! events go to one, then the other, in slices of half a second (A B, B A,
+//! …), so both see the same minutes of the machine and a difference between
+//! them is the modes' and not the hour's.
 
 use crate::BenchResult;
 use crate::clock::{CommitLog, Percentiles};
 use crate::context::Context;
 use crate::database::{create_schema_for, drop_schema};
-use crate::proc_stats::{self, Usage};
+use crate::proc_stats;
 use crate::publish::{Pace, Source, publish_for, slice_side};
 use crate::relay_process::RelaySettings;
 use crate::report::{Table, median, verdict};
 use crate::scenarios::emit_cost::{self, WriteKind};
-use crate::scenarios::fanout::{Server, cpu_per_1000};
-use crate::sse_load::{StreamOutcome, Subscribers};
+use crate::scenarios::fanout::{CONNECT_CONCURRENCY, DRAIN_PATIENCE, Server, cpu_per_1000};
+use crate::sse_load::{Subscribers, deliveries};
 use eventrelay::store::WakeupMode;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Handshakes in flight while subscribers connect.
-const CONNECT_CONCURRENCY: usize = 200;
-/// Longest wait for the last deliveries after publishing stops.
-const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
+const WAKEUP_MODES: [WakeupMode; 2] = [WakeupMode::Notify, WakeupMode::Logical];
 
-pub struct PairedPlan {
+struct PairedPlan {
     /// Subscribers on each side, all in the side's one scope.
-    pub subscribers: usize,
-    /// Prefix of this run's scope names, unique per run.
-    pub scope_prefix: String,
-    pub per_second: f64,
+    subscribers: usize,
+    scope_prefix: String,
+    per_second: f64,
     /// Consecutive events that go to one side before the other takes over.
-    pub slice: usize,
-    pub duration: Duration,
-    pub writers: usize,
-    /// Where each side's events are published.
-    pub sources: [Source; 2],
-}
-
-/// One side's deliveries.
-#[derive(Debug, Clone, Default)]
-pub struct SideFigures {
-    pub published: usize,
-    pub expected: u64,
-    pub delivered: u64,
-    pub latency: Percentiles,
-    pub cpu_seconds_per_1000: f64,
+    slice: usize,
+    duration: Duration,
+    writers: usize,
+    sources: [Source; 2],
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct PairedFigures {
-    pub sides: [SideFigures; 2],
+struct SideFigures {
+    published: usize,
+    expected: u64,
+    delivered: u64,
+    latency: Percentiles,
+    cpu_seconds_per_1000: f64,
+}
+
+struct PairedFigures {
+    sides: [SideFigures; 2],
     /// Slice pairs in which both sides delivered.
-    pub pairs: usize,
+    pairs: usize,
     /// Pairs in which side 1's p50 was at most side 0's.
-    pub second_not_slower: usize,
+    second_not_slower: usize,
     /// Median over pairs of (side 1's p50 − side 0's p50), in milliseconds.
-    pub median_difference_ms: f64,
+    median_difference_ms: f64,
 }
 
-pub async fn run(plan: &PairedPlan, servers: [&Server; 2]) -> BenchResult<PairedFigures> {
+async fn paired_run(plan: &PairedPlan, servers: [&Server; 2]) -> BenchResult<PairedFigures> {
     let capacity = (plan.per_second * plan.duration.as_secs_f64()).ceil() as usize + 1;
     let log = CommitLog::new(capacity);
     let scopes = [0, 1].map(|side| format!("{}-{side}", plan.scope_prefix));
     let mut subscribers = Vec::new();
-    let opened: BenchResult<()> = async {
-        for (server, scope) in servers.iter().zip(&scopes) {
-            let targets = (0..plan.subscribers)
-                .map(|i| server.target(i, scope))
-                .collect();
-            subscribers
-                .push(Subscribers::open(targets, Arc::clone(&log), CONNECT_CONCURRENCY).await?);
-        }
-        Ok(())
+    for (server, scope) in servers.iter().zip(&scopes) {
+        let targets = (0..plan.subscribers)
+            .map(|i| server.target(i, scope))
+            .collect();
+        subscribers.push(Subscribers::open(targets, Arc::clone(&log), CONNECT_CONCURRENCY).await?);
     }
-    .await;
-    let measured = match opened {
-        Ok(()) => publish_and_drain(plan, servers, &scopes, &subscribers, &log).await,
-        Err(error) => Err(error),
-    };
-    let mut outcomes = Vec::new();
-    for open in subscribers {
-        outcomes.push(open.finish().await);
-    }
-    let Drained {
-        published,
-        per_side,
-        idle,
-        after,
-    } = measured?;
-    let slice = plan.slice.max(1);
-
-    // Latencies per side, and per slice for the pairs.
-    let slices = published.div_ceil(slice);
-    let mut by_slice: Vec<Vec<u64>> = vec![Vec::new(); slices];
-    let mut sides: [SideFigures; 2] = Default::default();
-    for (side, outcomes) in outcomes.iter().enumerate() {
-        let mut latencies = latencies_of(outcomes, &log, |number, latency| {
-            if let Some(samples) = by_slice.get_mut(number / slice) {
-                samples.push(latency);
-            }
-        });
-        sides[side] = SideFigures {
-            published: per_side[side],
-            expected: (per_side[side] * plan.subscribers) as u64,
-            delivered: latencies.len() as u64,
-            latency: Percentiles::of(&mut latencies),
-            cpu_seconds_per_1000: cpu_per_1000(idle[side], after[side], latencies.len() as u64),
-        };
-    }
-    let differences = pair_differences(&mut by_slice, slice);
-    let pairs = differences.len();
-    let second_not_slower = differences.iter().filter(|d| **d <= 0.0).count();
-    Ok(PairedFigures {
-        sides,
-        pairs,
-        second_not_slower,
-        median_difference_ms: median(&differences),
-    })
-}
-
-/// What publishing left for the analysis.
-struct Drained {
-    published: usize,
-    per_side: [usize; 2],
-    /// Each server's CPU and memory before publishing, and after draining.
-    idle: [Usage; 2],
-    after: [Usage; 2],
-}
-
-/// Publishes the alternating events and waits until each side's
-/// subscribers have them all (or the patience ran out).
-async fn publish_and_drain(
-    plan: &PairedPlan,
-    servers: [&Server; 2],
-    scopes: &[String; 2],
-    subscribers: &[Subscribers],
-    log: &Arc<CommitLog>,
-) -> BenchResult<Drained> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = servers.map(|server| proc_stats::usage(server.pids()));
     let slice = plan.slice.max(1);
-    let scopes = scopes.clone();
     let scope_of = Arc::new(move |number: usize| scopes[slice_side(number, slice)].clone());
     let source = Source::Alternating {
         sources: Box::new(plan.sources.clone()),
         slice,
     };
+    let pace = Pace::PerSecond(plan.per_second);
+    let log_for = Arc::clone(&log);
     let published = publish_for(
         &source,
         scope_of,
-        Pace::PerSecond(plan.per_second),
+        pace,
         plan.duration,
         plan.writers,
-        Arc::clone(log),
+        log_for,
     )
     .await?;
     let mut per_side = [0usize; 2];
     for number in 0..published {
         per_side[slice_side(number, slice)] += 1;
     }
-    let expected = per_side.map(|count| (count * plan.subscribers) as u64);
-    for (open, expected) in subscribers.iter().zip(expected) {
+    for (open, count) in subscribers.iter().zip(per_side) {
+        let expected = (count * plan.subscribers) as u64;
         open.wait_for(expected, DRAIN_PATIENCE).await;
     }
     let after = servers.map(|server| proc_stats::usage(server.pids()));
-    Ok(Drained {
-        published,
-        per_side,
-        idle,
-        after,
+
+    // Latencies per side, and per slice for the pairs.
+    let mut by_slice: Vec<Vec<u64>> = vec![Vec::new(); published.div_ceil(slice)];
+    let mut sides: [SideFigures; 2] = Default::default();
+    for (side, open) in subscribers.into_iter().enumerate() {
+        let outcomes = open.finish().await;
+        let mut latencies: Vec<u64> = deliveries(&outcomes, &log)
+            .map(|(number, _, latency)| {
+                if let Some(samples) = by_slice.get_mut(number as usize / slice) {
+                    samples.push(latency);
+                }
+                latency
+            })
+            .collect();
+        let delivered = latencies.len() as u64;
+        sides[side] = SideFigures {
+            published: per_side[side],
+            expected: (per_side[side] * plan.subscribers) as u64,
+            delivered,
+            latency: Percentiles::of(&mut latencies),
+            cpu_seconds_per_1000: cpu_per_1000(idle[side], after[side], delivered),
+        };
+    }
+    let differences = pair_differences(&mut by_slice, slice);
+    Ok(PairedFigures {
+        sides,
+        pairs: differences.len(),
+        second_not_slower: differences.iter().filter(|d| **d <= 0.0).count(),
+        median_difference_ms: median(&differences),
     })
 }
 
@@ -189,7 +135,6 @@ fn pair_differences(by_slice: &mut [Vec<u64>], slice: usize) -> Vec<f64> {
         if first.is_empty() || second.is_empty() {
             continue;
         }
-        // Slices 2k and 2k+1 hold one slice of each side.
         let (side0, side1) = if slice_side(2 * pair * slice.max(1), slice) == 0 {
             (first, second)
         } else {
@@ -201,36 +146,10 @@ fn pair_differences(by_slice: &mut [Vec<u64>], slice: usize) -> Vec<f64> {
     differences
 }
 
-/// Every delivery's commit-to-receive latency, in nanoseconds; `each` also
-/// sees the event's number with it.
-fn latencies_of(
-    outcomes: &[StreamOutcome],
-    log: &CommitLog,
-    mut each: impl FnMut(usize, u64),
-) -> Vec<u64> {
-    let mut latencies = Vec::new();
-    for outcome in outcomes {
-        for receipt in &outcome.receipts {
-            let number = receipt.number as usize;
-            if let Some(committed) = log.committed_at(number) {
-                let latency = receipt.at.saturating_sub(committed);
-                latencies.push(latency);
-                each(number, latency);
-            }
-        }
-    }
-    latencies
-}
-
-/// The two wake-up modes side by side on one server with `wal_level =
-/// logical`: what emitting costs a writer at 1, 8 and 32 writers (a plain
-/// write; the outbox row with no wake-up at all, the floor; notify mode
-/// and logical mode, each with its relay running), then commit-to-receive
-/// latency and relay CPU with both modes' relays running at once, for one
-/// subscriber and for 1,000 subscribers × 100 ev/s.
+/// Emit cost at 1, 8 and 32 writers (plain; the outbox row with no wake-up,
+/// the floor; each mode with its relay running), then commit-to-receive
+/// latency with both modes' relays at once.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
-    // `wakeup-latency` alone skips the emit-cost rounds.
-    let emit_cost = cx.args.only.is_empty() || cx.named("wakeup");
     let Some(db) = cx.args.logical_database_url.as_deref() else {
         eprintln!("wake-up modes: no --logical-database-url, skipped");
         return Ok(());
@@ -240,10 +159,7 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     create_schema_for(db, &notify_schema, WakeupMode::Notify).await?;
     create_schema_for(db, &logical_schema, WakeupMode::Logical).await?;
     let schemas = [notify_schema.as_str(), logical_schema.as_str()];
-    let mut outcome = Ok(());
-    if emit_cost {
-        outcome = wakeup_emit_cost(cx, table, db, schemas).await;
-    }
+    let mut outcome = wakeup_emit_cost(cx, table, db, schemas).await;
     if outcome.is_ok() {
         outcome = wakeup_latency(cx, table, db, schemas).await;
     }
@@ -260,11 +176,9 @@ async fn wakeup_emit_cost(
     [notify_schema, logical_schema]: [&str; 2],
 ) -> BenchResult<()> {
     const WRITERS: [usize; 3] = [1, 8, 32];
-    // Rounds of floor, notify and logical back to back, each figure the
-    // median of its rounds: the machine and the tables drift over a run,
-    // and a ratio of two figures taken minutes apart measures the drift too.
-    // Every other round runs the three in reverse, so no case always comes
-    // last, on the largest tables.
+    // Rounds of floor, notify and logical back to back (every other one
+    // reversed), each figure the median of its rounds: the machine and the
+    // tables drift over a run, and so would a ratio of figures minutes apart.
     const ROUNDS: usize = 5;
     emit_cost::prepare(db, notify_schema).await?;
     emit_cost::prepare(db, logical_schema).await?;
@@ -282,8 +196,7 @@ async fn wakeup_emit_cost(
             .await?,
         );
     }
-    // Per case (the floor, then each mode), per writer count, a figure
-    // per round.
+    // Per case (the floor, then each mode), per writer count, per round.
     let mut rounds = vec![vec![Vec::new(); WRITERS.len()]; 3];
     for round in 1..=ROUNDS {
         // (case, mode, schema); the floor is the logical schema with no
@@ -353,12 +266,8 @@ async fn wakeup_emit_cost(
     Ok(())
 }
 
-/// Commit-to-receive in both modes at once: a relay per mode, each with its
-/// subscribers, and events going to one mode, then the other, in slices of
-/// half a second (A B, B A, …). Rounds of a relay each, minutes apart, let
-/// the machine's drift decide which mode looked faster; slices this short
-/// give both modes the same minutes. First with one subscriber per mode,
-/// which times the wake-up itself, then with the full fan-out.
+/// Commit-to-receive with a relay per mode running at once, first with one
+/// subscriber per mode (the wake-up itself), then with the full fan-out.
 async fn wakeup_latency(
     cx: &Context,
     table: &mut Table,
@@ -389,8 +298,6 @@ async fn wakeup_latency(
     outcome
 }
 
-const WAKEUP_MODES: [WakeupMode; 2] = [WakeupMode::Notify, WakeupMode::Logical];
-
 /// One paired run of the wake-up modes' relays, as rows of the table.
 async fn wakeup_pair_row(
     table: &mut Table,
@@ -401,9 +308,7 @@ async fn wakeup_pair_row(
     duration: Duration,
 ) -> BenchResult<()> {
     const PER_SECOND: f64 = 100.0;
-    eprintln!(
-        "wake-up modes: {subscribers} subscriber(s) per mode, both relays running, events alternating between them for {duration:?}"
-    );
+    eprintln!("wake-up modes: {subscribers} subscriber(s) per mode for {duration:?}");
     let plan = PairedPlan {
         subscribers,
         scope_prefix: format!("wake-{}-{subscribers}", std::process::id()),
@@ -413,7 +318,7 @@ async fn wakeup_pair_row(
         writers: 4,
         sources: schemas.map(|schema| Source::emit(db, schema)),
     };
-    let figures = run(&plan, [&servers[0], &servers[1]]).await?;
+    let figures = paired_run(&plan, [&servers[0], &servers[1]]).await?;
     let [notify, logical] = &figures.sides;
     for (mode, side) in WAKEUP_MODES.into_iter().zip(&figures.sides) {
         let target = match mode {
