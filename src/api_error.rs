@@ -47,6 +47,7 @@ pub enum ErrorCode {
     WeakSecret,
     NumberOutOfRange,
     RequestTimeout,
+    CatalogDisabled,
 }
 
 impl ErrorCode {

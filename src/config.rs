@@ -566,6 +566,15 @@ impl Config {
         if webhooks.workers == 0 {
             return Err(invalid("webhooks.workers", "must be at least 1"));
         }
+        if webhooks.retention_secs == 0 {
+            return Err(invalid("webhooks.retention_secs", "must be at least 1"));
+        }
+        if webhooks.dead_retention_secs == 0 {
+            return Err(invalid(
+                "webhooks.dead_retention_secs",
+                "must be at least 1",
+            ));
+        }
         if webhooks.request_timeout_ms == 0 {
             return Err(invalid("webhooks.request_timeout_ms", "must be at least 1"));
         }

@@ -21,7 +21,8 @@
 //!   snapshots, the embedded database, and the store's one error.
 //! - [`auth`]: who a subscriber is (JWT or forward auth) and what it may see.
 //! - [`config`]: the settings, layered and validated; [`group_commit`]: the
-//!   publish API's shared transactions; [`metrics`]: `/metrics`, with
+//!   publish API's shared transactions; [`catalog`]: the event types of
+//!   the schemas directory; [`metrics`]: `/metrics`, with
 //!   [`latency`]'s per-stage histograms;
 //!   [`memory`]: returning departed connections' memory to the system;
 //!   [`secret`]: values that never print; [`server`]: start and stop.
@@ -35,6 +36,7 @@
 pub mod actors;
 pub mod api_error;
 pub mod auth;
+pub mod catalog;
 pub mod config;
 pub mod group_commit;
 pub mod http;

@@ -201,6 +201,9 @@ pub struct Metrics {
     pub events_published: Counter,
     pub publish_group_requests: Histogram,
     pub outbox_rows_pruned: Counter,
+    /// Finished webhook deliveries the janitor removed past their
+    /// retention, with their attempts.
+    pub webhook_deliveries_pruned: Counter,
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
     /// 1 while the relay has a live LISTEN connection (or feed).
     pub listener_connected: Gauge,
@@ -281,6 +284,7 @@ impl Metrics {
                 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0,
             ]),
             outbox_rows_pruned: Counter::default(),
+            webhook_deliveries_pruned: Counter::default(),
             webhook_deliveries: Family::default(),
             listener_connected: Gauge::default(),
             actor_mailbox_depth: Family::default(),
@@ -455,6 +459,11 @@ impl Metrics {
             "outbox_rows_pruned",
             "Outbox rows removed by the janitor",
             metrics.outbox_rows_pruned.clone(),
+        );
+        registry.register(
+            "webhook_deliveries_pruned",
+            "Finished webhook deliveries removed with their attempts past webhooks.retention_secs (delivered, gone) or webhooks.dead_retention_secs (dead)",
+            metrics.webhook_deliveries_pruned.clone(),
         );
         for outcome in crate::webhooks::AttemptOutcome::iter() {
             let _ = metrics.webhook_deliveries.get_or_create(&OutcomeLabel {

@@ -52,6 +52,8 @@ pub struct AppState {
     pub disconnections: crate::store::disconnections::Disconnections,
     /// This relay's name in the admin API's answers: host and process id.
     pub relay_name: String,
+    /// The event types of `publish.schemas_dir`, read at start.
+    pub catalog: Arc<crate::catalog::EventCatalog>,
 }
 
 /// What a shutdown waits for: each open stream holds a sender of one

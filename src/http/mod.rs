@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod catalog;
 pub mod console;
 pub mod cors;
 pub mod deadline;

@@ -3,7 +3,7 @@
 
 use actix_web::web;
 
-use super::{admin, console, cors, inspector, ops, publish, subscribers};
+use super::{admin, catalog, console, cors, inspector, ops, publish, subscribers};
 use crate::api_error::{ApiError, ErrorCode};
 
 /// The pages the relay serves besides its API, each behind a setting.
@@ -82,6 +82,7 @@ pub fn routes(config: &mut web::ServiceConfig, pages: Pages) {
                     web::post().to(admin::redeliver),
                 ),
         )
+        .route("/v1/event-types", web::get().to(catalog::event_types))
         .route("/healthz", web::get().to(ops::healthz))
         .route("/readyz", web::get().to(ops::readyz))
         .route("/metrics", web::get().to(ops::metrics))

@@ -134,8 +134,11 @@ pub async fn run_with(
         // durable: its notifications need no flush to be delivered.
         publisher = publisher.unflushed_ephemeral_commits();
     }
+    let mut catalog = crate::catalog::EventCatalog::default();
     if let Some(dir) = &config.publish.schemas_dir {
-        publisher = publisher.with_registry(load_schemas(Path::new(dir))?);
+        let (registry, types) = load_schemas(Path::new(dir))?;
+        publisher = publisher.with_registry(registry);
+        catalog = types;
     }
     let outbox = Outbox::new(&schema);
 
@@ -212,13 +215,19 @@ pub async fn run_with(
         actors_running,
     )
     .start();
-    let janitor = actix::spawn(janitor::prune_forever(
-        db.clone(),
-        outbox.clone(),
-        Duration::from_secs(config.outbox.retention_secs),
-        Duration::from_secs(config.outbox.prune_interval_secs),
-        Arc::clone(&metrics),
-    ));
+    let janitor = actix::spawn(
+        janitor::Janitor {
+            db: db.clone(),
+            outbox: outbox.clone(),
+            webhooks: webhooks.clone(),
+            outbox_retention: Duration::from_secs(config.outbox.retention_secs),
+            finished_retention: Duration::from_secs(config.webhooks.retention_secs),
+            dead_retention: Duration::from_secs(config.webhooks.dead_retention_secs),
+            interval: Duration::from_secs(config.outbox.prune_interval_secs),
+            metrics: Arc::clone(&metrics),
+        }
+        .prune_forever(),
+    );
 
     // Disconnections recorded through any relay: denials in force now,
     // then every new one within a second.
@@ -281,6 +290,7 @@ pub async fn run_with(
         open_streams,
         streams,
         disconnections,
+        catalog: Arc::new(catalog),
         relay_name: relay_name(),
     });
     let pages = crate::http::Pages {

@@ -1,8 +1,11 @@
-//! The publish API's event schemas, read from `publish.schemas_dir`.
+//! The publish API's event schemas, read from `publish.schemas_dir`: the
+//! registry that checks payloads, and the catalog that shows them.
 
 use std::path::Path;
 
 use eventrelay_publisher::SchemaRegistry;
+
+use crate::catalog::EventCatalog;
 
 /// Why `publish.schemas_dir` could not be loaded; each names the file.
 #[derive(Debug, thiserror::Error)]
@@ -25,8 +28,9 @@ pub enum SchemaLoadError {
 }
 
 /// Loads `<event type>.json` schemas from a directory.
-pub fn load_schemas(dir: &Path) -> Result<SchemaRegistry, SchemaLoadError> {
+pub fn load_schemas(dir: &Path) -> Result<(SchemaRegistry, EventCatalog), SchemaLoadError> {
     let mut registry = SchemaRegistry::new();
+    let mut catalog = EventCatalog::default();
     let unreadable = |path: &Path| {
         let path = path.to_path_buf();
         move |source| SchemaLoadError::Read { path, source }
@@ -52,6 +56,7 @@ pub fn load_schemas(dir: &Path) -> Result<SchemaRegistry, SchemaLoadError> {
                 path: path.clone(),
                 source,
             })?;
+        catalog.add(event_type, &schema);
     }
-    Ok(registry)
+    Ok((registry, catalog))
 }

@@ -30,6 +30,12 @@ pub struct WebhooksConfig {
     pub allow_private_networks: bool,
     /// How long a rotated-out secret keeps signing alongside the new one.
     pub rotation_grace_secs: u64,
+    /// How long delivered and gone deliveries (and their attempts) are
+    /// kept after they finished; the janitor prunes them then.
+    pub retention_secs: u64,
+    /// How long dead deliveries are kept: longer, since an operator may
+    /// still redeliver them once the receiver is fixed.
+    pub dead_retention_secs: u64,
     /// Subscriptions kept in step with this file at every start.
     pub subscriptions: Vec<NewSubscription>,
 }
@@ -48,6 +54,8 @@ impl Default for WebhooksConfig {
             max_retry_after_ms: 3_600_000,
             allow_private_networks: false,
             rotation_grace_secs: 24 * 60 * 60,
+            retention_secs: 7 * 24 * 60 * 60,
+            dead_retention_secs: 30 * 24 * 60 * 60,
             subscriptions: Vec::new(),
         }
     }

@@ -580,6 +580,46 @@ impl WebhookStore {
             .unwrap_or(0))
     }
 
+    /// Deletes at most `limit` finished deliveries past their retention,
+    /// with their attempts: delivered and gone ones last changed before
+    /// `finished_before`, dead ones before `dead_before`. The oldest go
+    /// first; rows another session holds are skipped, so a batch never
+    /// waits on a lock, and a small batch holds its own locks briefly.
+    pub async fn prune_past_retention(
+        &self,
+        db: &impl PgExecutor,
+        finished_before: DateTime<Utc>,
+        dead_before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        let rows = self
+            .rows(
+                db,
+                "WITH doomed AS (
+                     SELECT id FROM {schema}.webhook_deliveries
+                     WHERE status <> 'pending'
+                       AND updated_at < greatest($1, $2)
+                       AND updated_at < CASE WHEN status = 'dead' THEN $2 ELSE $1 END
+                     ORDER BY updated_at
+                     LIMIT $3
+                     FOR UPDATE SKIP LOCKED
+                 ), gone AS (
+                     DELETE FROM {schema}.webhook_deliveries d USING doomed
+                     WHERE d.id = doomed.id RETURNING 1
+                 ) SELECT count(*) FROM gone",
+                &[
+                    (&finished_before, Type::TIMESTAMPTZ),
+                    (&dead_before, Type::TIMESTAMPTZ),
+                    (&limit, Type::INT8),
+                ],
+            )
+            .await?;
+        Ok(rows
+            .first()
+            .map(|row| row.get::<_, i64>(0) as u64)
+            .unwrap_or(0))
+    }
+
     /// Deletes finished deliveries (and their attempts) last changed before
     /// `before`; pending ones are kept.
     pub async fn prune_deliveries(

@@ -117,7 +117,14 @@ test('the operator console manages webhooks, shows live figures and disconnects 
       'allow_private_networks = true',
       // One retry 100 ms after the first failure, then the delivery is dead.
       'retry_schedule_ms = [100]',
+      '[publish]',
+      `schemas_dir = ${JSON.stringify(path.join(workdir, 'schemas'))}`,
     ].join('\n'),
+  );
+  mkdirSync(path.join(workdir, 'schemas'), { recursive: true });
+  writeFileSync(
+    path.join(workdir, 'schemas', 'order.created.json'),
+    JSON.stringify({ description: 'An order was placed', type: 'object' }),
   );
   let relay;
   let browser;
@@ -151,6 +158,15 @@ test('the operator console manages webhooks, shows live figures and disconnects 
       assert.equal(await page.evaluate((key) => sessionStorage.getItem(key), TOKEN_KEY), adminToken);
       assert.equal(await page.evaluate(() => document.cookie), '');
       assert.equal(await page.isVisible('#alert.shown'), false, 'the old error is gone');
+    });
+
+    await t.test('the event catalog is listed and its types are offered in the form', async () => {
+      const row = page.locator('#catalog-body tr[data-event-type="order.created"]');
+      await row.waitFor();
+      assert.match(await row.textContent(), /An order was placed/);
+      assert.equal(await page.isVisible('#catalog-empty'), false);
+      const offered = await page.$$eval('#create-types-catalog option', (options) => options.map((o) => o.value));
+      assert.deepEqual(offered, ['order.created']);
     });
 
     await t.test('a subscription is created through the form and its secret shown once', async () => {

@@ -641,7 +641,33 @@ function closeDelivery() {
 }
 
 function loadWebhooks() {
-  return Promise.all([loadSubscriptions(), loadLog()]);
+  return Promise.all([loadSubscriptions(), loadLog(), loadCatalog()]);
+}
+
+// ---------------------------------------------------------------------------
+// Webhooks: the event catalog
+
+async function loadCatalog() {
+  const { eventTypes } = await api('GET', '/v1/event-types');
+  $('catalog-body').replaceChildren(...eventTypes.map(catalogRow));
+  showEmpty('catalog-empty', eventTypes.length === 0);
+  const offered = eventTypes.map(({ type }) => element('option', { attrs: { value: type } }));
+  $('create-types-catalog').replaceChildren(...offered);
+}
+
+function catalogRow({ type, description, schema }) {
+  const tr = element('tr');
+  tr.dataset.eventType = type;
+  const shown = element('details', {}, [
+    element('summary', { text: 'JSON Schema' }),
+    element('pre', { className: 'mono', text: JSON.stringify(schema, null, 2) }),
+  ]);
+  tr.append(
+    element('th', { attrs: { scope: 'row' } }, [element('span', { className: 'mono', text: type })]),
+    cell(description ?? '—', description ? '' : 'muted'),
+    cell(shown),
+  );
+  return tr;
 }
 
 // ---------------------------------------------------------------------------

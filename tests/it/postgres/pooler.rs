@@ -370,19 +370,9 @@ async fn migrate_runs_through_a_transaction_pooler() {
     );
 
     let direct = db.connect().await;
-    let versions: Vec<i32> = direct
-        .query(
-            &format!(
-                "SELECT version FROM {}.schema_migrations ORDER BY version",
-                db.schema
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let versions: Vec<i32> = db
+        .column("SELECT version FROM {schema}.schema_migrations ORDER BY version")
+        .await;
     assert_eq!(versions, every);
     let channel: String = direct
         .query_one(&format!("SELECT channel FROM {}.settings", db.schema), &[])

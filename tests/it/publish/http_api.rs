@@ -35,7 +35,7 @@ async fn the_openapi_document_describes_routes_that_exist() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 23);
+    assert_eq!(checked, 24);
 
     let missing = client.get(server.url("/v2/nothing")).send().await.unwrap();
     assert_eq!(missing.status(), 404);
@@ -149,6 +149,85 @@ async fn publishing_with_a_schema_registry_refuses_unknown_types() {
     assert_eq!(status, 200);
     assert_eq!(db.outbox_count().await, 1);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `GET /v1/event-types` with `token` as the bearer: status and body.
+async fn catalog(server: &TestServer, token: Option<&str>) -> (u16, Value) {
+    let mut request = reqwest::Client::new().get(server.url("/v1/event-types"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn the_event_catalog_lists_the_schemas_for_either_token() {
+    let db = TestDb::new().await;
+    let dir = std::env::temp_dir().join(format!("eventrelay-catalog-{}", db.schema));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("order.shipped.json"),
+        r#"{"type": "object", "required": ["orderId"]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("order.created.json"),
+        r#"{"description": "An order was placed", "type": "object",
+            "examples": [{"orderId": 42}]}"#,
+    )
+    .unwrap();
+    std::fs::write(dir.join("README.md"), "not a schema").unwrap();
+    let schemas_dir = dir.to_string_lossy().into_owned();
+    let server = TestServer::start(&db, |c| {
+        c.publish.schemas_dir = Some(schemas_dir);
+        c.admin.token = Some("catalog-admin-token-long-enough".into());
+    });
+    server.ready().await;
+
+    let (status, answer) = catalog(&server, Some(PUBLISH_TOKEN)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer,
+        json!({"eventTypes": [
+            {"type": "order.created", "description": "An order was placed",
+             "schema": {"description": "An order was placed", "type": "object",
+                        "examples": [{"orderId": 42}]},
+             "examples": [{"orderId": 42}]},
+            {"type": "order.shipped",
+             "schema": {"type": "object", "required": ["orderId"]}},
+        ]})
+    );
+    let (status, by_admin) = catalog(&server, Some("catalog-admin-token-long-enough")).await;
+    assert_eq!((status, &by_admin), (200, &answer));
+    let (status, refused) = catalog(&server, Some("not-a-token")).await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    let (status, _) = catalog(&server, None).await;
+    assert_eq!(status, 401);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn without_a_schemas_directory_the_catalog_is_empty_and_without_tokens_off() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+    let (status, answer) = catalog(&server, Some(PUBLISH_TOKEN)).await;
+    assert_eq!((status, answer), (200, json!({"eventTypes": []})));
+
+    let closed = TestServer::start(&db, |c| {
+        c.publish.token = None;
+        c.admin.token = None;
+    });
+    closed.ready().await;
+    let (status, answer) = catalog(&closed, Some(PUBLISH_TOKEN)).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (403, Some("catalog_disabled"))
+    );
 }
 
 #[tokio::test]

@@ -247,6 +247,23 @@ impl TestDb {
             .get(0)
     }
 
+    /// The first column of every row `sql` returns, in order; `{schema}`
+    /// in it names this test's schema.
+    pub async fn column<T>(&self, sql: &str) -> Vec<T>
+    where
+        T: for<'a> tokio_postgres::types::FromSql<'a>,
+    {
+        let sql = sql.replace("{schema}", self.schema.as_str());
+        self.connect()
+            .await
+            .query(&sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    }
+
     pub async fn connect(&self) -> Client {
         eventrelay::connect(&self.url).await.unwrap_or_else(|e| {
             panic!(

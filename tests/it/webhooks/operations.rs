@@ -275,3 +275,118 @@ async fn failed_deliveries_since_a_time_are_sent_again_and_the_receivers_answer_
         "the field is named: {message}"
     );
 }
+
+#[tokio::test]
+async fn the_janitor_prunes_finished_deliveries_past_their_retention_and_keeps_the_rest() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start([]);
+    let subscriptions = vec![NewSubscription {
+        id: "kept-short".into(),
+        url: format!("{}/kept-short", receiver.url),
+        secret: SECRET.into(),
+        types: vec!["order.*".into()],
+        scope_key: None,
+    }];
+    let server = TestServer::start(&db, move |config: &mut Config| {
+        config.admin.token = Some(ADMIN_TOKEN.into());
+        config.webhooks.allow_private_networks = true;
+        config.webhooks.subscriptions = subscriptions;
+        config.webhooks.retention_secs = 3_600;
+        config.webhooks.dead_retention_secs = 7_200;
+        config.outbox.prune_interval_secs = 1;
+    });
+    server.ready().await;
+    for n in 0..6 {
+        db.emit(NewEvent::durable("order.created", "org-1", json!({"n": n})))
+            .await;
+    }
+    eventually("six deliveries delivered", async || {
+        let all = deliveries(&server, "kept-short").await;
+        (all.len() == 6 && all.iter().all(|d| d["status"] == "delivered")).then_some(())
+    })
+    .await;
+
+    // The clock cannot be moved, so the rows are aged instead: (status,
+    // finished this long ago, whether it outlived its retention).
+    let ages = [
+        ("delivered", "2 hours", true),
+        ("delivered", "30 minutes", false),
+        ("gone", "2 hours", true),
+        ("dead", "90 minutes", false),
+        ("dead", "3 hours", true),
+        ("pending", "10 hours", false),
+    ];
+    let client = db.connect().await;
+    let ids: Vec<i64> = db
+        .column("SELECT id FROM {schema}.webhook_deliveries ORDER BY event_seq")
+        .await;
+    for (id, (status, age, _)) in ids.iter().zip(ages) {
+        client
+            .execute(
+                &format!(
+                    "UPDATE {}.webhook_deliveries
+                     SET status = $2, updated_at = now() - $3::text::interval,
+                         next_attempt_at = now() + interval '1 day'
+                     WHERE id = $1",
+                    db.schema
+                ),
+                &[id, &status, &age],
+            )
+            .await
+            .unwrap();
+    }
+    server
+        .wait_for_metric("eventrelay_webhook_deliveries_pruned_total", |n| n >= 3.0)
+        .await;
+
+    let kept: Vec<(i64, i64)> = client
+        .query(
+            &format!(
+                "SELECT d.id, (SELECT count(*) FROM {schema}.webhook_attempts a
+                               WHERE a.delivery_id = d.id)
+                 FROM {schema}.webhook_deliveries d ORDER BY d.event_seq",
+                schema = db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let expected: Vec<i64> = ids
+        .iter()
+        .zip(ages)
+        .filter(|(_, (_, _, outlived))| !outlived)
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(
+        kept.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        expected,
+        "pending deliveries, and finished ones within their retention, stay"
+    );
+    assert!(
+        kept.iter().all(|(_, attempts)| *attempts == 1),
+        "the kept keep their attempts: {kept:?}"
+    );
+    let orphans: i64 = client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {schema}.webhook_attempts a
+                 WHERE NOT EXISTS (SELECT 1 FROM {schema}.webhook_deliveries d
+                                   WHERE d.id = a.delivery_id)",
+                schema = db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(orphans, 0, "the pruned went with their attempts");
+    assert_eq!(
+        server
+            .metric("eventrelay_webhook_deliveries_pruned_total")
+            .await,
+        3.0
+    );
+}
