@@ -26,7 +26,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -157,42 +157,14 @@ pub fn realtime_ns() -> u64 {
         .map_or(0, |elapsed| elapsed.as_nanos() as u64)
 }
 
-// ---------------------------------------------------------------------------
 // The child process.
-
-/// One phase's counters in one process: locked by its streams (all on the
-/// process's one thread), sent to the parent, which sums the processes'.
-type Tally = Mutex<PhaseFigures>;
-
-fn new_tally(relays: usize) -> Tally {
-    Mutex::new(PhaseFigures {
-        last_ready: vec![0; relays],
-        opened_per_relay: vec![0; relays],
-        ..PhaseFigures::default()
-    })
-}
-
-/// Counts into `tally`, poisoned or not.
-fn count(tally: &Tally, update: impl FnOnce(&mut PhaseFigures)) {
-    update(
-        &mut tally
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()),
-    );
-}
-
-fn counts(tally: &Tally) -> Value {
-    let mut counts = Value::Null;
-    count(tally, |figures| {
-        counts = serde_json::to_value(&*figures).unwrap_or_default()
-    });
-    counts
-}
 
 /// What every stream of the process shares.
 struct Shared {
     relays: usize,
-    phases: Mutex<Vec<Arc<Tally>>>,
+    /// Each phase's counters, the last one current: sent to the parent,
+    /// which sums the processes'.
+    phases: Mutex<Vec<PhaseFigures>>,
     /// First arrivals of each event on each stream, while timing.
     arrivals: Mutex<Vec<Arrival>>,
     timing: AtomicBool,
@@ -204,22 +176,30 @@ struct Shared {
 }
 
 impl Shared {
-    fn tally(&self) -> Arc<Tally> {
-        self.phases
-            .lock()
-            .ok()
-            .and_then(|phases| phases.last().cloned())
-            .unwrap_or_else(|| Arc::new(new_tally(self.relays)))
+    fn phases(&self) -> MutexGuard<'_, Vec<PhaseFigures>> {
+        self.phases.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn next_phase(&self) -> (usize, Arc<Tally>) {
-        let fresh = Arc::new(new_tally(self.relays));
-        let mut phases = match self.phases.lock() {
-            Ok(phases) => phases,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        phases.push(Arc::clone(&fresh));
-        (phases.len() - 1, fresh)
+    /// The current phase.
+    fn phase(&self) -> usize {
+        self.phases().len().saturating_sub(1)
+    }
+
+    /// Counts into phase `phase`.
+    fn count(&self, phase: usize, update: impl FnOnce(&mut PhaseFigures)) {
+        if let Some(figures) = self.phases().get_mut(phase) {
+            update(figures);
+        }
+    }
+
+    fn counts(&self, phase: usize) -> Value {
+        serde_json::to_value(self.phases().get(phase)).unwrap_or_default()
+    }
+
+    fn next_phase(&self) -> usize {
+        let mut phases = self.phases();
+        phases.push(PhaseFigures::new(self.relays));
+        phases.len() - 1
     }
 }
 
@@ -260,17 +240,17 @@ impl Stream {
         let policy = shared.reconnect;
         let mut failures = 0;
         while !*stop.borrow() {
-            let tally = shared.tally();
+            let phase = shared.phase();
             let ended = self
-                .attempt(&shared, &tally, &mut stop, &mut first_permit)
+                .attempt(&shared, phase, &mut stop, &mut first_permit)
                 .await;
-            // Counts how the attempt failed; the wait before the next one
-            // follows from the reconnect policy.
             if matches!(ended, Ended::Stopped) {
                 break;
             }
+            // Counts how the attempt failed; the wait before the next one
+            // follows from the reconnect policy.
             let mut fixed = Some(RETRY_WHILE_DOWN);
-            count(&tally, |t| match ended {
+            shared.count(phase, |t| match ended {
                 Ended::ByServer | Ended::Stopped => fixed = None,
                 Ended::Down => t.refused_while_down += 1,
                 Ended::NoDescriptor => t.out_of_descriptors += 1,
@@ -335,12 +315,12 @@ impl Stream {
     async fn attempt(
         &mut self,
         shared: &Shared,
-        tally: &Tally,
+        phase: usize,
         stop: &mut watch::Receiver<bool>,
         first_permit: &mut Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Ended {
         let started = Instant::now();
-        count(tally, |t| {
+        shared.count(phase, |t| {
             if t.first_attempt == 0 {
                 t.first_attempt = realtime_ns();
             }
@@ -401,13 +381,12 @@ impl Stream {
                         }
                         Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return,
                         Err(error) => {
-                            let phase = if streaming || became_ready {
+                            let when = if streaming || became_ready {
                                 "streaming"
                             } else {
                                 "before ready"
                             };
-                            outcome =
-                                Some(Ended::Broken(format!("read {phase}: {}", error.kind())));
+                            outcome = Some(Ended::Broken(format!("read {when}: {}", error.kind())));
                             return;
                         }
                     }
@@ -440,7 +419,7 @@ impl Stream {
                 streaming = true;
                 first_permit.take();
                 shared.streaming.fetch_add(1, Ordering::Relaxed);
-                count(tally, |t| {
+                shared.count(phase, |t| {
                     t.streams_opened += 1;
                     t.opened_per_relay[self.relay] += 1;
                     t.last_ready[self.relay] = t.last_ready[self.relay].max(realtime_ns());
@@ -501,7 +480,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     let (stop, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         relays,
-        phases: Mutex::new(Vec::new()),
+        phases: Mutex::new(vec![PhaseFigures::new(relays)]),
         arrivals: Mutex::new(Vec::new()),
         timing: AtomicBool::new(true),
         streaming: AtomicUsize::new(0),
@@ -509,7 +488,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
         stop,
         reconnect: spec.reconnect,
     });
-    let (mut phase, mut tally) = shared.next_phase();
+    let mut phase = 0;
     let handshakes = Arc::new(Semaphore::new(spec.connect_concurrency.max(1)));
     let count = spec.streams.len();
     let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (spec.index % 8) as u8));
@@ -556,7 +535,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     let finish = loop {
         if !reported
             && shared.streaming.load(Ordering::Relaxed) >= count
-            && tally.lock().is_ok_and(|t| t.streams_opened >= count as u64)
+            && shared.phases()[phase].streams_opened >= count as u64
         {
             reported = true;
             say(&json!({"event": "all_streaming", "phase": phase, "at": realtime_ns()}));
@@ -573,7 +552,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
         match words.as_slice() {
             ["phase"] => {
                 shared.timing.store(false, Ordering::Relaxed);
-                (phase, tally) = shared.next_phase();
+                phase = shared.next_phase();
                 reported = false;
             }
             ["report"] => {
@@ -592,7 +571,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
                 file.flush()?;
                 say(&json!({
                     "event": "report",
-                    "tally": counts(&tally),
+                    "tally": shared.counts(phase),
                     "received": shared.received.load(Ordering::Relaxed),
                     "receipts": spec.receipts_path().display().to_string(),
                 }));
@@ -630,11 +609,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
         missing += gap;
         missing_streams += u64::from(gap > 0);
     }
-    let phases: Vec<Value> = shared
-        .phases
-        .lock()
-        .map(|phases| phases.iter().map(|tally| counts(tally)).collect())
-        .unwrap_or_default();
+    let phases = serde_json::to_value(&*shared.phases())?;
     say(&json!({
         "event": "finished",
         "expected": expected,
@@ -646,7 +621,6 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     Ok(())
 }
 
-// ---------------------------------------------------------------------------
 // The parent's side.
 
 /// One arrival read back from a client's receipts file.
@@ -816,6 +790,14 @@ pub struct PhaseFigures {
 }
 
 impl PhaseFigures {
+    fn new(relays: usize) -> PhaseFigures {
+        PhaseFigures {
+            last_ready: vec![0; relays],
+            opened_per_relay: vec![0; relays],
+            ..PhaseFigures::default()
+        }
+    }
+
     /// Nothing refused or reset.
     pub fn clean(&self) -> bool {
         self.timeouts == 0
@@ -827,10 +809,8 @@ impl PhaseFigures {
     /// From each client's counters of the phase.
     pub fn merge(tallies: &[&Value], relays: usize) -> PhaseFigures {
         let mut phase = PhaseFigures {
-            last_ready: vec![0; relays],
-            opened_per_relay: vec![0; relays],
             first_attempt: u64::MAX,
-            ..PhaseFigures::default()
+            ..PhaseFigures::new(relays)
         };
         let mut connect = Vec::new();
         for tally in tallies {

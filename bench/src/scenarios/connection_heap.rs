@@ -1,14 +1,14 @@
-//! Where an idle stream's memory goes. A relay runs inside the bench
-//! process, whose counting allocator sees every heap byte; N streams are
-//! opened over raw sockets (the client side allocates nothing but its
-//! sockets) and left idle. The live heap per stream is then compared with
-//! the same number of bare TCP connections to a listener that only holds
-//! them, which is what the sockets themselves cost on both ends. A third
-//! measurement lets streams carry many durable events and counts what
-//! their heap grew by, which a stream that lives for hours would keep.
+//! Where an idle stream's memory goes (`--only memory`). A relay runs
+//! inside the bench process, whose counting allocator sees every heap byte;
+//! N streams are opened over raw sockets and left idle, and the live heap
+//! per stream is set against the same number of bare TCP connections (what
+//! the sockets cost on both ends). Also: what a surge of streams connecting
+//! at once holds at its peak, and what many durable events add to a live
+//! stream's heap, which a stream that lives for hours would keep.
 
 use crate::context::Context;
 use crate::report::{Table, size};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -24,81 +24,84 @@ use crate::in_process::InProcessRelay;
 use crate::sse_load::request_head;
 use crate::{BenchResult, subscriber_token};
 
-/// Heap bytes per connection, measured two ways.
-#[derive(Debug, Clone)]
-pub struct ConnectionHeap {
-    /// An idle event stream, both ends, in one process.
-    pub stream: f64,
-    /// A bare TCP connection held open, both ends, in one process.
-    pub bare_socket: f64,
-    /// What an idle stream holds, by block size: (up to this many bytes,
-    /// blocks per stream), for the sizes of which a stream holds at least
-    /// half a block, largest first.
-    pub blocks: Vec<(usize, f64)>,
-}
-
 /// Lets allocations made by background work settle before a reading.
 const SETTLE: Duration = Duration::from_millis(500);
+/// The scope and event type the carrying streams use.
+const CARRY_SCOPE: &str = "carry";
+const CARRY_TYPE: &str = "bench.carry";
+/// Events per transaction: well under a stream's queue, so fast readers
+/// are never dropped as slow.
+const CARRY_BATCH: usize = 250;
+/// Events before the baseline: past every per-scope memory that fills up
+/// and then stays (the tail, the relay's delivered set).
+const CARRY_WARM_UP: usize = 5_000;
 
-pub async fn measure(database_url: &str, schema: &str, n: usize) -> BenchResult<ConnectionHeap> {
-    let bare_socket = bare_sockets(n).await?;
+/// An in-process relay with one stream open, so the scope's hub and the
+/// first-use allocations of every part are in place before a baseline.
+async fn warm_relay(database_url: &str, schema: &str) -> BenchResult<(InProcessRelay, TcpStream)> {
     let relay = InProcessRelay::start(database_url, schema).await?;
-    let address = relay.address;
-    // One stream first, so the scope's hub and the first-use allocations
-    // of every part are in place before the baseline.
-    let _first = open_stream(address, "heap-warm").await?;
+    let first = open_stream(relay.address, "heap-warm", "heap").await?;
     tokio::time::sleep(SETTLE).await;
+    Ok((relay, first))
+}
+
+/// Stops a relay: that joins its thread, so off the runtime's workers.
+async fn stop(relay: InProcessRelay) -> BenchResult<()> {
+    Ok(tokio::task::spawn_blocking(move || drop(relay)).await?)
+}
+
+/// Blocks per stream by size class between two readings, largest first,
+/// for the sizes whose count `shown` keeps, with `decimals`.
+fn blocks(
+    later: &[isize],
+    earlier: &[isize],
+    n: usize,
+    shown: impl Fn(f64) -> bool,
+    decimals: usize,
+) -> String {
+    let mut found: Vec<String> = later
+        .iter()
+        .zip(earlier)
+        .enumerate()
+        .map(|(class, (l, e))| (SIZE_CLASS * (class + 1), (l - e) as f64 / n as f64))
+        .filter(|(_, per_stream)| shown(*per_stream))
+        .map(|(size, count)| format!("{count:.decimals$} × ≤ {size} B"))
+        .collect();
+    found.reverse();
+    found.join(" · ")
+}
+
+/// Heap bytes per idle stream and by block size, both ends.
+async fn idle_streams(database_url: &str, schema: &str, n: usize) -> BenchResult<(f64, String)> {
+    let (relay, _first) = warm_relay(database_url, schema).await?;
     let mut streams = Vec::with_capacity(n);
     let blocks_before = live_blocks();
     let before = live_bytes();
     for index in 0..n {
-        streams.push(open_stream(address, &format!("heap-{index}")).await?);
+        streams.push(open_stream(relay.address, &format!("heap-{index}"), "heap").await?);
     }
     tokio::time::sleep(SETTLE).await;
     let after = live_bytes();
-    let blocks_after = live_blocks();
+    let by_size = blocks(&live_blocks(), &blocks_before, n, |b| b.abs() >= 0.5, 1);
+    // The vector of sockets is the measurement's own, not the streams'.
     let vector = (streams.capacity() * std::mem::size_of::<TcpStream>()) as isize;
     drop(streams);
-    let mut blocks: Vec<(usize, f64)> = blocks_after
-        .iter()
-        .zip(&blocks_before)
-        .enumerate()
-        .map(|(class, (after, before))| {
-            (SIZE_CLASS * (class + 1), (after - before) as f64 / n as f64)
-        })
-        .filter(|(_, per_stream)| per_stream.abs() >= 0.5)
-        .collect();
-    blocks.reverse();
-    // Stopping joins the relay's thread: do it off the runtime's workers.
-    tokio::task::spawn_blocking(move || drop(relay)).await?;
-    Ok(ConnectionHeap {
-        stream: (after - before - vector) as f64 / n as f64,
-        bare_socket,
-        blocks,
-    })
+    stop(relay).await?;
+    Ok(((after - before - vector) as f64 / n as f64, by_size))
 }
 
-/// What a surge of streams connecting at once holds at its peak beyond
-/// what the same streams hold once idle.
-#[derive(Debug, Clone)]
-pub struct SurgeHeap {
-    /// Live heap at the peak, less the idle streams' heap, per stream.
-    pub transient: f64,
-    /// The blocks making up the difference, as in [`ConnectionHeap`].
-    pub blocks: Vec<(usize, f64)>,
-}
-
-/// Opens `n` streams all at once and samples the live heap until every
-/// one is ready.
-pub async fn measure_surge(database_url: &str, schema: &str, n: usize) -> BenchResult<SurgeHeap> {
-    let relay = InProcessRelay::start(database_url, schema).await?;
+/// Opens `n` streams all at once and samples the live heap until every one
+/// is ready: the heap at the peak beyond what they hold idle, per stream,
+/// and the blocks that make it up.
+async fn surge(database_url: &str, schema: &str, n: usize) -> BenchResult<(f64, String)> {
+    let (relay, _first) = warm_relay(database_url, schema).await?;
     let address = relay.address;
-    let _first = open_stream(address, "surge-warm").await?;
-    tokio::time::sleep(SETTLE).await;
     let before = live_bytes();
     let opening: Vec<_> = (0..n)
         .map(|index| {
-            tokio::spawn(async move { open_stream(address, &format!("surge-{index}")).await })
+            tokio::spawn(
+                async move { open_stream(address, &format!("surge-{index}"), "heap").await },
+            )
         })
         .collect();
     let mut peak = (before, live_blocks());
@@ -116,25 +119,9 @@ pub async fn measure_surge(database_url: &str, schema: &str, n: usize) -> BenchR
     tokio::time::sleep(SETTLE).await;
     let idle = (live_bytes(), live_blocks());
     drop(streams);
-    tokio::task::spawn_blocking(move || drop(relay)).await?;
-    let mut blocks: Vec<(usize, f64)> = peak
-        .1
-        .iter()
-        .zip(&idle.1)
-        .enumerate()
-        .map(|(class, (at_peak, at_idle))| {
-            (
-                SIZE_CLASS * (class + 1),
-                (at_peak - at_idle) as f64 / n as f64,
-            )
-        })
-        .filter(|(_, per_stream)| *per_stream >= 0.05)
-        .collect();
-    blocks.reverse();
-    Ok(SurgeHeap {
-        transient: (peak.0 - idle.0) as f64 / n as f64,
-        blocks,
-    })
+    stop(relay).await?;
+    let transient = (peak.0 - idle.0) as f64 / n as f64;
+    Ok((transient, blocks(&peak.1, &idle.1, n, |b| b >= 0.05, 2)))
 }
 
 /// Heap per bare TCP connection: both ends held open by tokio sockets.
@@ -144,51 +131,24 @@ async fn bare_sockets(n: usize) -> BenchResult<f64> {
     let mut held = Vec::with_capacity(2 * n);
     let before = live_bytes();
     for _ in 0..n {
-        let client = TcpStream::connect(address).await?;
-        let (server, _) = listener.accept().await?;
-        held.push(client);
-        held.push(server);
+        held.push(TcpStream::connect(address).await?);
+        held.push(listener.accept().await?.0);
     }
     let after = live_bytes();
-    // The vector of sockets is the measurement's own, not the sockets'.
     let vector = (held.capacity() * std::mem::size_of::<TcpStream>()) as isize;
     Ok((after - before - vector) as f64 / n as f64)
 }
 
-/// What carrying durable events adds to a live stream's heap.
-#[derive(Debug, Clone)]
-pub struct CarriedHeap {
-    /// Live heap per stream once `events` more events were delivered to
-    /// every stream, less what it held after the warm-up.
-    pub growth: f64,
-    pub events: usize,
-}
-
-/// The scope and event type the carrying streams use.
-const CARRY_SCOPE: &str = "carry";
-const CARRY_TYPE: &str = "bench.carry";
-/// Events per transaction: well under a stream's queue, so fast readers
-/// are never dropped as slow.
-const CARRY_BATCH: usize = 250;
-/// Events before the baseline: past every per-scope memory that fills up
-/// and then stays (the tail, the relay's delivered set).
-const CARRY_WARM_UP: usize = 5_000;
-
-/// Opens `n` streams that read and count every event, delivers
-/// [`CARRY_WARM_UP`] durable events, takes the live heap, delivers
-/// `events` more and takes it again.
-pub async fn measure_carried(
-    database_url: &str,
-    schema: &str,
-    n: usize,
-    events: usize,
-) -> BenchResult<CarriedHeap> {
+/// Opens `n` streams that count every event, delivers [`CARRY_WARM_UP`]
+/// durable events, takes the live heap, delivers `events` more and answers
+/// what the heap grew by per stream.
+async fn carried(database_url: &str, schema: &str, n: usize, events: usize) -> BenchResult<f64> {
     let relay = InProcessRelay::start(database_url, schema).await?;
-    let address = relay.address;
     let mut received = Vec::with_capacity(n);
     let mut readers = Vec::with_capacity(n);
     for index in 0..n {
-        let socket = open_stream_in(address, &format!("carry-{index}"), CARRY_SCOPE).await?;
+        let subscriber = format!("carry-{index}");
+        let socket = open_stream(relay.address, &subscriber, CARRY_SCOPE).await?;
         let count = Arc::new(AtomicUsize::new(0));
         received.push(Arc::clone(&count));
         readers.push(tokio::spawn(count_events(socket, count)));
@@ -218,25 +178,22 @@ pub async fn measure_carried(
     for reader in &readers {
         reader.abort();
     }
-    tokio::task::spawn_blocking(move || drop(relay)).await?;
-    Ok(CarriedHeap {
-        growth: (after - before) as f64 / n as f64,
-        events,
-    })
+    stop(relay).await?;
+    Ok((after - before) as f64 / n as f64)
 }
 
 /// Waits until every stream has received `events` events.
 async fn every_stream_has(received: &[Arc<AtomicUsize>], events: usize) -> BenchResult<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while received
-        .iter()
-        .any(|count| count.load(Ordering::Relaxed) < events)
-    {
+    let behind = || {
+        received
+            .iter()
+            .filter(|count| count.load(Ordering::Relaxed) < events)
+            .count()
+    };
+    while behind() > 0 {
         if Instant::now() > deadline {
-            let behind = received
-                .iter()
-                .filter(|count| count.load(Ordering::Relaxed) < events)
-                .count();
+            let behind = behind();
             return Err(
                 format!("{behind} streams had not received {events} events in 30 s").into(),
             );
@@ -268,21 +225,11 @@ async fn count_events(mut socket: TcpStream, count: Arc<AtomicUsize>) -> BenchRe
     }
 }
 
-/// Opens a stream over a raw socket and reads until its `ready` frame.
-async fn open_stream(address: std::net::SocketAddr, subscriber: &str) -> BenchResult<TcpStream> {
-    open_stream_in(address, subscriber, "heap").await
-}
-
-/// Opens a stream of `scope` over a raw socket and reads until its
-/// `ready` frame.
-async fn open_stream_in(
-    address: std::net::SocketAddr,
-    subscriber: &str,
-    scope: &str,
-) -> BenchResult<TcpStream> {
+/// Opens a stream of `scope` over a raw socket and reads until its `ready`
+/// frame.
+async fn open_stream(address: SocketAddr, subscriber: &str, scope: &str) -> BenchResult<TcpStream> {
     let mut socket = TcpStream::connect(address).await?;
-    let token = subscriber_token(subscriber, scope);
-    let authorization = format!("Bearer {token}");
+    let authorization = format!("Bearer {}", subscriber_token(subscriber, scope));
     let request = request_head(address, "/v1/events", Some(&authorization), None);
     socket.write_all(request.as_bytes()).await?;
     let mut seen = [0u8; 2048];
@@ -306,56 +253,41 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let (db, schema) = (cx.db(), cx.schema.as_str());
     let n = if cx.args.quick { 1_000 } else { 5_000 };
     eprintln!("heap per idle stream: {n} streams");
-    let heap = measure(db, schema, n).await?;
+    let bare_socket = bare_sockets(n).await?;
+    let (stream, by_size) = idle_streams(db, schema, n).await?;
     // The client's half of each connection is a bare socket's half.
-    let relay_side = heap.stream - heap.bare_socket / 2.0;
+    let relay_side = stream - bare_socket / 2.0;
     table.add(
-            format!("heap per idle stream, relay side ({n} streams, in-process, counted allocator)"),
-            format!(
-                "{} allocated per stream (a bare TCP connection's two ends: {}); actix-http's read and write buffers are 8 KiB each of it",
-                size(relay_side),
-                size(heap.bare_socket)
-            ),
-            "–".to_owned(),
-        );
-    let blocks: Vec<String> = heap
-        .blocks
-        .iter()
-        .map(|(size, count)| format!("{count:.1} × ≤ {size} B"))
-        .collect();
+        format!("heap per idle stream, relay side ({n} streams, in-process, counted allocator)"),
+        format!(
+            "{} allocated per stream (a bare TCP connection's two ends: {}); actix-http's read and write buffers are 8 KiB each of it",
+            size(relay_side),
+            size(bare_socket)
+        ),
+        "–",
+    );
     table.add(
         "heap per idle stream, by block size (both ends, in-process)",
-        blocks.join(" · "),
-        "–".to_owned(),
+        by_size,
+        "–",
     );
-    let carrying = 100;
-    let events = 20_000;
+    let (carrying, events) = (100, 20_000);
     eprintln!("heap per stream carrying {events} durable events: {carrying} streams");
-    let carried = measure_carried(db, schema, carrying, events).await?;
+    let growth = carried(db, schema, carrying, events).await?;
     table.add(
-            format!(
-                "heap a live stream adds carrying {} durable events ({carrying} streams, in-process, after a warm-up)",
-                carried.events
-            ),
-            format!("{} per stream", size(carried.growth)),
-            "–".to_owned(),
-        );
-    let surge = measure_surge(db, schema, n).await?;
-    let blocks: Vec<String> = surge
-        .blocks
-        .iter()
-        .map(|(size, count)| format!("{count:.2} × ≤ {size} B"))
-        .collect();
+        format!(
+            "heap a live stream adds carrying {events} durable events ({carrying} streams, in-process, after a warm-up)"
+        ),
+        format!("{} per stream", size(growth)),
+        "–",
+    );
+    let (transient, by_size) = surge(db, schema, n).await?;
     table.add(
         format!(
             "heap per stream at the peak of {n} connecting at once, beyond what they hold idle"
         ),
-        format!(
-            "{} per stream: {}",
-            size(surge.transient),
-            blocks.join(" · ")
-        ),
-        "–".to_owned(),
+        format!("{} per stream: {by_size}", size(transient)),
+        "–",
     );
     Ok(())
 }
