@@ -1,18 +1,11 @@
 #!/usr/bin/env python3
 """Idle memory per stream, read from outside the load tool.
 
-Starts a release relay (`eventrelay serve`, as bench/src/relay_process.rs
-does) on a fresh schema, reads its VmRSS, opens N `GET /v1/events` streams
-on one scope with valid tokens and no events, waits until every stream has
-its `ready` frame, then reads RSS again at the given delays; prints
-(RSS growth) / N per reading as JSON. The clients are plain asyncio sockets
-in this process, so nothing of the load tool's is measured.
-
-What the clients do is chosen on the command line, because each choice
-moves the figure: how many handshakes are in flight at once (all of them,
-as a probe that starts every client at once, or a few hundred, as the load
-tool), browser-like request headers, a `grants` claim of a given size in
-the token, a `Last-Event-ID`.
+Starts a release relay on a fresh schema, opens N `GET /v1/events` streams
+on one scope from plain asyncio sockets in this process, waits for every
+`ready` frame and prints (RSS growth) / N at the given delays as JSON. How
+many handshakes are in flight, browser-like headers and a `grants` claim
+each move the figure, so they are options:
 
     python3 bench/idle_probe.py --relay-bin target/release/eventrelay \\
         --streams 10000 --concurrency 10000 --browser-headers --grants-bytes 300
@@ -83,17 +76,12 @@ def request(index, args):
     )
     if args.browser_headers:
         text += BROWSER_HEADERS
-    if args.last_event_id is not None:
-        text += f"Last-Event-ID: {args.last_event_id}\r\n"
     return (text + "\r\n").encode()
 
 
 async def stream(index, args, head, ready, gate):
-    source = f"127.0.0.{2 + index % 8}" if args.source_addresses else None
     async with gate:
-        reader, writer = await asyncio.open_connection(
-            "127.0.0.1", args.port, local_addr=(source, 0) if source else None
-        )
+        reader, writer = await asyncio.open_connection("127.0.0.1", args.port)
         writer.write(head)
         seen = b""
         while b"event: ready" not in seen:
@@ -146,9 +134,6 @@ def main():
                         help="handshakes in flight at once (the load tool keeps 200)")
     parser.add_argument("--browser-headers", action="store_true")
     parser.add_argument("--grants-bytes", type=int, default=0)
-    parser.add_argument("--last-event-id", type=int)
-    parser.add_argument("--source-addresses", action="store_true",
-                        help="connect from 127.0.0.2-9 in turn")
     parser.add_argument("--read-after", type=float, nargs="+", default=[5.0, 20.0])
     args = parser.parse_args()
 

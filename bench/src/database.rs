@@ -7,10 +7,7 @@ use crate::BenchResult;
 
 /// Creates and migrates `schema`, notifying on a channel of the same name.
 pub async fn create_schema(database_url: &str, schema: &str) -> BenchResult<()> {
-    let mut client = eventrelay::connect(database_url).await?;
-    let name = Identifier::new(schema)?;
-    eventrelay::store::migrate(&mut client, &name, &name).await?;
-    Ok(())
+    create_schema_for(database_url, schema, eventrelay::store::WakeupMode::Notify).await
 }
 
 /// Creates and migrates `schema` for a wake-up mode (on a server with

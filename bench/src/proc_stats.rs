@@ -23,16 +23,9 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
     Some(after_name.split_whitespace().map(str::to_owned).collect())
 }
 
-/// User plus system CPU seconds used so far by `pids`.
-pub fn cpu_seconds(pids: &[u32]) -> f64 {
-    let (user, system) = cpu_split(pids);
-    user + system
-}
-
 /// User and system CPU seconds used so far by `pids`, apart: a server's
 /// system time is mostly its sockets' work in the kernel, which any server
-/// writing the same frames pays alike, so the user time is what tells two
-/// servers' own code apart.
+/// writing the same frames pays alike.
 pub fn cpu_split(pids: &[u32]) -> (f64, f64) {
     pids.iter()
         .filter_map(|pid| {
@@ -72,7 +65,7 @@ pub fn children_of(parent: u32) -> Vec<u32> {
         .collect()
 }
 
-/// CPU and memory snapshot used around a measured phase.
+/// CPU and memory, read around a measured phase.
 #[derive(Debug, Clone, Copy)]
 pub struct Usage {
     pub cpu_seconds: f64,

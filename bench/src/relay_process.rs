@@ -1,5 +1,6 @@
-//! Starts the eventrelay binary as a separate process with a generated
-//! configuration file, waits until it is ready, and stops it when dropped.
+//! The eventrelay binary as a separate process, with a generated
+//! configuration file: started, awaited until ready, stopped when dropped.
+//! The scenarios and the fault campaign start their relays through it.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -27,23 +28,19 @@ pub struct RelaySettings {
     pub wakeup: &'static str,
     /// `http.header_timeout_secs`; unset, the relay's default.
     pub header_timeout_secs: Option<u64>,
-    /// `webhooks.lease_ms` (and a request timeout of a third of it, and
-    /// retries 1, 2, 3, 5, 8, 13 and 20 s apart, so a run can wait for
-    /// them); unset, the relay's defaults.
+    /// `webhooks.lease_ms` (with a request timeout of a third of it, and
+    /// retries 1 to 20 s apart, so a run can wait for them).
     pub webhook_lease_ms: Option<u64>,
     /// How soon a silent path to Postgres counts as dead:
-    /// `database.listen_health_secs` and `tcp_user_timeout_secs` (with
-    /// keepalive probes every second); unset, the relay's defaults.
+    /// `database.listen_health_secs` and `tcp_user_timeout_secs`.
     pub dead_path_secs: Option<u64>,
     /// Write only the settings every release has had, for an earlier
-    /// binary run side by side (its configuration refuses unknown keys).
+    /// binary (its configuration refuses unknown keys).
     pub baseline: bool,
-    /// Start the relay in a session of its own, as a service manager
-    /// would, and as nginx is (it daemonizes). Linux's autogroup
-    /// scheduling shares CPU time between sessions before it shares it
-    /// between their threads: a relay left in the load tool's session
-    /// competes with the load tool's readers as one group, where nginx is
-    /// a group apart, so side-by-side runs with nchan set this.
+    /// Start the relay in a session of its own, as nginx is (it
+    /// daemonizes): Linux's autogroup scheduling shares CPU time between
+    /// sessions before their threads, so a relay in the load tool's session
+    /// would compete with the load as one group. Runs beside nchan set this.
     pub own_session: bool,
 }
 
@@ -71,9 +68,8 @@ impl RelaySettings {
         self
     }
 
-    /// The configuration file; a baseline relay gets only the database,
-    /// HTTP, authentication and the publish token, each left at its
-    /// default otherwise.
+    /// The configuration file (a baseline relay's: only the database, HTTP,
+    /// authentication and the publish token).
     fn toml(&self, port: u16) -> String {
         let (url, schema, pool_size) = (&self.database_url, &self.schema, self.pool_size);
         let mut database = format!(
@@ -167,12 +163,11 @@ impl RelayProcess {
             .stderr(log);
         if settings.own_session {
             // Out of the load tool's process group, Ctrl-C no longer
-            // reaches the relay: it is told to stop when the thread that
-            // started it ends instead.
+            // reaches the relay: it stops when the thread that started it
+            // ends instead.
             //
             // SAFETY: runs in the child between fork and exec, where only
-            // async-signal-safe calls are allowed; setsid and prctl are,
-            // and nothing else is touched.
+            // async-signal-safe calls (setsid and prctl are) are allowed.
             unsafe {
                 command.pre_exec(|| {
                     if libc::setsid() == -1
@@ -200,9 +195,8 @@ impl RelayProcess {
         self.child.id()
     }
 
-    /// Stops the relay with SIGTERM, as a deploy does, and waits until the
-    /// process has exited (killing it after `patience`); answers how long
-    /// the shutdown took.
+    /// Stops the relay with SIGTERM, as a deploy does, and answers how long
+    /// it took to exit (killing it after `patience`).
     pub async fn terminate(&mut self, patience: Duration) -> BenchResult<Duration> {
         let started = std::time::Instant::now();
         let status = Command::new("kill")
@@ -282,9 +276,9 @@ pub fn free_port() -> BenchResult<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// The relay binary a workspace test build made, next to the running test's
-/// own directory (`target/<profile>/eventrelay`), or `EVENTRELAY_BIN`: what
-/// the bench's and the campaign's tests start.
+/// `EVENTRELAY_BIN`, or the relay binary a workspace test build made
+/// (`target/<profile>/eventrelay`): what the bench's and campaign's tests
+/// start.
 pub fn test_relay_binary() -> BenchResult<PathBuf> {
     if let Ok(path) = std::env::var("EVENTRELAY_BIN") {
         return Ok(PathBuf::from(path));

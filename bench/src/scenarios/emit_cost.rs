@@ -1,6 +1,6 @@
-//! Emit cost: committed transactions per second of a small write alone, with
-//! an emit through the publisher crate, and with the SQL `emit(...)` function
-//! in the same transaction, at several numbers of concurrent writers.
+//! Emit cost (`--only emit`): committed transactions per second of a small
+//! write alone, with an emit through the publisher crate, and with the SQL
+//! `emit(...)` function in the same transaction, at 1, 8 and 32 writers.
 
 use crate::context::Context;
 use crate::report::{Table, verdict};
@@ -21,14 +21,6 @@ pub enum WriteKind {
     WithSqlEmit,
 }
 
-#[derive(Debug, Clone)]
-pub struct EmitCostFigures {
-    pub writers: usize,
-    pub plain_tps: f64,
-    pub publisher_tps: f64,
-    pub sql_tps: f64,
-}
-
 /// Creates the table the writers insert into.
 pub async fn prepare(database_url: &str, schema: &str) -> BenchResult<()> {
     let client = eventrelay::connect(database_url).await?;
@@ -39,28 +31,6 @@ pub async fn prepare(database_url: &str, schema: &str) -> BenchResult<()> {
         ))
         .await?;
     Ok(())
-}
-
-pub async fn run(
-    database_url: &str,
-    schema: &str,
-    writers: usize,
-    duration: Duration,
-) -> BenchResult<EmitCostFigures> {
-    let mut tps = Vec::new();
-    for kind in [
-        WriteKind::Plain,
-        WriteKind::WithPublisherEmit,
-        WriteKind::WithSqlEmit,
-    ] {
-        tps.push(measure(database_url, schema, kind, writers, duration).await?);
-    }
-    Ok(EmitCostFigures {
-        writers,
-        plain_tps: tps[0],
-        publisher_tps: tps[1],
-        sql_tps: tps[2],
-    })
 }
 
 /// Committed transactions per second of `writers` concurrent writers each
@@ -147,9 +117,16 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     prepare(db, schema).await?;
     for writers in [1, 8, 32] {
         eprintln!("emit cost, {writers} writers");
-        let f = run(db, schema, writers, cx.scale.emit_run).await?;
-        let ratio = f.publisher_tps / f.plain_tps;
-        let sql_ratio = f.sql_tps / f.plain_tps;
+        let mut tps = Vec::new();
+        for kind in [
+            WriteKind::Plain,
+            WriteKind::WithPublisherEmit,
+            WriteKind::WithSqlEmit,
+        ] {
+            tps.push(measure(db, schema, kind, writers, cx.scale.emit_run).await?);
+        }
+        let (plain, publisher, sql) = (tps[0], tps[1], tps[2]);
+        let (ratio, sql_ratio) = (publisher / plain, sql / plain);
         let target = if writers == 8 {
             format!(
                 "≥ 0.8× plain at 8 writers: {}",
@@ -159,13 +136,12 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
             "–".to_owned()
         };
         table.add(
-                format!("emit cost, {writers} writer(s)"),
-                format!(
-                    "plain {:.0} tx/s · with publisher emit {:.0} tx/s ({ratio:.2}×) · with SQL emit() {:.0} tx/s ({sql_ratio:.2}×)",
-                    f.plain_tps, f.publisher_tps, f.sql_tps
-                ),
-                target,
-            );
+            format!("emit cost, {writers} writer(s)"),
+            format!(
+                "plain {plain:.0} tx/s · with publisher emit {publisher:.0} tx/s ({ratio:.2}×) · with SQL emit() {sql:.0} tx/s ({sql_ratio:.2}×)"
+            ),
+            target,
+        );
     }
     Ok(())
 }

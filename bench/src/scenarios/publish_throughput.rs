@@ -1,12 +1,13 @@
-//! Publishing at scale: how many durable events per second the HTTP publish
-//! API accepts from concurrent publishers, each sending one event and
-//! waiting for the answer before the next (the answer comes after the
-//! commit), with the publish latency each saw; and the publisher crate's
-//! batch emit against one emit per event.
+//! Publishing at scale (`--only publish`): durable events per second the
+//! HTTP publish API accepts from concurrent publishers, each waiting for
+//! its answer (which comes after the commit) before the next, with group
+//! commit off and on and, given `--baseline-relay-bin`, against an earlier
+//! release; and the publisher crate's batch emit against one emit per event.
 
 use crate::context::Context;
 use crate::report::{Table, median, ms, verdict};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -191,20 +192,38 @@ fn publish_figures(f: &PublishFigures) -> String {
     )
 }
 
-/// The 1- and 64-publisher HTTP publish rows against an earlier release,
-/// on a schema of its own that it migrates itself; answers its events/s
-/// at 64 publishers.
-async fn baseline_publish_row(
-    cx: &Context,
-    binary: &std::path::Path,
-    table: &mut Table,
-) -> BenchResult<f64> {
-    // A schema of its own, which it migrates at start with its own
-    // migrations.
+/// A schema for an earlier release, which migrates it itself, and that
+/// release's settings on it (what every release has had, nothing newer).
+fn baseline_settings(cx: &Context) -> (String, RelaySettings) {
     let schema = unique_schema("bench_baseline");
     let mut settings = RelaySettings::new(cx.db(), &schema);
     settings.baseline = true;
-    let rows = baseline_rows(cx, binary, &settings, table).await;
+    (schema, settings)
+}
+
+/// The 1- and 64-publisher rows against an earlier release; answers its
+/// events/s at 64 publishers.
+async fn baseline_publish_row(cx: &Context, binary: &Path, table: &mut Table) -> BenchResult<f64> {
+    let (schema, settings) = baseline_settings(cx);
+    let rows = async {
+        let relay = RelayProcess::start(binary, &cx.args.work_dir, &settings).await?;
+        let mut at_64 = 0.0;
+        for publishers in [1, 64] {
+            eprintln!("HTTP publish, {publishers} publishers, earlier release");
+            let f = http_publish(relay.address(), publishers, cx.scale.emit_run * 2).await?;
+            at_64 = f.events_per_second;
+            table.add(
+                format!(
+                    "HTTP publish, durable, {publishers} concurrent publisher(s), earlier release ({})",
+                    binary.display()
+                ),
+                publish_figures(&f),
+                "–",
+            );
+        }
+        BenchResult::Ok(at_64)
+    }
+    .await;
     drop_schema(cx.db(), &schema).await;
     rows
 }
@@ -212,24 +231,19 @@ async fn baseline_publish_row(
 /// How many paired rounds compare the earlier release with this one.
 const PUBLISH_ROUNDS: usize = 3;
 
-/// 64 publishers against the earlier release and against this one (group
-/// commit on), both relays running, in [`PUBLISH_ROUNDS`] rounds whose
-/// order alternates: this machine's speed drifts within minutes, so one
-/// pair of runs taken half a minute apart can be off by a third either
-/// way. The target is judged on the median of the rounds' ratios.
+/// 64 publishers against the earlier release and this one (group commit
+/// on), both relays running, in rounds of alternating order: this machine's
+/// speed drifts within minutes, so one pair of runs half a minute apart can
+/// be off by a third either way. The target is judged on the median ratio.
 async fn alternating_publish_rounds(
     cx: &Context,
-    binary: &std::path::Path,
+    binary: &Path,
     table: &mut Table,
 ) -> BenchResult<()> {
-    let baseline_schema = unique_schema("bench_baseline");
-    let mut baseline_settings = RelaySettings::new(cx.db(), &baseline_schema);
-    baseline_settings.baseline = true;
+    let (baseline_schema, baseline_settings) = baseline_settings(cx);
     let rounds = async {
         let baseline = RelayProcess::start(binary, &cx.args.work_dir, &baseline_settings).await?;
-        let mut settings = cx.settings();
-        settings.group_commit_ms = 2;
-        let current = cx.start_relay(settings).await?;
+        let current = cx.start_relay(cx.settings()).await?;
         let mut shown = Vec::new();
         let mut ratios = Vec::new();
         for round in 0..PUBLISH_ROUNDS {
@@ -237,11 +251,10 @@ async fn alternating_publish_rounds(
                 "HTTP publish, 64 publishers, round {} of {PUBLISH_ROUNDS}",
                 round + 1
             );
-            let order = if round % 2 == 0 {
-                [baseline.address(), current.address()]
-            } else {
-                [current.address(), baseline.address()]
-            };
+            let mut order = [baseline.address(), current.address()];
+            if round % 2 == 1 {
+                order.reverse();
+            }
             let mut figures = Vec::new();
             for address in order {
                 figures.push(http_publish(address, 64, cx.scale.emit_run * 2).await?);
@@ -278,30 +291,4 @@ async fn alternating_publish_rounds(
         ),
     );
     Ok(())
-}
-
-async fn baseline_rows(
-    cx: &Context,
-    binary: &std::path::Path,
-    settings: &RelaySettings,
-    table: &mut Table,
-) -> BenchResult<f64> {
-    let relay = RelayProcess::start(binary, &cx.args.work_dir, settings).await?;
-    let mut at_64 = 0.0;
-    for publishers in [1, 64] {
-        eprintln!("HTTP publish, {publishers} publishers, earlier release");
-        let f = http_publish(relay.address(), publishers, cx.scale.emit_run * 2).await?;
-        if publishers == 64 {
-            at_64 = f.events_per_second;
-        }
-        table.add(
-            format!(
-                "HTTP publish, durable, {publishers} concurrent publisher(s), earlier release ({})",
-                binary.display()
-            ),
-            publish_figures(&f),
-            "–".to_owned(),
-        );
-    }
-    Ok(at_64)
 }

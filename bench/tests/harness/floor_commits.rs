@@ -1,6 +1,5 @@
 //! The floor scenario's commit timings against a real Postgres: the paced
-//! loops keep their pace, so a load's commits are timed as seldom as its
-//! events come, and every commit is timed; the relay's publishing
+//! loops keep their pace and every commit is timed; the relay's publishing
 //! statement writes each event and is heard once per transaction.
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,5 @@
 //! A short fan-out against an in-process relay: 20 subscribers for about a
-//! second, every event received by every subscriber. The full benchmark is
-//! `bench/run`, never run here.
+//! second, every event received by every subscriber.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
-//! The load tool's own tests, in one binary: short runs of its scenarios
-//! against real relays, so `bench/run` is known to work without running it.
+//! Short runs of the load tool's scenarios against real relays, so that
+//! `bench/run` is known to work without running it.
 
 #![allow(
     clippy::unwrap_used,
