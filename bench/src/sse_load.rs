@@ -98,16 +98,11 @@ impl Subscribers {
             }
             Ok(())
         };
+        // Dropping the subscribers on an error closes every stream.
         match tokio::time::timeout(READY_TIMEOUT, all_ready).await {
             Ok(Ok(())) => Ok(subscribers),
-            Ok(Err(error)) => {
-                subscribers.finish().await;
-                Err(error.into())
-            }
-            Err(_) => {
-                subscribers.finish().await;
-                Err(format!("not all {count} subscribers were ready in time").into())
-            }
+            Ok(Err(error)) => Err(error.into()),
+            Err(_) => Err(format!("not all {count} subscribers were ready in time").into()),
         }
     }
 
@@ -153,6 +148,8 @@ pub fn deliveries<'a>(
         })
 }
 
+/// Reads one stream until told to stop, saying on `ready` when it is
+/// ready (or why it never became so).
 async fn subscribe(
     target: StreamTarget,
     log: Arc<CommitLog>,
@@ -161,65 +158,49 @@ async fn subscribe(
     mut handshake: Option<tokio::sync::OwnedSemaphorePermit>,
     mut stopped: watch::Receiver<bool>,
 ) -> Result<StreamOutcome, String> {
-    let mut signalled = false;
-    let mut on_ready = || {
-        handshake.take();
-        signalled = true;
-        let _ = ready.send(Ok(()));
-    };
-    let result = read_stream(&target, &log, &received, &mut stopped, &mut on_ready).await;
-    if let Err(error) = &result {
-        if !signalled {
-            let _ = ready.send(Err(format!("{}{}: {error}", target.address, target.path)));
-        }
-    }
-    result
-}
-
-async fn read_stream(
-    target: &StreamTarget,
-    log: &CommitLog,
-    received: &AtomicU64,
-    stopped: &mut watch::Receiver<bool>,
-    on_ready: &mut (dyn FnMut() + Send),
-) -> Result<StreamOutcome, String> {
-    let mut stream = TcpStream::connect(target.address)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    stream.set_nodelay(true).ok();
-    let request = request_head(
-        target.address,
-        &target.path,
-        target.authorization.as_deref(),
-        None,
-    );
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("send: {e}"))?;
-
-    let mut parser = FrameParser::new(target.ready_when);
     let mut outcome = StreamOutcome::default();
-    let mut buffer = vec![0u8; 16 * 1024];
-    loop {
-        let read = tokio::select! {
-            _ = stopped.changed() => return Ok(outcome),
-            read = stream.read(&mut buffer) => read.map_err(|e| format!("read: {e}"))?,
-        };
-        if read == 0 {
-            return if outcome.ready_at.is_some() {
-                Ok(outcome)
-            } else {
-                Err("the server closed the stream before it was ready".to_owned())
+    let read = async {
+        let mut stream = TcpStream::connect(target.address)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        stream.set_nodelay(true).ok();
+        let authorization = target.authorization.as_deref();
+        let request = request_head(target.address, &target.path, authorization, None);
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+        let mut parser = FrameParser::new(target.ready_when);
+        let mut buffer = vec![0u8; 16 * 1024];
+        loop {
+            let read = tokio::select! {
+                _ = stopped.changed() => return Ok(()),
+                read = stream.read(&mut buffer) => read.map_err(|e| format!("read: {e}"))?,
             };
+            if read == 0 {
+                return match outcome.ready_at {
+                    Some(_) => Ok(()),
+                    None => Err("the server closed the stream before it was ready".to_owned()),
+                };
+            }
+            let now = log.now();
+            let before = outcome.receipts.len();
+            let became_ready = parser.feed(&buffer[..read], now, &mut outcome.receipts)?;
+            received.fetch_add((outcome.receipts.len() - before) as u64, Ordering::Relaxed);
+            if became_ready {
+                outcome.ready_at = Some(now);
+                handshake.take();
+                let _ = ready.send(Ok(()));
+            }
         }
-        let now = log.now();
-        let before = outcome.receipts.len();
-        let became_ready = parser.feed(&buffer[..read], now, &mut outcome.receipts)?;
-        received.fetch_add((outcome.receipts.len() - before) as u64, Ordering::Relaxed);
-        if became_ready {
-            outcome.ready_at = Some(now);
-            on_ready();
+    };
+    match read.await {
+        Ok(()) => Ok(outcome),
+        Err(error) => {
+            if outcome.ready_at.is_none() {
+                let _ = ready.send(Err(format!("{}{}: {error}", target.address, target.path)));
+            }
+            Err(error)
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Fan-out (`--only fanout`): N SSE subscribers over S scopes, events
+//! Fan-out (`--only fanout`): N SSE subscribers of one scope, events
 //! published at a fixed rate or unthrottled, against eventrelay or nchan:
 //! deliveries per second, latency, server CPU per 1,000 deliveries, server
 //! RSS, and the RSS of the idle connections. The floor and the wake-up
@@ -70,9 +70,8 @@ impl Server {
 #[derive(Clone)]
 pub struct FanoutPlan {
     pub subscribers: usize,
-    pub scopes: usize,
-    /// Prefix of this run's scope names, unique per run.
-    pub scope_prefix: String,
+    /// The run's one scope, unique per run.
+    pub scope: String,
     pub pace: Pace,
     pub duration: Duration,
     pub writers: usize,
@@ -104,13 +103,8 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
         Pace::Unthrottled => UNTHROTTLED_CAPACITY,
     };
     let log = CommitLog::new(capacity);
-    let per_scope = plan.subscribers.div_ceil(plan.scopes);
-    let scope_name = {
-        let prefix = plan.scope_prefix.clone();
-        move |index: usize| format!("{prefix}-{index}")
-    };
     let targets = (0..plan.subscribers)
-        .map(|i| server.target(i, &scope_name(i / per_scope)))
+        .map(|i| server.target(i, &plan.scope))
         .collect();
 
     let before_connect = proc_stats::usage(server.pids());
@@ -118,12 +112,12 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = proc_stats::usage(server.pids());
 
-    let scopes = plan.scopes;
-    let scope_of = Arc::new(move |number: usize| scope_name(number % scopes));
+    let scope = plan.scope.clone();
+    let scope_of = Arc::new(move |_| scope.clone());
     let (pace, duration, writers) = (plan.pace, plan.duration, plan.writers);
     let log_for = Arc::clone(&log);
     let published = publish_for(&plan.source, scope_of, pace, duration, writers, log_for).await?;
-    let expected = (published * per_scope) as u64;
+    let expected = (published * plan.subscribers) as u64;
     subscribers.wait_for(expected, DRAIN_PATIENCE).await;
     let after = proc_stats::usage(server.pids());
     let outcomes = subscribers.finish().await;
@@ -171,6 +165,7 @@ fn per_1000(seconds: f64, delivered: u64) -> f64 {
     }
     seconds / delivered as f64 * 1000.0
 }
+
 /// Fan-out at one scope: eventrelay (emit, HTTP publish, and the ephemeral
 /// lane beside nchan) and nchan, at a fixed rate for both sizes, then
 /// unthrottled, side by side. Each of eventrelay's lanes runs on a fresh
@@ -193,8 +188,7 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         };
         let plan = |lane: &str, source: Source| FanoutPlan {
             subscribers,
-            scopes: 1,
-            scope_prefix: format!("fan-{run}-{lane}"),
+            scope: format!("fan-{run}-{lane}-0"),
             pace,
             duration,
             writers,

@@ -178,8 +178,7 @@ async fn run_load(
             let before = Stages::parse(&relay.metrics().await);
             let plan = FanoutPlan {
                 subscribers,
-                scopes: 1,
-                scope_prefix: format!("floor-{index}-{round}-{side:?}"),
+                scope: format!("floor-{index}-{round}-{side:?}-0"),
                 pace: Pace::PerSecond(per_second),
                 duration: cx.scale.fixed_run,
                 writers: 4,
@@ -261,18 +260,15 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
             if runs.is_empty() {
                 continue;
             }
-            let p50s: Vec<f64> = runs.iter().map(|f| millis(f.latency.p50)).collect();
-            let p99s: Vec<f64> = runs.iter().map(|f| millis(f.latency.p99)).collect();
+            let each = |of: fn(&FanoutFigures) -> f64| -> Vec<f64> {
+                runs.iter().map(|f| of(f)).collect()
+            };
+            let p50s = each(|f| millis(f.latency.p50));
+            let p99s = each(|f| millis(f.latency.p99));
             // Seconds per 1,000 deliveries are milliseconds per delivery.
-            let cpu: Vec<f64> = runs
-                .iter()
-                .map(|f| f.cpu_seconds_per_1000 * 1000.0)
-                .collect();
-            let system: Vec<f64> = runs
-                .iter()
-                .map(|f| f.system_seconds_per_1000 * 1000.0)
-                .collect();
-            let firsts: Vec<f64> = runs.iter().map(|f| millis(f.first_arrival.p50)).collect();
+            let cpu = each(|f| f.cpu_seconds_per_1000 * 1000.0);
+            let system = each(|f| f.system_seconds_per_1000 * 1000.0);
+            let firsts = each(|f| millis(f.first_arrival.p50));
             let all = runs.iter().all(|f| f.delivered == f.expected);
             let (p50, p99) = (median(&p50s), median(&p99s));
             medians.push((side, p50, p99));
@@ -392,10 +388,10 @@ fn against_nchan_spread(load: &LoadFigures) -> Option<String> {
     let again = load.of(Side::NchanAgain);
     let p50 = |runs: &[&FanoutFigures]| quotients(runs, &nchan, |f| f.latency.p50);
     let p99 = |runs: &[&FanoutFigures]| quotients(runs, &nchan, |f| f.latency.p99);
-    let spread = [Spread::of(&p50(&again))?, Spread::of(&p99(&again))?];
+    let spread = [spread(&p50(&again))?, spread(&p99(&again))?];
+    let [(low50, high50), (low99, high99)] = spread;
     let mut parts = vec![format!(
-        "nchan's second run over its first: p50 {} · p99 {}",
-        spread[0], spread[1]
+        "nchan's second run over its first: p50 {low50:.2}–{high50:.2} · p99 {low99:.2}–{high99:.2}"
     )];
     for side in [Side::Ephemeral, Side::Durable] {
         let runs = load.of(side);
@@ -406,41 +402,27 @@ fn against_nchan_spread(load: &LoadFigures) -> Option<String> {
         parts.push(format!(
             "{} p50 {ours50:.2} ({}) · p99 {ours99:.2} ({})",
             side.label(),
-            spread[0].place(ours50),
-            spread[1].place(ours99)
+            place(spread[0], ours50),
+            place(spread[1], ours99)
         ));
     }
     Some(parts.join(" · "))
 }
 
 /// The lowest and highest of some quotients.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Spread {
-    low: f64,
-    high: f64,
+fn spread(values: &[f64]) -> Option<(f64, f64)> {
+    let low = values.iter().copied().reduce(f64::min)?;
+    Some((low, values.iter().copied().reduce(f64::max)?))
 }
 
-impl Spread {
-    fn of(values: &[f64]) -> Option<Spread> {
-        let low = values.iter().copied().reduce(f64::min)?;
-        let high = values.iter().copied().reduce(f64::max)?;
-        Some(Spread { low, high })
-    }
-
-    fn place(self, value: f64) -> &'static str {
-        if value < self.low {
-            "under"
-        } else if value > self.high {
-            "above"
-        } else {
-            "inside"
-        }
-    }
-}
-
-impl std::fmt::Display for Spread {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:.2}–{:.2}", self.low, self.high)
+/// Where `value` lies against a spread.
+fn place((low, high): (f64, f64), value: f64) -> &'static str {
+    if value < low {
+        "under"
+    } else if value > high {
+        "above"
+    } else {
+        "inside"
     }
 }
 
@@ -861,6 +843,6 @@ eventrelay_events_delivered_total 5
         );
         let (ours, theirs): (Vec<_>, Vec<_>) = (ours.iter().collect(), theirs.iter().collect());
         assert_eq!(quotients(&ours, &theirs, |f| f.latency.p50), vec![2.0]);
-        assert_eq!(Spread::of(&[1.1, 0.9, 1.0]).unwrap().place(0.9), "inside");
+        assert_eq!(place(spread(&[1.1, 0.9, 1.0]).unwrap(), 0.9), "inside");
     }
 }

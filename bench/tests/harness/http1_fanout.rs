@@ -18,8 +18,7 @@ async fn a_short_fan_out_reaches_every_subscriber() {
         .expect("relay starts");
     let plan = FanoutPlan {
         subscribers: 20,
-        scopes: 1,
-        scope_prefix: "smoke".to_owned(),
+        scope: "smoke-0".to_owned(),
         pace: Pace::PerSecond(20.0),
         duration: Duration::from_secs(1),
         writers: 2,
