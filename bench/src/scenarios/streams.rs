@@ -34,6 +34,9 @@ const HEADROOM: usize = 20;
 const POOL_CEILING: usize = 8;
 /// Longest wait for every stream to be ready, in either phase.
 const PATIENCE: Duration = Duration::from_secs(300);
+/// How long the restarted relays get to be ready, and the streams to be
+/// back on them.
+const STORM_PATIENCE: Duration = Duration::from_secs(180);
 /// Longest wait for the last deliveries once emitting stops.
 const DRAIN: Duration = Duration::from_secs(20);
 /// Every relay's `http.header_timeout_secs`: a restarted relay reads the
@@ -142,25 +145,16 @@ pub struct PoolBudget {
 /// superuser reserve, the connections open now and [`HEADROOM`].
 pub async fn pool_budget(database_url: &str, relays: usize) -> BenchResult<PoolBudget> {
     let client = eventrelay::connect(database_url).await?;
-    let setting = |name: &'static str| {
-        let client = &client;
-        async move {
-            let row = client
-                .query_one(&format!("SELECT current_setting('{name}')::int"), &[])
-                .await?;
-            BenchResult::Ok(row.get::<_, i32>(0) as usize)
-        }
-    };
-    let max_connections = setting("max_connections").await?;
-    let reserved = setting("superuser_reserved_connections").await?;
-    let in_use: i64 = client
+    let row = client
         .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+            "SELECT current_setting('max_connections')::int,
+                    current_setting('superuser_reserved_connections')::int,
+                    (SELECT count(*)::int FROM pg_stat_activity
+                     WHERE backend_type = 'client backend')",
             &[],
         )
-        .await?
-        .get(0);
-    let in_use = in_use as usize;
+        .await?;
+    let [max_connections, reserved, in_use] = [0, 1, 2].map(|i| row.get::<_, i32>(i) as usize);
     let budget = max_connections.saturating_sub(reserved + in_use + HEADROOM);
     let pool_size = (budget / relays.max(1))
         .saturating_sub(1)
@@ -252,10 +246,6 @@ fn with_application_name(url: &str) -> String {
     let separator = if url.contains('?') { '&' } else { '?' };
     format!("{url}{separator}application_name={APPLICATION_NAME}")
 }
-
-/// How long the restarted relays get to be ready, and the streams to be
-/// back on them.
-const STORM_PATIENCE: Duration = Duration::from_secs(180);
 
 /// Runs the scenario and adds its rows to `table` as each phase ends, so a
 /// storm that does not settle still leaves the fan-out's figures.
