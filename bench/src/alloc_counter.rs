@@ -36,12 +36,17 @@ pub fn live_bytes() -> isize {
     LIVE_BYTES.load(Ordering::SeqCst)
 }
 
+/// Counts a block of `size` bytes in (`sign` 1) or out (−1).
+fn count(size: usize, sign: isize) {
+    LIVE_BYTES.fetch_add(sign * size as isize, Ordering::Relaxed);
+    LIVE_BLOCKS[class_of(size)].fetch_add(sign, Ordering::Relaxed);
+}
+
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let pointer = unsafe { System.alloc(layout) };
         if !pointer.is_null() {
-            LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-            LIVE_BLOCKS[class_of(layout.size())].fetch_add(1, Ordering::Relaxed);
+            count(layout.size(), 1);
         }
         pointer
     }
@@ -49,27 +54,21 @@ unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         let pointer = unsafe { System.alloc_zeroed(layout) };
         if !pointer.is_null() {
-            LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-            LIVE_BLOCKS[class_of(layout.size())].fetch_add(1, Ordering::Relaxed);
+            count(layout.size(), 1);
         }
         pointer
     }
 
     unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
         unsafe { System.dealloc(pointer, layout) };
-        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        LIVE_BLOCKS[class_of(layout.size())].fetch_sub(1, Ordering::Relaxed);
+        count(layout.size(), -1);
     }
 
     unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let moved = unsafe { System.realloc(pointer, layout, new_size) };
         if !moved.is_null() {
-            LIVE_BYTES.fetch_add(
-                new_size as isize - layout.size() as isize,
-                Ordering::Relaxed,
-            );
-            LIVE_BLOCKS[class_of(layout.size())].fetch_sub(1, Ordering::Relaxed);
-            LIVE_BLOCKS[class_of(new_size)].fetch_add(1, Ordering::Relaxed);
+            count(layout.size(), -1);
+            count(new_size, 1);
         }
         moved
     }

@@ -44,17 +44,11 @@ impl CommitLog {
         }
     }
 
-    /// How many events committed, and the first commit time.
-    pub fn committed_count(&self) -> (usize, Option<u64>) {
-        let mut count = 0;
-        let mut first = None::<u64>;
-        for number in 0..self.committed.len() {
-            if let Some(at) = self.committed_at(number) {
-                count += 1;
-                first = Some(first.map_or(at, |f| f.min(at)));
-            }
-        }
-        (count, first)
+    /// The first commit time, if any committed.
+    pub fn first_commit(&self) -> Option<u64> {
+        (0..self.committed.len())
+            .filter_map(|number| self.committed_at(number))
+            .min()
     }
 }
 

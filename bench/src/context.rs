@@ -66,22 +66,17 @@ pub struct Scale {
 
 impl Scale {
     pub fn of(quick: bool) -> Scale {
-        if quick {
-            Scale {
-                small_fanout: 200,
-                large_fanout: 1_000,
-                fixed_run: Duration::from_secs(3),
-                unthrottled_run: Duration::from_secs(2),
-                emit_run: Duration::from_secs(1),
-            }
+        let (small_fanout, large_fanout, [fixed, unthrottled, emit]) = if quick {
+            (200, 1_000, [3, 2, 1])
         } else {
-            Scale {
-                small_fanout: 1_000,
-                large_fanout: 10_000,
-                fixed_run: Duration::from_secs(10),
-                unthrottled_run: Duration::from_secs(5),
-                emit_run: Duration::from_secs(3),
-            }
+            (1_000, 10_000, [10, 5, 3])
+        };
+        Scale {
+            small_fanout,
+            large_fanout,
+            fixed_run: Duration::from_secs(fixed),
+            unthrottled_run: Duration::from_secs(unthrottled),
+            emit_run: Duration::from_secs(emit),
         }
     }
 }

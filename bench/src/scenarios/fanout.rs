@@ -133,7 +133,7 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
     }
     let mut first_arrivals: Vec<u64> = first_arrivals.into_values().collect();
     let delivered = latencies.len() as u64;
-    let (_, first_commit) = log.committed_count();
+    let first_commit = log.first_commit();
     let span = last_receipt.saturating_sub(first_commit.unwrap_or(0)) as f64 / 1e9;
     Ok(FanoutFigures {
         published,
