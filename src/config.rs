@@ -608,6 +608,7 @@ impl Config {
                     Some(&subscription.secret),
                 )
             })
+            .and_then(|()| crate::webhooks::check_max_per_second(subscription.max_per_second))
             .map_err(|e| {
                 invalid(
                     "webhooks.subscriptions",
@@ -829,6 +830,7 @@ mod tests {
             secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
             types: vec!["*".into()],
             scope_key: None,
+            max_per_second: None,
         }];
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("hostless: url:"), "{error}");

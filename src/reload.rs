@@ -221,6 +221,7 @@ mod tests {
             secret: crate::webhooks::generate_secret().into(),
             types: vec!["*".into()],
             scope_key: None,
+            max_per_second: None,
         }];
         let (_, report) = merge(&current, &new);
         let mut live = LIVE_SETTINGS.to_vec();

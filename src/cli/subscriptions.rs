@@ -61,6 +61,9 @@ pub struct CreateSubscriptionArgs {
     /// Only events of this scope key.
     #[arg(long)]
     scope: Option<String>,
+    /// Most attempts a second, across every relay (no limit when absent).
+    #[arg(long, value_name = "N")]
+    max_per_second: Option<i32>,
 }
 
 /// Runs one `subscriptions` command.
@@ -79,7 +82,14 @@ pub async fn run(command: SubscriptionsCommand) -> Result<(), CliError> {
         }
         SubscriptionsCommand::Create(args) => {
             let types = (!args.types.is_empty()).then_some(args.types);
-            let new = prepare_subscription(args.id, args.url, args.secret, types, args.scope)?;
+            let new = prepare_subscription(
+                args.id,
+                args.url,
+                args.secret,
+                types,
+                args.scope,
+                args.max_per_second,
+            )?;
             let (client, store) = args.database.webhook_store().await?;
             let created = store
                 .create_subscription(&client, &new)

@@ -30,8 +30,8 @@ use crate::state::AppState;
 use crate::store::{Connection, StoreError};
 use crate::webhooks::{
     DeliveriesDue, DeliveryFilter, DeliveryStatus, InvalidSubscription, MAX_PAGE, Subscription,
-    SubscriptionPatch, ensure_changeable, generate_secret, prepare_subscription,
-    validate_subscription, validate_subscription_fields,
+    SubscriptionPatch, check_max_per_second, ensure_changeable, generate_secret,
+    prepare_subscription, validate_subscription, validate_subscription_fields,
 };
 
 const ADMIN: Guard = Guard {
@@ -123,6 +123,7 @@ struct CreateSubscription {
     secret: Option<String>,
     types: Option<Vec<String>>,
     scope_key: Option<String>,
+    max_per_second: Option<i32>,
 }
 
 pub async fn create_subscription(
@@ -136,6 +137,7 @@ pub async fn create_subscription(
         create.secret,
         create.types,
         create.scope_key,
+        create.max_per_second,
     )
     .map_err(invalid_subscription)?;
     let conn = connection(&state).await?;
@@ -305,6 +307,7 @@ pub async fn update_subscription(
         scope_key.as_deref(),
         None,
     )
+    .and_then(|()| check_max_per_second(patch.max_per_second.flatten()))
     .map_err(invalid_subscription)?;
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;

@@ -6,8 +6,8 @@ use eventrelay_wire::webhook::WebhookSecret;
 use uuid::Uuid;
 
 use super::model::{
-    InvalidSubscription, NewSubscription, Subscription, validate_subscription,
-    validate_subscription_fields,
+    InvalidSubscription, NewSubscription, Subscription, check_max_per_second,
+    validate_subscription, validate_subscription_fields,
 };
 
 /// A subscription that comes from the configuration file: it is rewritten
@@ -46,6 +46,7 @@ pub fn prepare_subscription(
     secret: Option<String>,
     types: Option<Vec<String>>,
     scope_key: Option<String>,
+    max_per_second: Option<i32>,
 ) -> Result<NewSubscription, InvalidSubscription> {
     let types = types.unwrap_or_else(|| vec!["*".to_owned()]);
     validate_subscription(Some(&id), Some(&url), Some(&types))?;
@@ -55,6 +56,7 @@ pub fn prepare_subscription(
         scope_key.as_deref(),
         secret.as_deref(),
     )?;
+    check_max_per_second(max_per_second)?;
     // A given secret was checked above, its length included.
     let secret = secret.unwrap_or_else(generate_secret);
     Ok(NewSubscription {
@@ -63,6 +65,7 @@ pub fn prepare_subscription(
         secret: secret.into(),
         types,
         scope_key,
+        max_per_second,
     })
 }
 

@@ -21,7 +21,7 @@ pub use model::{
     Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryStatus,
     InvalidSubscription, MAX_PAGE, MAX_RESPONSE_BYTES, NewSubscription, Subscription,
     SubscriptionHealth, SubscriptionPatch, SubscriptionWithHealth, UnknownName,
-    validate_subscription, validate_subscription_fields,
+    check_max_per_second, validate_subscription, validate_subscription_fields,
 };
 pub use settings::{MIN_RETRY_AFTER, WebhooksConfig};
 pub use store::WebhookStore;

@@ -59,6 +59,8 @@ pub struct Subscription {
     pub source: String,
     /// When an operator paused it; its deliveries wait until it resumes.
     pub paused_at: Option<DateTime<Utc>>,
+    /// At most this many attempts a second, across every relay.
+    pub max_per_second: Option<i32>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -112,6 +114,9 @@ pub struct NewSubscription {
     pub types: Vec<String>,
     #[serde(default, alias = "scope_key")]
     pub scope_key: Option<String>,
+    /// At most this many attempts a second, across every relay.
+    #[serde(default, alias = "max_per_second")]
+    pub max_per_second: Option<i32>,
 }
 
 /// A webhook URL as every listing shows it: a password in its userinfo
@@ -140,6 +145,7 @@ impl fmt::Debug for NewSubscription {
             .field("secret", &self.secret)
             .field("types", &self.types)
             .field("scope_key", &self.scope_key)
+            .field("max_per_second", &self.max_per_second)
             .finish()
     }
 }
@@ -157,6 +163,9 @@ pub struct SubscriptionPatch {
     /// `Some(None)` clears the scope filter.
     #[serde(default, with = "double_option")]
     pub scope_key: Option<Option<String>>,
+    /// `Some(None)` lifts the rate limit.
+    #[serde(default, with = "double_option")]
+    pub max_per_second: Option<Option<i32>>,
 }
 
 mod double_option {
@@ -211,6 +220,23 @@ pub fn validate_subscription(
         }
     }
     Ok(())
+}
+
+/// The most a subscription's `maxPerSecond` may say.
+pub const MAX_PER_SECOND: i32 = 100_000;
+
+/// A rate limit must let something through, and stay within what the
+/// schema's CHECK takes.
+pub fn check_max_per_second(max_per_second: Option<i32>) -> Result<(), InvalidSubscription> {
+    match max_per_second {
+        Some(rate) if !(1..=MAX_PER_SECOND).contains(&rate) => Err(invalid(
+            "maxPerSecond",
+            format!(
+                "must be 1 to {MAX_PER_SECOND} attempts a second (leave it out, or null, for no limit); got {rate}"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// An empty scope key would match no event at all, which is never intended.
@@ -674,6 +700,7 @@ mod tests {
             scope_key: None,
             source: "api".into(),
             paused_at: None,
+            max_per_second: None,
             created_at: now,
             updated_at: now,
         };
@@ -694,6 +721,7 @@ mod tests {
             secret: Secret::from("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
             types: vec!["*".into()],
             scope_key: None,
+            max_per_second: None,
         };
         let shown = format!("{new:?}");
         assert!(
@@ -711,6 +739,7 @@ mod tests {
             scope_key: None,
             source: "api".into(),
             paused_at: None,
+            max_per_second: None,
             created_at: Utc::now(),
             updated_at: Utc::now(),
         };

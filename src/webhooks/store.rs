@@ -34,13 +34,21 @@ pub struct WebhookStore {
 const DELIVERY_COLUMNS: &str = "id, subscription_id, event_seq, event_id, event_type, scope_key, status, \
      attempts, next_attempt_at, last_status, last_error, created_at, updated_at";
 const SUBSCRIPTION_COLUMNS: &str = "id, url, secret, previous_secret, previous_secret_expires_at, types, \
-     scope_key, source, paused_at, created_at, updated_at";
+     scope_key, source, paused_at, max_per_second, created_at, updated_at";
 
 /// The condition that keeps a paused subscription's deliveries (alias `d`)
 /// out of the queue: out of claiming, of the next due time the dispatcher
 /// sleeps until, and of the backlog it reports.
 const NOT_PAUSED: &str = "NOT EXISTS (SELECT 1 FROM {schema}.webhook_subscriptions s
                         WHERE s.id = d.subscription_id AND s.paused_at IS NOT NULL)";
+
+/// The condition that keeps a delivery (alias `d`) from being claimed
+/// while its subscription's pace (`max_per_second`) has no room: its
+/// schedule (`paced_until`, see the `webhook_pace` migration) is ahead of
+/// now.
+const PACED_NOW: &str = "NOT EXISTS (SELECT 1 FROM {schema}.webhook_subscriptions s
+                        WHERE s.id = d.subscription_id AND s.paused_at IS NULL
+                          AND s.max_per_second IS NOT NULL AND s.paced_until > now())";
 
 /// [`DeliveryStatus::Pending`] as an SQL literal, for the statements that
 /// select due or finished deliveries. The schema's partial indexes on those
@@ -82,10 +90,12 @@ impl WebhookStore {
         for s in subscriptions {
             self.rows(
                 db,
-                "INSERT INTO {schema}.webhook_subscriptions (id, url, secret, types, scope_key, source)
-                 VALUES ($1, $2, $3, $4, $5, 'config')
+                "INSERT INTO {schema}.webhook_subscriptions
+                     (id, url, secret, types, scope_key, max_per_second, source)
+                 VALUES ($1, $2, $3, $4, $5, $6, 'config')
                  ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, secret = EXCLUDED.secret,
-                     types = EXCLUDED.types, scope_key = EXCLUDED.scope_key, source = 'config',
+                     types = EXCLUDED.types, scope_key = EXCLUDED.scope_key,
+                     max_per_second = EXCLUDED.max_per_second, source = 'config',
                      updated_at = now()",
                 &[
                     (&s.id, Type::TEXT),
@@ -93,6 +103,7 @@ impl WebhookStore {
                     (&s.secret.expose(), Type::TEXT),
                     (&s.types, Type::TEXT_ARRAY),
                     (&s.scope_key, Type::TEXT),
+                    (&s.max_per_second, Type::INT4),
                 ],
             )
             .await?;
@@ -134,8 +145,9 @@ impl WebhookStore {
             .rows(
                 db,
                 &format!(
-                    "INSERT INTO {{schema}}.webhook_subscriptions (id, url, secret, types, scope_key)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING
+                    "INSERT INTO {{schema}}.webhook_subscriptions
+                         (id, url, secret, types, scope_key, max_per_second)
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING
                      RETURNING {SUBSCRIPTION_COLUMNS}"
                 ),
                 &[
@@ -144,6 +156,7 @@ impl WebhookStore {
                     (&s.secret.expose(), Type::TEXT),
                     (&s.types, Type::TEXT_ARRAY),
                     (&s.scope_key, Type::TEXT),
+                    (&s.max_per_second, Type::INT4),
                 ],
             )
             .await?;
@@ -257,6 +270,8 @@ impl WebhookStore {
     ) -> Result<Option<Subscription>, StoreError> {
         let clear_scope = matches!(patch.scope_key, Some(None));
         let scope_key = patch.scope_key.clone().flatten();
+        let unlimited = matches!(patch.max_per_second, Some(None));
+        let max_per_second = patch.max_per_second.flatten();
         let rows = self
             .rows(
                 db,
@@ -265,6 +280,8 @@ impl WebhookStore {
                          url = coalesce($2, url),
                          types = coalesce($3, types),
                          scope_key = CASE WHEN $4 THEN NULL ELSE coalesce($5, scope_key) END,
+                         max_per_second =
+                             CASE WHEN $6 THEN NULL ELSE coalesce($7, max_per_second) END,
                          updated_at = now()
                      WHERE id = $1 RETURNING {SUBSCRIPTION_COLUMNS}"
                 ),
@@ -274,6 +291,8 @@ impl WebhookStore {
                     (&patch.types, Type::TEXT_ARRAY),
                     (&clear_scope, Type::BOOL),
                     (&scope_key, Type::TEXT),
+                    (&unlimited, Type::BOOL),
+                    (&max_per_second, Type::INT4),
                 ],
             )
             .await?;
@@ -337,13 +356,19 @@ impl WebhookStore {
                 db,
                 &format!(
                     "WITH due AS (
-                         SELECT id FROM {{schema}}.webhook_deliveries d
+                         SELECT id, subscription_id FROM {{schema}}.webhook_deliveries d
                          WHERE status = {pending} AND next_attempt_at <= now()
                            AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-                           AND {NOT_PAUSED}
+                           AND {NOT_PAUSED} AND {PACED_NOW}
                          ORDER BY next_attempt_at
                          LIMIT 1
                          FOR UPDATE SKIP LOCKED
+                     ), paced AS (
+                         UPDATE {{schema}}.webhook_subscriptions s
+                         SET paced_until = greatest(s.paced_until, now())
+                                           + interval '1 second' / s.max_per_second
+                         FROM due
+                         WHERE s.id = due.subscription_id AND s.max_per_second IS NOT NULL
                      )
                      UPDATE {{schema}}.webhook_deliveries d
                      SET lease_expires_at = now() + $1 * interval '1 millisecond',
@@ -407,7 +432,8 @@ impl WebhookStore {
         Ok(!rows.is_empty())
     }
 
-    /// When the next pending delivery falls due (or its lease runs out).
+    /// When the next pending delivery falls due (or its lease runs out, or
+    /// its subscription's pace has room for it).
     pub async fn next_due(
         &self,
         db: &impl PgExecutor,
@@ -416,8 +442,13 @@ impl WebhookStore {
             .rows(
                 db,
                 &format!(
-                    "SELECT min(greatest(next_attempt_at, coalesce(lease_expires_at, next_attempt_at)))
-                     FROM {{schema}}.webhook_deliveries d WHERE status = {pending} AND {NOT_PAUSED}",
+                    "SELECT min(greatest(d.next_attempt_at,
+                                         coalesce(d.lease_expires_at, d.next_attempt_at),
+                                         coalesce(s.paced_until, d.next_attempt_at)))
+                     FROM {{schema}}.webhook_deliveries d
+                     LEFT JOIN {{schema}}.webhook_subscriptions s
+                       ON s.id = d.subscription_id AND s.max_per_second IS NOT NULL
+                     WHERE d.status = {pending} AND {NOT_PAUSED}",
                     pending = pending_literal()
                 ),
                 &[],
@@ -658,6 +689,7 @@ fn subscription_from_row(row: &Row) -> Subscription {
         scope_key: row.get("scope_key"),
         source: row.get("source"),
         paused_at: row.get("paused_at"),
+        max_per_second: row.get("max_per_second"),
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
     }

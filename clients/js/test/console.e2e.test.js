@@ -174,6 +174,7 @@ test('the operator console manages webhooks, shows live figures and disconnects 
       await page.fill('#create-url', receiver.url);
       await page.fill('#create-types', 'order.*');
       await page.fill('#create-scope', 'org-1');
+      await page.fill('#create-rate', '25');
       await page.click('#create-submit');
       await page.waitForSelector('#secret-box:not([hidden])');
       assert.match(await page.textContent('#secret-value'), /^whsec_/);
@@ -183,6 +184,8 @@ test('the operator console manages webhooks, shows live figures and disconnects 
       assert.equal(body.subscription.url, receiver.url);
       assert.deepEqual(body.subscription.types, ['order.*']);
       assert.equal(body.subscription.scopeKey, 'org-1');
+      assert.equal(body.subscription.maxPerSecond, 25);
+      assert.match(await page.textContent('#subscriptions-body tr[data-subscription-id="receiver"]'), /25\/s/);
       await page.click('#secret-dismiss');
       await page.waitForSelector('#secret-box', { state: 'hidden' });
       assert.equal(await page.textContent('#secret-value'), '', 'the secret is gone from the page');

@@ -300,7 +300,7 @@ function renderSubscriptions() {
 }
 
 function subscriptionRow(subscription) {
-  const { id, url, types, scopeKey, pausedAt, source, health } = subscription;
+  const { id, url, types, scopeKey, maxPerSecond, pausedAt, source, health } = subscription;
   const tr = element('tr');
   tr.dataset.subscriptionId = id;
   tr.dataset.state = pausedAt ? 'paused' : 'active';
@@ -314,6 +314,7 @@ function subscriptionRow(subscription) {
     cell(url, 'url'),
     cell(types.join(', '), 'mono'),
     cell(scopeKey ?? 'all scopes', scopeKey ? 'mono' : 'muted'),
+    cell(maxPerSecond ? `${formatNumber(maxPerSecond)}/s` : 'no limit', maxPerSecond ? 'num' : 'muted'),
     cell(state),
     cell(timeNode(health?.lastSuccessAt, health ? 'never' : '—')),
     cell(health ? health.failuresLastHour : null, health?.failuresLastHour ? 'num bad' : 'num'),
@@ -461,6 +462,9 @@ async function createSubscription(event) {
   if (types.length) body.types = types;
   const scopeKey = $('create-scope').value.trim();
   if (scopeKey) body.scopeKey = scopeKey;
+  const rate = $('create-rate').value.trim();
+  // Sent as typed: the API names what is wrong with it.
+  if (rate) body.maxPerSecond = Number(rate);
   await act(event.submitter, async () => {
     const answer = await api('POST', '/v1/admin/subscriptions', body);
     form.reset();

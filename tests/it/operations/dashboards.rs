@@ -117,6 +117,7 @@ fn webhook_to(url: &str) -> impl FnOnce(&mut Config) {
             secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
             types: vec!["order.*".into()],
             scope_key: None,
+            max_per_second: None,
         }];
     }
 }

@@ -132,6 +132,7 @@ async fn webhook_workers_and_subscriptions_change_live() {
         secret: eventrelay::webhooks::generate_secret().into(),
         types: vec!["*".into()],
         scope_key: None,
+        max_per_second: None,
     };
     let first = subscription("first");
     let (server, reloadable) = TestServer::start_reloadable(&db, |c| {

@@ -132,6 +132,7 @@ async fn the_webhook_backlog_shows_deliveries_waiting_for_a_worker() {
             secret: eventrelay::webhooks::generate_secret().into(),
             types: vec!["*".into()],
             scope_key: None,
+            max_per_second: None,
         }];
     });
     server.ready().await;

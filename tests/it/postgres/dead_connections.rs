@@ -56,6 +56,7 @@ async fn a_silently_dropped_listen_connection_is_found_and_nothing_is_lost() {
             secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
             types: vec!["*".into()],
             scope_key: None,
+            max_per_second: None,
         }];
     });
     server.ready().await;

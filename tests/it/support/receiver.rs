@@ -28,6 +28,8 @@ pub struct Received {
     pub path: String,
     pub headers: HashMap<String, String>,
     pub body: Vec<u8>,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -139,6 +141,7 @@ async fn answer(request: HttpRequest, body: web::Bytes, script: web::Data<Script
         path: request.path().to_owned(),
         headers,
         body: body.to_vec(),
+        at: std::time::Instant::now(),
     });
     let reply = script.replies.lock().unwrap().pop_front();
     let status = |code: u16| actix_web::http::StatusCode::from_u16(code).unwrap();

@@ -479,6 +479,7 @@ async fn configured_subscriptions_can_be_read_but_not_changed() {
         secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
         types: vec!["order.*".into()],
         scope_key: None,
+        max_per_second: None,
     };
     let in_config = configured.clone();
     let server = TestServer::start(&db, move |config| {
@@ -1050,6 +1051,7 @@ async fn the_deliveries_command_lists_shows_redelivers_and_prunes() {
                     secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
                     types: vec!["*".into()],
                     scope_key: scope,
+                    max_per_second: None,
                 },
             )
             .await
@@ -1198,6 +1200,7 @@ async fn the_subscriptions_command_follows_the_api_rules() {
                 secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
                 types: vec!["*".into()],
                 scope_key: None,
+                max_per_second: None,
             }],
         )
         .await
@@ -1235,6 +1238,7 @@ async fn a_replica_with_an_older_configuration_removes_no_subscription() {
         secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
         types: vec!["*".into()],
         scope_key: None,
+        max_per_second: None,
     };
     // The new configuration adds `added`; an event gives it a delivery.
     let (old, new) = (

@@ -31,6 +31,7 @@ fn webhooks(url: &str, schedule_ms: &[u64]) -> impl Fn(&mut Config) + Clone {
             secret: SECRET.into(),
             types: vec!["order.*".into()],
             scope_key: None,
+            max_per_second: None,
         }];
     }
 }
@@ -410,6 +411,7 @@ async fn a_rotated_secret_keeps_signing_during_its_grace_window() {
                 secret: "old-secret-old-secret-old".into(),
                 types: vec!["*".into()],
                 scope_key: None,
+                max_per_second: None,
             },
         )
         .await
@@ -476,6 +478,7 @@ async fn subscribe_to_orders(db: &TestDb, url: &str) {
                 secret: SECRET.into(),
                 types: vec!["order.*".into()],
                 scope_key: None,
+                max_per_second: None,
             },
         )
         .await

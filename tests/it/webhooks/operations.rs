@@ -28,6 +28,7 @@ fn relay(db: &TestDb, receiver: &Receiver, subscriptions: &[(&str, &str)]) -> Te
             secret: SECRET.into(),
             types: vec!["order.*".into()],
             scope_key: None,
+            max_per_second: None,
         })
         .collect();
     TestServer::start(db, move |config: &mut Config| {
@@ -286,6 +287,7 @@ async fn the_janitor_prunes_finished_deliveries_past_their_retention_and_keeps_t
         secret: SECRET.into(),
         types: vec!["order.*".into()],
         scope_key: None,
+        max_per_second: None,
     }];
     let server = TestServer::start(&db, move |config: &mut Config| {
         config.admin.token = Some(ADMIN_TOKEN.into());
@@ -389,4 +391,131 @@ async fn the_janitor_prunes_finished_deliveries_past_their_retention_and_keeps_t
             .await,
         3.0
     );
+}
+
+/// Two relays, each with its workers, share one subscription's pace: no
+/// second of arrivals holds more than the rate and the few claims that can
+/// race for one slot, and the backlog is worked through at that rate.
+#[tokio::test]
+async fn two_relays_keep_a_subscription_to_its_pace() {
+    const RATE: usize = 10;
+    const EVENTS: usize = 40;
+    let db = TestDb::new().await;
+    let receiver = Receiver::start([]);
+    let url = format!("{}/paced", receiver.url);
+    let configure = |config: &mut Config| {
+        config.webhooks.allow_private_networks = true;
+        config.webhooks.workers = 4;
+        config.webhooks.subscriptions = vec![NewSubscription {
+            id: "paced".into(),
+            url: url.clone(),
+            secret: SECRET.into(),
+            types: vec!["order.*".into()],
+            scope_key: None,
+            max_per_second: Some(RATE as i32),
+        }];
+    };
+    let relays = [
+        TestServer::start(&db, configure),
+        TestServer::start(&db, configure),
+    ];
+    for relay in &relays {
+        relay.ready().await;
+    }
+    db.connect()
+        .await
+        .execute(
+            &format!(
+                "SELECT {}.emit('order.created', 'org-1', jsonb_build_object('n', n))
+                 FROM generate_series(1, {EVENTS}) n",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let received = receiver.wait_for(EVENTS).await;
+    assert_eq!(received.len(), EVENTS, "each delivered once");
+    let times: Vec<std::time::Instant> = received.iter().map(|r| r.at).collect();
+    // At most one claim per worker of both relays can race for a slot.
+    let burst = 2 * 4;
+    let busiest = times
+        .iter()
+        .map(|&from| {
+            times
+                .iter()
+                .filter(|&&t| t >= from && t < from + std::time::Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert!(
+        busiest <= RATE + burst,
+        "{busiest} attempts in one second at a pace of {RATE} a second"
+    );
+    let took = *times.iter().max().unwrap() - *times.iter().min().unwrap();
+    let least = std::time::Duration::from_secs_f64((EVENTS - burst) as f64 / RATE as f64 * 0.9);
+    assert!(
+        took >= least,
+        "{EVENTS} attempts in {took:?}: faster than {RATE} a second"
+    );
+}
+
+#[tokio::test]
+async fn a_rate_limit_is_set_changed_and_lifted_and_a_bad_one_refused_by_name() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start([]);
+    let server = relay(&db, &receiver, &[]);
+    server.ready().await;
+    for bad in [json!(0), json!(-5), json!(100_001)] {
+        let (status, answer) = server
+            .admin(
+                ADMIN_TOKEN,
+                Method::POST,
+                "/v1/admin/subscriptions",
+                Some(json!({"id": "hook", "url": "https://hooks.example.com/in", "maxPerSecond": bad})),
+            )
+            .await;
+        assert_eq!(status, 400, "{bad}: {answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("maxPerSecond"),
+            "{answer}"
+        );
+    }
+    let created = admin(
+        &server,
+        Method::POST,
+        "/v1/admin/subscriptions",
+        Some(json!({"id": "hook", "url": "https://hooks.example.com/in", "maxPerSecond": 50})),
+    )
+    .await;
+    assert_eq!(created["subscription"]["maxPerSecond"], 50);
+    let changed = admin(
+        &server,
+        Method::PATCH,
+        "/v1/admin/subscriptions/hook",
+        Some(json!({"maxPerSecond": 5})),
+    )
+    .await;
+    assert_eq!(changed["subscription"]["maxPerSecond"], 5);
+    let (status, _) = server
+        .admin(
+            ADMIN_TOKEN,
+            Method::PATCH,
+            "/v1/admin/subscriptions/hook",
+            Some(json!({"maxPerSecond": -1})),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let lifted = admin(
+        &server,
+        Method::PATCH,
+        "/v1/admin/subscriptions/hook",
+        Some(json!({"maxPerSecond": null})),
+    )
+    .await;
+    assert_eq!(lifted["subscription"]["maxPerSecond"], Value::Null);
 }
