@@ -3,17 +3,11 @@
 
 use std::time::Duration;
 
-/// One line of the table.
-pub struct Row {
-    pub scenario: String,
-    pub result: String,
-    /// The target this row is checked against, and where it stands.
-    pub target: String,
-}
-
+/// The rows so far: scenario, measured, and the target the row is checked
+/// against with where it stands.
 #[derive(Default)]
 pub struct Table {
-    rows: Vec<Row>,
+    rows: Vec<[String; 3]>,
 }
 
 impl Table {
@@ -23,22 +17,15 @@ impl Table {
         result: impl Into<String>,
         target: impl Into<String>,
     ) {
-        let row = Row {
-            scenario: scenario.into(),
-            result: result.into(),
-            target: target.into(),
-        };
-        eprintln!("  {} | {} | {}", row.scenario, row.result, row.target);
+        let row = [scenario.into(), result.into(), target.into()];
+        eprintln!("  {}", row.join(" | "));
         self.rows.push(row);
     }
 
     pub fn render(&self) -> String {
         let mut text = String::from("| scenario | measured | target |\n|---|---|---|\n");
         for row in &self.rows {
-            text.push_str(&format!(
-                "| {} | {} | {} |\n",
-                row.scenario, row.result, row.target
-            ));
+            text.push_str(&format!("| {} |\n", row.join(" | ")));
         }
         text
     }

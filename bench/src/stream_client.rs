@@ -421,7 +421,6 @@ impl Stream {
                 shared.streaming.fetch_add(1, Ordering::Relaxed);
                 shared.count(phase, |t| {
                     t.streams_opened += 1;
-                    t.opened_per_relay[self.relay] += 1;
                     t.last_ready[self.relay] = t.last_ready[self.relay].max(realtime_ns());
                     let micros = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
                     t.connect_micros.push(micros);
@@ -766,18 +765,16 @@ pub struct PhaseFigures {
     #[serde(skip)]
     pub connect: Percentiles,
     pub reset_reasons: BTreeMap<String, u64>,
-    /// The first attempt of the phase (realtime ns; 0 until then) and, per
-    /// relay, its last stream ready (realtime ns) and the streams opened.
+    /// The first attempt of the phase and, per relay, its last stream
+    /// ready (realtime ns; 0 until then).
     pub first_attempt: u64,
     pub last_ready: Vec<u64>,
-    pub opened_per_relay: Vec<u64>,
 }
 
 impl PhaseFigures {
     fn new(relays: usize) -> PhaseFigures {
         PhaseFigures {
             last_ready: vec![0; relays],
-            opened_per_relay: vec![0; relays],
             ..PhaseFigures::default()
         }
     }
@@ -816,15 +813,8 @@ impl PhaseFigures {
             for (how, count) in counts.reset_reasons {
                 *phase.reset_reasons.entry(how).or_default() += count;
             }
-            for (relay, (ready, opened)) in counts
-                .last_ready
-                .iter()
-                .zip(&counts.opened_per_relay)
-                .enumerate()
-                .take(relays)
-            {
-                phase.last_ready[relay] = phase.last_ready[relay].max(*ready);
-                phase.opened_per_relay[relay] += opened;
+            for (last, ready) in phase.last_ready.iter_mut().zip(counts.last_ready) {
+                *last = (*last).max(ready);
             }
         }
         phase.connect = Percentiles::of(&mut connect);

@@ -124,8 +124,7 @@ impl CommitTime {
     }
 }
 
-/// Both lanes of HTTP publish against nchan at four loads, with the
-/// machine's commit time measured before and after them.
+/// Both lanes against nchan at four loads, between two commit timings.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let (small, large) = (cx.scale.small_fanout, cx.scale.large_fanout);
     let loads = [(small, 100.0), (small, 20.0), (large, 10.0), (large, 2.0)];
@@ -202,8 +201,7 @@ async fn run_load(
     })
 }
 
-/// The commit time, each side's runs per load, the targets, and the
-/// relay's stages per lane.
+/// The commit time, then per load each side's runs, targets and stages.
 fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
     let [before, after] = commit;
     table.add(
@@ -351,10 +349,8 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
     }
 }
 
-/// Each lane's p50 and p99 over nchan's of the same round, per round, with
-/// their medians (these move less between runs than the figures); with the
-/// control, nchan's second run over its first comes last. `None` without
-/// nchan.
+/// Each lane's p50 and p99 over nchan's of the same round (these move less
+/// between runs than the figures), and nchan's second run over its first.
 fn against_nchan_by_round(load: &LoadFigures) -> Option<String> {
     let nchan = load.of(Side::Nchan);
     if nchan.is_empty() {
@@ -484,9 +480,8 @@ pub async fn commit_time(database_url: &str, schema: &str) -> BenchResult<Commit
     Ok(CommitTime { flushed, unflushed })
 }
 
-/// Times `commits` one-row commits with the flush, one every
-/// `1 / per_second` seconds: what a commit costs when it comes as seldom
-/// as a load's events do.
+/// Times `commits` one-row commits with the flush, `per_second` of them a
+/// second: a commit as seldom as a load's events.
 pub async fn paced_commit_time(
     database_url: &str,
     schema: &str,
@@ -498,10 +493,8 @@ pub async fn paced_commit_time(
     timed_commits(&client, schema, "on", commits, Some(every)).await
 }
 
-/// The relay's publishing statement timed at a load's pace: from sending
-/// its transaction to the answer to its `COMMIT`, and to a second
-/// connection, `LISTEN`ing on the relay's channel, hearing its
-/// notification.
+/// The relay's publishing statement at a load's pace: until its `COMMIT`
+/// is answered, and until a connection `LISTEN`ing on its channel hears it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AnnouncedCommit {
     pub committed: Percentiles,
@@ -668,9 +661,8 @@ impl Stages {
         stages
     }
 
-    /// Adds `sign` × `other`'s observations, stage by stage and bucket by
-    /// bucket (the same bounds, or none yet): −1 takes an earlier reading
-    /// off a later one.
+    /// Adds `sign` × `other`'s observations, bucket by bucket (the same
+    /// bounds, or none yet): −1 takes an earlier reading off a later one.
     pub fn add(&mut self, other: &Stages, sign: f64) {
         for (stage, theirs) in &other.0 {
             let ours = self.0.entry(stage.clone()).or_default();
