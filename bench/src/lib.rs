@@ -3,12 +3,9 @@
 //! `tests/harness/` and the fault campaign use them too.
 
 pub mod alloc_counter;
-pub mod clock;
 pub mod context;
 pub mod database;
 pub mod freezer;
-pub mod in_process;
-pub mod metrics;
 pub mod postgres_tools;
 pub mod proc_stats;
 pub mod publish;

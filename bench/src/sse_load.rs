@@ -14,7 +14,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::BenchResult;
-use crate::clock::{CommitLog, Receipt};
+use crate::report::{CommitLog, Receipt};
 
 /// The marker before an event number in a frame's data.
 const NUMBER_MARKER: &[u8] = b"\"bn\":";

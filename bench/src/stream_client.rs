@@ -35,7 +35,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 
-use crate::clock::Percentiles;
+use crate::report::Percentiles;
 use crate::sse_load::{FrameParser, ReadyWhen, request_head};
 use crate::{BenchResult, subscriber_token};
 

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::BenchResult;
-use crate::clock::{CommitLog, Percentiles};
 use crate::proc_stats::{self, Usage};
 use crate::publish::{Pace, Source, publish_for};
+use crate::report::{CommitLog, Percentiles};
 use crate::sse_load::{ReadyWhen, StreamTarget, Subscribers, deliveries};
 
 /// Handshakes in flight while subscribers connect.

@@ -17,10 +17,10 @@ use eventrelay::publisher::{
 use eventrelay::store::Database;
 
 use crate::BenchResult;
-use crate::clock::Percentiles;
 use crate::context::Context;
-use crate::metrics::Metrics;
 use crate::publish::{Pace, Source, TICK_TYPE, event_data};
+use crate::relay_process::Metrics;
+use crate::report::Percentiles;
 use crate::report::{Table, median, ms, verdict};
 use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
 

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use eventrelay_publisher::{NewEvent, Publisher};
 use serde_json::json;
 
-use crate::clock::Percentiles;
 use crate::database::{drop_schema, unique_schema};
 use crate::raw_publish::RawPublisher;
 use crate::relay_process::{RelayProcess, RelaySettings};
+use crate::report::Percentiles;
 use crate::{BenchResult, PUBLISH_TOKEN};
 
 #[derive(Debug, Clone)]

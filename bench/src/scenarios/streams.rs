@@ -13,11 +13,11 @@ use eventrelay_publisher::{NewEvent, Publisher};
 use tokio::sync::watch;
 
 use crate::BenchResult;
-use crate::clock::Percentiles;
 use crate::database::max_seq;
 use crate::proc_stats::{self, Usage};
 use crate::publish::{TICK_TYPE, event_data};
 use crate::relay_process::{RelayProcess, RelaySettings};
+use crate::report::Percentiles;
 use crate::stream_client::{
     self, Arrival, ClientProcess, ClientSpec, Clients, PhaseFigures, Reconnect, realtime_ns,
 };

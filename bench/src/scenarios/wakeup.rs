@@ -8,12 +8,12 @@
 //! them is the modes' and not the hour's.
 
 use crate::BenchResult;
-use crate::clock::{CommitLog, Percentiles};
 use crate::context::Context;
 use crate::database::{create_schema_for, drop_schema};
 use crate::proc_stats;
 use crate::publish::{Pace, Source, publish_for, slice_side};
 use crate::relay_process::RelaySettings;
+use crate::report::{CommitLog, Percentiles};
 use crate::report::{Table, median, verdict};
 use crate::scenarios::emit_cost::{self, WriteKind};
 use crate::scenarios::fanout::{CONNECT_CONCURRENCY, DRAIN_PATIENCE, Server, cpu_per_1000};

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use eventrelay_bench::clock::Percentiles;
 use eventrelay_bench::database::{create_schema, drop_schema, test_database_url, unique_schema};
+use eventrelay_bench::report::Percentiles;
 use eventrelay_bench::scenarios::floor;
 
 #[tokio::test]

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use eventrelay_bench::database::{create_schema, drop_schema, test_database_url, unique_schema};
-use eventrelay_bench::in_process::InProcessRelay;
 use eventrelay_bench::publish::{Pace, Source};
+use eventrelay_bench::scenarios::connection_heap::InProcessRelay;
 use eventrelay_bench::scenarios::fanout::{self, FanoutPlan, Server};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
