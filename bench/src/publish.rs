@@ -11,7 +11,7 @@ use std::time::Duration;
 use eventrelay_publisher::{NewEvent, Publisher};
 use serde_json::{Value, json};
 
-use crate::report::CommitLog;
+use crate::clock::CommitLog;
 use crate::{BenchResult, PUBLISH_TOKEN};
 
 /// The event type of fan-out events.

@@ -443,7 +443,7 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         .iter()
         .map(|(variant, f)| {
             let mut samples = f.latency_ns.clone();
-            let p = crate::report::Percentiles::of(&mut samples);
+            let p = crate::clock::Percentiles::of(&mut samples);
             format!("{} p50 {} · p99 {}", variant.name(), ms(p.p50), ms(p.p99))
         })
         .collect();
