@@ -31,7 +31,7 @@ const SCENARIOS: &[Scenario] = &[
     scenario("fanout", rows!(fanout::rows)),
     scenario("floor", rows!(floor::rows)),
     scenario("memory", rows!(connection_heap::rows)),
-    scenario("storm", rows!(storm::rows)),
+    scenario("storm", rows!(streams::storm_rows)),
     scenario("streams", rows!(streams::rows)),
     // 100,000 streams over 6 relays: only when named.
     Scenario {

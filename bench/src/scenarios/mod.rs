@@ -7,7 +7,6 @@ pub mod fanout;
 pub mod floor;
 pub mod publish_throughput;
 pub mod seal_cost;
-pub mod storm;
 pub mod streams;
 pub mod tail;
 pub mod wakeup;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use eventrelay_bench::database::{create_schema, drop_schema, test_database_url, unique_schema};
 use eventrelay_bench::relay_process::RelaySettings;
-use eventrelay_bench::scenarios::storm::{self, StormPlan};
+use eventrelay_bench::scenarios::streams::{StormPlan, run_storm};
 
 use crate::relay_binary;
 
@@ -28,7 +28,7 @@ async fn a_thousand_subscribers_ride_out_a_restart_and_a_second_wave() {
     };
     let settings = RelaySettings::new(&url, &schema);
     let client_bin = std::path::Path::new(env!("CARGO_BIN_EXE_eventrelay-bench"));
-    let figures = storm::run(&plan, &relay_binary(), client_bin, &work_dir, &settings).await;
+    let figures = run_storm(&plan, &relay_binary(), client_bin, &work_dir, &settings).await;
     drop_schema(&url, &schema).await;
     let figures = figures.expect("the storm runs");
     println!("STORM: {figures:#?}");
