@@ -1,19 +1,9 @@
 //! CPU time and resident memory of server processes, read from /proc.
 
-use std::sync::OnceLock;
-
 /// Clock ticks per second for /proc/<pid>/stat times.
 fn ticks_per_second() -> f64 {
-    static TICKS: OnceLock<f64> = OnceLock::new();
-    *TICKS.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|out| String::from_utf8(out.stdout).ok())
-            .and_then(|text| text.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
+    // SAFETY: sysconf only reads a constant of the running system.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) as f64 }
 }
 
 /// The stat fields after the command name (which may contain spaces).
