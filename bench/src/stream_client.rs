@@ -351,44 +351,31 @@ impl Stream {
                 }
             }
             // Drain what the socket holds through the process's one buffer.
-            let mut outcome = None;
             let mut became_ready = false;
-            BUFFER.with(|buffer| {
-                let mut buffer = buffer.borrow_mut();
+            let outcome = BUFFER.with_borrow_mut(|buffer| {
                 loop {
-                    match stream.try_read(&mut buffer) {
-                        Ok(0) => {
-                            outcome = Some(if streaming || became_ready {
-                                Ended::ByServer
-                            } else {
-                                Ended::Broken("closed before ready".to_owned())
-                            });
-                            return;
+                    let read = match stream.try_read(buffer) {
+                        Ok(0) if streaming || became_ready => return Some(Ended::ByServer),
+                        Ok(0) => return Some(Ended::Broken("closed before ready".to_owned())),
+                        Ok(read) => read,
+                        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                            return None;
                         }
-                        Ok(read) => {
-                            let now = realtime_ns();
-                            match parser.feed(&buffer[..read], now, &mut receipts) {
-                                Ok(true) => became_ready = true,
-                                Ok(false) => {}
-                                Err(_) => {
-                                    outcome = Some(Ended::Refused(parser.status.unwrap_or(0)));
-                                    return;
-                                }
-                            }
-                            if parser.ended {
-                                return;
-                            }
-                        }
-                        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return,
                         Err(error) => {
                             let when = if streaming || became_ready {
                                 "streaming"
                             } else {
                                 "before ready"
                             };
-                            outcome = Some(Ended::Broken(format!("read {when}: {}", error.kind())));
-                            return;
+                            return Some(Ended::Broken(format!("read {when}: {}", error.kind())));
                         }
+                    };
+                    match parser.feed(&buffer[..read], realtime_ns(), &mut receipts) {
+                        Ok(ready) => became_ready |= ready,
+                        Err(_) => return Some(Ended::Refused(parser.status.unwrap_or(0))),
+                    }
+                    if parser.ended {
+                        return None;
                     }
                 }
             });
