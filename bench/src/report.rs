@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::BenchResult;
+
 /// The rows so far: scenario, measured, and the target the row is checked
 /// against with where it stands.
 #[derive(Default)]
@@ -34,6 +36,27 @@ impl Table {
         }
         text
     }
+}
+
+/// Runs `measure(round, case)` for each of `cases` in each of `rounds`
+/// rounds, every other round in reverse order, so that no case always comes
+/// last on a machine that drifts; answers each case's figures by round.
+pub async fn alternating<T>(
+    rounds: usize,
+    cases: usize,
+    mut measure: impl AsyncFnMut(usize, usize) -> BenchResult<T>,
+) -> BenchResult<Vec<Vec<T>>> {
+    let mut figures: Vec<Vec<T>> = (0..cases).map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..cases).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for case in order {
+            figures[case].push(measure(round, case).await?);
+        }
+    }
+    Ok(figures)
 }
 
 /// Milliseconds with two decimals.

@@ -5,7 +5,7 @@
 //! release; and the publisher crate's batch emit against one emit per event.
 
 use crate::context::Context;
-use crate::report::{Table, median, ms, verdict};
+use crate::report::{Table, alternating, median, ms, verdict};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -244,25 +244,18 @@ async fn alternating_publish_rounds(
     let rounds = async {
         let baseline = RelayProcess::start(binary, &cx.args.work_dir, &baseline_settings).await?;
         let current = cx.start_relay(cx.settings()).await?;
-        let mut shown = Vec::new();
-        let mut ratios = Vec::new();
-        for round in 0..PUBLISH_ROUNDS {
+        let addresses = [baseline.address(), current.address()];
+        let figures = alternating(PUBLISH_ROUNDS, 2, async |round, case| {
             eprintln!(
                 "HTTP publish, 64 publishers, round {} of {PUBLISH_ROUNDS}",
                 round + 1
             );
-            let mut order = [baseline.address(), current.address()];
-            if round % 2 == 1 {
-                order.reverse();
-            }
-            let mut figures = Vec::new();
-            for address in order {
-                figures.push(http_publish(address, 64, cx.scale.emit_run * 2).await?);
-            }
-            if round % 2 == 1 {
-                figures.reverse();
-            }
-            let (earlier, now) = (&figures[0], &figures[1]);
+            http_publish(addresses[case], 64, cx.scale.emit_run * 2).await
+        })
+        .await?;
+        let mut shown = Vec::new();
+        let mut ratios = Vec::new();
+        for (earlier, now) in figures[0].iter().zip(&figures[1]) {
             let ratio = now.events_per_second / earlier.events_per_second;
             shown.push(format!(
                 "{:.0} vs {:.0} events/s, p99 {} vs {} ({ratio:.1}×)",

@@ -14,7 +14,7 @@ use crate::proc_stats;
 use crate::publish::{Pace, Source, publish_for, slice_side};
 use crate::relay_process::RelaySettings;
 use crate::report::{CommitLog, Percentiles};
-use crate::report::{Table, median, verdict};
+use crate::report::{Table, alternating, median, verdict};
 use crate::scenarios::emit_cost::{self, WriteKind};
 use crate::scenarios::fanout::{CONNECT_CONCURRENCY, DRAIN_PATIENCE, Server, cpu_per_1000};
 use crate::sse_load::{Subscribers, deliveries};
@@ -196,52 +196,46 @@ async fn wakeup_emit_cost(
             .await?,
         );
     }
-    // Per case (the floor, then each mode), per writer count, per round.
-    let mut rounds = vec![vec![Vec::new(); WRITERS.len()]; 3];
-    for round in 1..=ROUNDS {
-        // (case, mode, schema); the floor is the logical schema with no
-        // relay, so its trigger sends nothing and nothing decodes.
-        let mut order = [
-            (0, None, logical_schema),
-            (1, Some(WakeupMode::Notify), notify_schema),
-            (2, Some(WakeupMode::Logical), logical_schema),
-        ];
-        if round % 2 == 0 {
-            order.reverse();
-        }
-        for (case, mode, schema) in order {
-            let mut relay = match mode {
-                None => None,
-                Some(mode) => {
-                    let mut settings = RelaySettings::new(db, schema);
-                    settings.wakeup = mode.as_str();
-                    Some(cx.start_relay(settings).await?)
-                }
-            };
-            let label = mode.map_or("floor".to_owned(), |mode| mode.to_string());
-            for (index, writers) in WRITERS.into_iter().enumerate() {
-                let tps = emit_cost::measure(
-                    db,
-                    schema,
-                    WriteKind::WithSqlEmit,
-                    writers,
-                    cx.scale.emit_run,
-                )
-                .await?;
-                eprintln!(
-                    "wake-up modes: round {round}, {label}, {writers} writers: {tps:.0} tx/s"
-                );
-                rounds[case][index].push(tps);
+    // The floor is the logical schema with no relay: its trigger sends
+    // nothing and nothing decodes.
+    let cases = [
+        (None, logical_schema),
+        (Some(WakeupMode::Notify), notify_schema),
+        (Some(WakeupMode::Logical), logical_schema),
+    ];
+    // Per case, per round, per writer count.
+    let rounds = alternating(ROUNDS, cases.len(), async |round, case| {
+        let (mode, schema) = cases[case];
+        let mut relay = match mode {
+            None => None,
+            Some(mode) => {
+                let mut settings = RelaySettings::new(db, schema);
+                settings.wakeup = mode.as_str();
+                Some(cx.start_relay(settings).await?)
             }
-            if let Some(relay) = relay.as_mut() {
-                relay.terminate(Duration::from_secs(10)).await?;
-            }
+        };
+        let label = mode.map_or("floor".to_owned(), |mode| mode.to_string());
+        let mut figures = Vec::new();
+        for writers in WRITERS {
+            let kind = WriteKind::WithSqlEmit;
+            let tps = emit_cost::measure(db, schema, kind, writers, cx.scale.emit_run).await?;
+            let round = round + 1;
+            eprintln!("wake-up modes: round {round}, {label}, {writers} writers: {tps:.0} tx/s");
+            figures.push(tps);
         }
-    }
-    let (floor_rounds, mode_rounds) = (&rounds[0], [&rounds[1], &rounds[2]]);
-    let floor: Vec<f64> = floor_rounds.iter().map(|r| median(r)).collect();
-    let emits = |slot: usize| -> Vec<f64> { mode_rounds[slot].iter().map(|r| median(r)).collect() };
-    let (notify, logical) = (emits(0), emits(1));
+        if let Some(relay) = relay.as_mut() {
+            relay.terminate(Duration::from_secs(10)).await?;
+        }
+        Ok(figures)
+    })
+    .await?;
+    let medians = |case: usize| -> Vec<f64> {
+        let per_writers = |index: usize| rounds[case].iter().map(|r| r[index]).collect::<Vec<_>>();
+        (0..WRITERS.len())
+            .map(|index| median(&per_writers(index)))
+            .collect()
+    };
+    let (floor, notify, logical) = (medians(0), medians(1), medians(2));
     for (index, writers) in WRITERS.into_iter().enumerate() {
         let of_floor = |tps: f64| tps / floor[index];
         let ratio = of_floor(logical[index]);
