@@ -24,108 +24,6 @@ use std::time::Duration;
 
 const WAKEUP_MODES: [WakeupMode; 2] = [WakeupMode::Notify, WakeupMode::Logical];
 
-struct PairedPlan {
-    /// Subscribers on each side, all in the side's one scope.
-    subscribers: usize,
-    scope_prefix: String,
-    per_second: f64,
-    /// Consecutive events that go to one side before the other takes over.
-    slice: usize,
-    duration: Duration,
-    writers: usize,
-    sources: [Source; 2],
-}
-
-#[derive(Debug, Clone, Default)]
-struct SideFigures {
-    published: usize,
-    expected: u64,
-    delivered: u64,
-    latency: Percentiles,
-    cpu_seconds_per_1000: f64,
-}
-
-struct PairedFigures {
-    sides: [SideFigures; 2],
-    /// Slice pairs in which both sides delivered.
-    pairs: usize,
-    /// Pairs in which side 1's p50 was at most side 0's.
-    second_not_slower: usize,
-    /// Median over pairs of (side 1's p50 − side 0's p50), in milliseconds.
-    median_difference_ms: f64,
-}
-
-async fn paired_run(plan: &PairedPlan, servers: [&Server; 2]) -> BenchResult<PairedFigures> {
-    let capacity = (plan.per_second * plan.duration.as_secs_f64()).ceil() as usize + 1;
-    let log = CommitLog::new(capacity);
-    let scopes = [0, 1].map(|side| format!("{}-{side}", plan.scope_prefix));
-    let mut subscribers = Vec::new();
-    for (server, scope) in servers.iter().zip(&scopes) {
-        let targets = (0..plan.subscribers)
-            .map(|i| server.target(i, scope))
-            .collect();
-        subscribers.push(Subscribers::open(targets, Arc::clone(&log), CONNECT_CONCURRENCY).await?);
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let idle = servers.map(|server| proc_stats::usage(server.pids()));
-    let slice = plan.slice.max(1);
-    let scope_of = Arc::new(move |number: usize| scopes[slice_side(number, slice)].clone());
-    let source = Source::Alternating {
-        sources: Box::new(plan.sources.clone()),
-        slice,
-    };
-    let pace = Pace::PerSecond(plan.per_second);
-    let log_for = Arc::clone(&log);
-    let published = publish_for(
-        &source,
-        scope_of,
-        pace,
-        plan.duration,
-        plan.writers,
-        log_for,
-    )
-    .await?;
-    let mut per_side = [0usize; 2];
-    for number in 0..published {
-        per_side[slice_side(number, slice)] += 1;
-    }
-    for (open, count) in subscribers.iter().zip(per_side) {
-        let expected = (count * plan.subscribers) as u64;
-        open.wait_for(expected, DRAIN_PATIENCE).await;
-    }
-    let after = servers.map(|server| proc_stats::usage(server.pids()));
-
-    // Latencies per side, and per slice for the pairs.
-    let mut by_slice: Vec<Vec<u64>> = vec![Vec::new(); published.div_ceil(slice)];
-    let mut sides: [SideFigures; 2] = Default::default();
-    for (side, open) in subscribers.into_iter().enumerate() {
-        let outcomes = open.finish().await;
-        let mut latencies: Vec<u64> = deliveries(&outcomes, &log)
-            .map(|(number, _, latency)| {
-                if let Some(samples) = by_slice.get_mut(number as usize / slice) {
-                    samples.push(latency);
-                }
-                latency
-            })
-            .collect();
-        let delivered = latencies.len() as u64;
-        sides[side] = SideFigures {
-            published: per_side[side],
-            expected: (per_side[side] * plan.subscribers) as u64,
-            delivered,
-            latency: Percentiles::of(&mut latencies),
-            cpu_seconds_per_1000: cpu_per_1000(idle[side], after[side], delivered),
-        };
-    }
-    let differences = pair_differences(&mut by_slice, slice);
-    Ok(PairedFigures {
-        sides,
-        pairs: differences.len(),
-        second_not_slower: differences.iter().filter(|d| **d <= 0.0).count(),
-        median_difference_ms: median(&differences),
-    })
-}
-
 /// Per pair of slices (2k, 2k+1), side 1's p50 minus side 0's, in
 /// milliseconds; pairs where either side has no samples are left out.
 fn pair_differences(by_slice: &mut [Vec<u64>], slice: usize) -> Vec<f64> {
@@ -292,7 +190,8 @@ async fn wakeup_latency(
     outcome
 }
 
-/// One paired run of the wake-up modes' relays, as rows of the table.
+/// One paired run of the wake-up modes' relays, as rows of the table:
+/// events alternate between the modes every `SLICE` events.
 async fn wakeup_pair_row(
     table: &mut Table,
     db: &str,
@@ -302,50 +201,90 @@ async fn wakeup_pair_row(
     duration: Duration,
 ) -> BenchResult<()> {
     const PER_SECOND: f64 = 100.0;
+    const SLICE: usize = (PER_SECOND / 2.0) as usize;
     eprintln!("wake-up modes: {subscribers} subscriber(s) per mode for {duration:?}");
-    let plan = PairedPlan {
-        subscribers,
-        scope_prefix: format!("wake-{}-{subscribers}", std::process::id()),
-        per_second: PER_SECOND,
-        slice: (PER_SECOND / 2.0) as usize,
-        duration,
-        writers: 4,
-        sources: schemas.map(|schema| Source::emit(db, schema)),
+    let log = CommitLog::new((PER_SECOND * duration.as_secs_f64()).ceil() as usize + 1);
+    let prefix = format!("wake-{}-{subscribers}", std::process::id());
+    let scopes = [0, 1].map(|side| format!("{prefix}-{side}"));
+    let mut opened = Vec::new();
+    for (server, scope) in servers.iter().zip(&scopes) {
+        let targets = (0..subscribers).map(|i| server.target(i, scope)).collect();
+        opened.push(Subscribers::open(targets, Arc::clone(&log), CONNECT_CONCURRENCY).await?);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let usage = || {
+        servers
+            .iter()
+            .map(|s| proc_stats::usage(s.pids()))
+            .collect::<Vec<_>>()
     };
-    let figures = paired_run(&plan, [&servers[0], &servers[1]]).await?;
-    let [notify, logical] = &figures.sides;
-    for (mode, side) in WAKEUP_MODES.into_iter().zip(&figures.sides) {
-        let target = match mode {
+    let idle = usage();
+    let scope_of = Arc::new(move |number: usize| scopes[slice_side(number, SLICE)].clone());
+    let source = Source::Alternating {
+        sources: Box::new(schemas.map(|schema| Source::emit(db, schema))),
+        slice: SLICE,
+    };
+    let pace = Pace::PerSecond(PER_SECOND);
+    let published = publish_for(&source, scope_of, pace, duration, 4, Arc::clone(&log)).await?;
+    let mut per_side = [0usize; 2];
+    for number in 0..published {
+        per_side[slice_side(number, SLICE)] += 1;
+    }
+    for (open, count) in opened.iter().zip(per_side) {
+        open.wait_for((count * subscribers) as u64, DRAIN_PATIENCE)
+            .await;
+    }
+    let after = usage();
+
+    // Latencies per side, and per slice for the pairs.
+    let mut by_slice: Vec<Vec<u64>> = vec![Vec::new(); published.div_ceil(SLICE)];
+    let mut p50s = Vec::new();
+    for (side, open) in opened.into_iter().enumerate() {
+        let outcomes = open.finish().await;
+        let mut latencies: Vec<u64> = deliveries(&outcomes, &log)
+            .map(|(number, _, latency)| {
+                if let Some(samples) = by_slice.get_mut(number as usize / SLICE) {
+                    samples.push(latency);
+                }
+                latency
+            })
+            .collect();
+        let delivered = latencies.len() as u64;
+        let latency = Percentiles::of(&mut latencies);
+        p50s.push(latency.p50);
+        let target = match WAKEUP_MODES[side] {
             WakeupMode::Notify => "–".to_owned(),
             WakeupMode::Logical => format!(
                 "p50 ≤ notify's: {:.3} against {:.3} ms {}",
-                logical.latency.p50.as_secs_f64() * 1000.0,
-                notify.latency.p50.as_secs_f64() * 1000.0,
-                verdict(logical.latency.p50 <= notify.latency.p50)
+                latency.p50.as_secs_f64() * 1000.0,
+                p50s[0].as_secs_f64() * 1000.0,
+                verdict(latency.p50 <= p50s[0])
             ),
         };
         table.add(
             format!(
-                "wake-up {mode}: {subscribers} sub(s), 1 scope, {PER_SECOND} ev/s, SQL emit (commit-to-receive), \
-                 both modes in one run, alternating every {} events",
-                plan.slice
+                "wake-up {}: {subscribers} sub(s), 1 scope, {PER_SECOND} ev/s, SQL emit (commit-to-receive), \
+                 both modes in one run, alternating every {SLICE} events",
+                WAKEUP_MODES[side]
             ),
             format!(
-                "{} · {} of {} received from {} events · {:.3} relay CPU s per 1,000 deliveries",
-                side.latency.summary(),
-                side.delivered,
-                side.expected,
-                side.published,
-                side.cpu_seconds_per_1000,
+                "{} · {delivered} of {} received from {} events · {:.3} relay CPU s per 1,000 deliveries",
+                latency.summary(),
+                (per_side[side] * subscribers) as u64,
+                per_side[side],
+                cpu_per_1000(idle[side], after[side], delivered),
             ),
             target,
         );
     }
+    let differences = pair_differences(&mut by_slice, SLICE);
     table.add(
         format!("wake-up modes, {subscribers} sub(s): slice pairs (one slice of each mode, back to back)"),
         format!(
             "logical's p50 ≤ notify's in {} of {} pairs · median difference (logical − notify) {:+.2} ms",
-            figures.second_not_slower, figures.pairs, figures.median_difference_ms
+            differences.iter().filter(|d| **d <= 0.0).count(),
+            differences.len(),
+            median(&differences)
         ),
         "–",
     );
