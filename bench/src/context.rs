@@ -55,7 +55,6 @@ pub struct Args {
     pub floor_control: bool,
 }
 
-/// Sizes and durations of one run.
 pub struct Scale {
     pub small_fanout: usize,
     pub large_fanout: usize,
@@ -81,7 +80,6 @@ impl Scale {
     }
 }
 
-/// One run's command line, sizes and schema.
 pub struct Context {
     pub args: Args,
     pub scale: Scale,
@@ -94,8 +92,7 @@ impl Context {
         &self.args.database_url
     }
 
-    /// Relay settings on the bench's database and schema.
-    pub fn settings(&self) -> RelaySettings {
+        pub fn settings(&self) -> RelaySettings {
         RelaySettings::new(self.db(), &self.schema)
     }
 
@@ -103,8 +100,7 @@ impl Context {
         RelayProcess::start(&self.args.relay_bin, &self.args.work_dir, &settings).await
     }
 
-    /// Durable events emitted into the bench's schema.
-    pub fn emit_source(&self) -> Source {
+        pub fn emit_source(&self) -> Source {
         Source::emit(self.db(), &self.schema)
     }
 
@@ -117,7 +113,6 @@ impl Context {
     }
 }
 
-/// A scenario's rows, as the table of scenarios holds them.
 pub type Rows<'a> = Pin<Box<dyn Future<Output = BenchResult<()>> + 'a>>;
 
 #[derive(Clone, Copy)]

@@ -121,7 +121,6 @@ impl RelaySettings {
     }
 }
 
-/// A running relay process.
 pub struct RelayProcess {
     child: Child,
     pub port: u16,
@@ -270,7 +269,6 @@ impl Drop for RelayProcess {
     }
 }
 
-/// A loopback port nothing listens on right now.
 pub fn free_port() -> BenchResult<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
@@ -331,7 +329,6 @@ impl Sample {
         })
     }
 
-    /// The value of label `name`.
     pub fn label(&self, name: &str) -> Option<&str> {
         self.labels
             .iter()
@@ -352,7 +349,6 @@ fn labels(text: &str) -> Option<Vec<(String, String)>> {
         .collect()
 }
 
-/// Everything one read of `/metrics` served.
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
     pub samples: Vec<Sample>,

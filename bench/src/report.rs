@@ -59,7 +59,6 @@ pub async fn alternating<T>(
     Ok(figures)
 }
 
-/// Milliseconds with two decimals.
 pub fn ms(duration: Duration) -> String {
     format!("{:.2} ms", duration.as_secs_f64() * 1000.0)
 }
@@ -73,7 +72,6 @@ pub fn size(bytes: f64) -> String {
     }
 }
 
-/// "met" or "missed" for a target check.
 pub fn verdict(met: bool) -> &'static str {
     if met { "**met**" } else { "**missed**" }
 }
@@ -113,7 +111,6 @@ impl CommitLog {
         self.committed.len()
     }
 
-    /// Nanoseconds since the origin, now.
     pub fn now(&self) -> u64 {
         self.origin.elapsed().as_nanos() as u64
     }
@@ -147,7 +144,6 @@ pub struct Receipt {
     pub at: u64,
 }
 
-/// Latency percentiles over a set of samples.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Percentiles {
     pub p50: Duration,

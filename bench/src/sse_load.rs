@@ -16,7 +16,6 @@ use tokio::task::JoinHandle;
 use crate::BenchResult;
 use crate::report::{CommitLog, Receipt};
 
-/// The marker before an event number in a frame's data.
 const NUMBER_MARKER: &[u8] = b"\"bn\":";
 /// Longest a subscriber waits for its stream to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -30,7 +29,6 @@ pub enum ReadyWhen {
     HeadersEnd,
 }
 
-/// One stream to open.
 #[derive(Clone, Debug)]
 pub struct StreamTarget {
     pub address: SocketAddr,
@@ -39,7 +37,6 @@ pub struct StreamTarget {
     pub ready_when: ReadyWhen,
 }
 
-/// What one subscriber saw.
 #[derive(Default)]
 pub struct StreamOutcome {
     /// When the stream became ready (nanoseconds on the shared clock).
@@ -47,7 +44,6 @@ pub struct StreamOutcome {
     pub receipts: Vec<Receipt>,
 }
 
-/// Open subscribers, reading until told to stop.
 pub struct Subscribers {
     tasks: Vec<JoinHandle<Result<StreamOutcome, String>>>,
     stop: watch::Sender<bool>,
@@ -116,7 +112,6 @@ impl Subscribers {
         }
     }
 
-    /// Closes every stream and returns what each saw.
     pub async fn finish(self) -> Vec<StreamOutcome> {
         let _ = self.stop.send(true);
         let mut outcomes = Vec::with_capacity(self.tasks.len());
@@ -320,7 +315,6 @@ impl FrameParser {
     }
 }
 
-/// The number after the first `"bn":` in `line`.
 fn event_number(line: &[u8]) -> Option<u32> {
     let at = line
         .windows(NUMBER_MARKER.len())

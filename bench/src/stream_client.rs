@@ -39,11 +39,8 @@ use crate::report::Percentiles;
 use crate::sse_load::{FrameParser, ReadyWhen, request_head};
 use crate::{BenchResult, subscriber_token};
 
-/// The hidden subcommand that runs a client process.
 pub const SUBCOMMAND: &str = "stream-client";
-/// `errno` for a process out of file descriptors (Linux).
 const EMFILE: i32 = 24;
-/// `errno` for a source address out of ephemeral ports (Linux).
 const EADDRNOTAVAIL: i32 = 99;
 /// How long a subscriber waits before retrying while nothing listens: a
 /// browser's `EventSource` without its retry delay, the worst case.
@@ -69,7 +66,6 @@ pub enum Reconnect {
 }
 
 impl Reconnect {
-    /// The wait after a stream that was streaming ended.
     fn after_end(self) -> Duration {
         match self {
             Reconnect::Immediate => Duration::ZERO,
@@ -100,7 +96,6 @@ pub struct ClientSpec {
     /// Which client this is (0-based): names its receipts file and picks its
     /// source address, 127.0.0.2–9 in turn.
     pub index: usize,
-    /// The relays' ports on 127.0.0.1.
     pub relay_ports: Vec<u16>,
     /// The global indexes of its streams: stream `g` goes to relay
     /// `g % relays` and scope `(g / relays) % scopes`.
@@ -109,7 +104,6 @@ pub struct ClientSpec {
     pub scope_prefix: String,
     /// Every stream first connects resuming after this id, if any.
     pub last_event_id: Option<i64>,
-    /// First-connect handshakes in flight at once.
     pub connect_concurrency: usize,
     pub reconnect: Reconnect,
     pub work_dir: PathBuf,
@@ -144,7 +138,6 @@ pub fn placement(global: usize, relays: usize, scopes: usize) -> (usize, usize) 
     (global % relays, (global / relays) % scopes)
 }
 
-/// The name of scope `index`.
 pub fn scope_name(prefix: &str, index: usize) -> String {
     format!("{prefix}-{index}")
 }
@@ -159,7 +152,6 @@ pub fn realtime_ns() -> u64 {
 
 // The child process.
 
-/// What every stream of the process shares.
 struct Shared {
     relays: usize,
     /// Each phase's counters, the last one current: sent to the parent,
@@ -180,12 +172,10 @@ impl Shared {
         self.phases.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The current phase.
     fn phase(&self) -> usize {
         self.phases().len().saturating_sub(1)
     }
 
-    /// Counts into phase `phase`.
     fn count(&self, phase: usize, update: impl FnOnce(&mut PhaseFigures)) {
         if let Some(figures) = self.phases().get_mut(phase) {
             update(figures);
@@ -203,7 +193,6 @@ impl Shared {
     }
 }
 
-/// How one connection attempt ended.
 enum Ended {
     ByServer,
     Stopped,
@@ -214,7 +203,6 @@ enum Ended {
     Broken(String),
 }
 
-/// One reconnecting subscriber.
 struct Stream {
     relay: usize,
     scope: usize,
@@ -443,7 +431,6 @@ impl Stream {
     }
 }
 
-/// Writes one JSON line to stdout.
 fn say(value: &Value) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{value}");
@@ -602,16 +589,13 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
 
 // The parent's side.
 
-/// One arrival read back from a client's receipts file.
 #[derive(Clone, Copy, Debug)]
 pub struct Arrival {
     pub number: u32,
     pub relay: u32,
-    /// Realtime nanoseconds.
     pub at: u64,
 }
 
-/// A running client process.
 pub struct ClientProcess {
     child: Child,
     stdin: ChildStdin,
@@ -619,7 +603,6 @@ pub struct ClientProcess {
 }
 
 impl ClientProcess {
-    /// Starts `binary stream-client` with `spec`.
     fn spawn(binary: &Path, spec: &ClientSpec) -> BenchResult<ClientProcess> {
         let mut child = Command::new(binary)
             .arg(SUBCOMMAND)
@@ -654,7 +637,6 @@ impl ClientProcess {
         self.child.id()
     }
 
-    /// Sends one command line.
     pub fn send(&mut self, command: &str) -> BenchResult<()> {
         writeln!(self.stdin, "{command}")?;
         self.stdin.flush()?;
@@ -692,11 +674,9 @@ impl ClientProcess {
     }
 }
 
-/// Client processes commanded together.
 pub struct Clients(pub Vec<ClientProcess>);
 
 impl Clients {
-    /// Sends `command` to every client.
     pub fn send(&mut self, command: &str) -> BenchResult<()> {
         self.0
             .iter_mut()
@@ -766,7 +746,6 @@ impl PhaseFigures {
         }
     }
 
-    /// Nothing refused or reset.
     pub fn clean(&self) -> bool {
         self.timeouts == 0
             && self.server_errors == 0
@@ -774,7 +753,6 @@ impl PhaseFigures {
             && self.resets == 0
     }
 
-    /// From each client's counters of the phase.
     pub fn merge(tallies: &[&Value], relays: usize) -> PhaseFigures {
         let mut phase = PhaseFigures {
             first_attempt: u64::MAX,

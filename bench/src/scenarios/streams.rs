@@ -56,7 +56,6 @@ const HEADER_TIMEOUT_SECS: u64 = 60;
 
 #[derive(Clone, Debug)]
 pub struct BoxPlan {
-    /// What the rows start with.
     pub label: &'static str,
     pub relays: usize,
     /// Streams open after each step (the last is all of them); the relays'
@@ -68,13 +67,10 @@ pub struct BoxPlan {
     /// Scopes in all: every relay holds streams of every scope, as a load
     /// balancer in front of a fleet spreads each scope's subscribers.
     pub scopes: usize,
-    /// How long one event per second goes to every stream.
     pub run: Duration,
     /// Events per second spread over the scopes while the relays restart.
     pub storm_rate: f64,
-    /// First-connect handshakes in flight per client process.
     pub connect_concurrency: usize,
-    /// Whether every relay is restarted under the streams after the run.
     pub restart: bool,
 }
 
@@ -114,7 +110,6 @@ impl BoxPlan {
         }
     }
 
-    /// All the streams.
     pub fn streams_total(&self) -> usize {
         self.steps.last().copied().unwrap_or(0)
     }
@@ -141,7 +136,6 @@ impl BoxPlan {
     }
 }
 
-/// How the relays' pools were sized.
 #[derive(Debug, Clone)]
 pub struct PoolBudget {
     pub max_connections: usize,
@@ -251,7 +245,6 @@ async fn count_connections(database_url: String, mut stop: watch::Receiver<bool>
     most
 }
 
-/// `url` with the relays' application name added.
 fn with_application_name(url: &str) -> String {
     let separator = if url.contains('?') { '&' } else { '?' };
     format!("{url}{separator}application_name={APPLICATION_NAME}")
@@ -327,7 +320,6 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let client_pids: Vec<u32> = clients.0.iter().map(ClientProcess::pid).collect();
     let clients_idle_rss = proc_stats::rss_bytes(&client_pids);
 
-    // One event per second to every stream.
     let rate = plan.scopes as f64;
     let (_never, no_stop) = watch::channel(false);
     let run_deadline = tokio::time::Instant::now() + plan.run;
@@ -363,7 +355,6 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         relays_n,
     );
 
-    // Latency of the run's events.
     let mut per_relay_latency = vec![Vec::new(); relays_n];
     let mut all_latency = Vec::with_capacity(arrivals.len());
     let mut last_arrival = 0u64;
@@ -647,12 +638,10 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     Ok(())
 }
 
-/// The streams on one relay.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     run(&BoxPlan::streams(cx.args.quick), cx, table).await
 }
 
-/// 100,000 streams over six relays.
 pub async fn box_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     run(&BoxPlan::of(cx.args.quick), cx, table).await
 }
@@ -675,7 +664,6 @@ pub struct StormPlan {
     /// How long events are emitted after the subscribers first stream; the
     /// SIGTERM comes a third of the way in.
     pub emitting: Duration,
-    /// Waves of N arriving after the restart storm.
     pub extra_waves: usize,
 }
 
@@ -688,7 +676,6 @@ pub struct Phase {
 }
 
 impl Phase {
-    /// Every subscriber streams and nothing was refused or reset.
     pub fn clean(&self) -> bool {
         self.all_streaming_after.is_some() && self.figures.clean()
     }
@@ -696,9 +683,7 @@ impl Phase {
 
 #[derive(Debug, Clone)]
 pub struct StormFigures {
-    /// The subscribers' first connect, to an idle relay.
     pub first: Phase,
-    /// From SIGTERM to the old process's exit.
     pub stopped_in: Duration,
     /// From starting the new process until all N streamed again.
     pub restart: Phase,
@@ -706,7 +691,6 @@ pub struct StormFigures {
     /// (subscriber, event) pairs emitted into a subscriber's scope that it
     /// never received.
     pub missed: u64,
-    /// Each further wave, connecting while the previous one hangs up.
     pub waves: Vec<Phase>,
     /// Relay RSS before the first subscriber, with each wave streaming,
     /// after the last hung up, and [`SETTLE`] later, in KiB.
