@@ -24,7 +24,6 @@ pub type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The HS256 secret every bench relay verifies subscriber tokens with.
 pub const SUBSCRIBER_SECRET: &str = "bench-secret-that-is-long-enough-for-hs256-signing";
-/// The publish API token of every bench relay.
 pub const PUBLISH_TOKEN: &str = "bench-publish-token-long-enough";
 
 /// Mints a subscriber token for `scope` valid for an hour.

@@ -40,7 +40,6 @@ pub fn rss_bytes(pids: &[u32]) -> u64 {
         .sum()
 }
 
-/// The children of `parent` (nginx's workers under its master).
 pub fn children_of(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -55,7 +54,6 @@ pub fn children_of(parent: u32) -> Vec<u32> {
         .collect()
 }
 
-/// CPU and memory, read around a measured phase.
 #[derive(Debug, Clone, Copy)]
 pub struct Usage {
     pub cpu_seconds: f64,

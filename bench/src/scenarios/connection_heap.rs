@@ -29,7 +29,6 @@ use tokio::sync::oneshot;
 
 /// Lets allocations made by background work settle before a reading.
 const SETTLE: Duration = Duration::from_millis(500);
-/// The scope and event type the carrying streams use.
 const CARRY_SCOPE: &str = "carry";
 const CARRY_TYPE: &str = "bench.carry";
 /// Events per transaction: well under a stream's queue, so fast readers
@@ -185,7 +184,6 @@ async fn carried(database_url: &str, schema: &str, n: usize, events: usize) -> B
     Ok((after - before) as f64 / n as f64)
 }
 
-/// Waits until every stream has received `events` events.
 async fn every_stream_has(received: &[Arc<AtomicUsize>], events: usize) -> BenchResult<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let behind = || {

@@ -13,7 +13,6 @@ use serde_json::json;
 
 use crate::BenchResult;
 
-/// The transaction each writer repeats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriteKind {
     Plain,
@@ -21,7 +20,6 @@ pub enum WriteKind {
     WithSqlEmit,
 }
 
-/// Creates the table the writers insert into.
 pub async fn prepare(database_url: &str, schema: &str) -> BenchResult<()> {
     let client = eventrelay::connect(database_url).await?;
     client

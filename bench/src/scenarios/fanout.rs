@@ -24,7 +24,6 @@ pub(crate) const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
 /// Event numbers available to an unthrottled run.
 const UNTHROTTLED_CAPACITY: usize = 1 << 21;
 
-/// The server the subscribers connect to.
 #[derive(Clone, Debug)]
 pub enum Server {
     Eventrelay { address: SocketAddr, pids: Vec<u32> },
@@ -32,7 +31,6 @@ pub enum Server {
 }
 
 impl Server {
-    /// A relay process of the bench, over plain HTTP/1.1.
     pub fn of(relay: &crate::relay_process::RelayProcess) -> Server {
         Server::Eventrelay {
             address: relay.address(),
@@ -158,7 +156,6 @@ pub(crate) fn cpu_per_1000(before: Usage, after: Usage, delivered: u64) -> f64 {
     per_1000(after.cpu_seconds - before.cpu_seconds, delivered)
 }
 
-/// `seconds` spent on `delivered` deliveries, per 1,000 of them.
 fn per_1000(seconds: f64, delivered: u64) -> f64 {
     if delivered == 0 {
         return 0.0;

@@ -85,7 +85,6 @@ pub fn round_order(round: usize, control: bool) -> Vec<Side> {
     vec![lanes[0], nchan[0], lanes[1], nchan[1]]
 }
 
-/// One load's runs.
 pub struct LoadFigures {
     pub subscribers: usize,
     pub per_second: f64,
@@ -100,7 +99,6 @@ pub struct LoadFigures {
 }
 
 impl LoadFigures {
-    /// The figures of one side's runs, in round order.
     pub fn of(&self, side: Side) -> Vec<&FanoutFigures> {
         self.runs
             .iter()
@@ -124,7 +122,6 @@ impl CommitTime {
     }
 }
 
-/// Both lanes against nchan at four loads, between two commit timings.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let (small, large) = (cx.scale.small_fanout, cx.scale.large_fanout);
     let loads = [(small, 100.0), (small, 20.0), (large, 10.0), (large, 2.0)];
@@ -405,13 +402,11 @@ fn against_nchan_spread(load: &LoadFigures) -> Option<String> {
     Some(parts.join(" · "))
 }
 
-/// The lowest and highest of some quotients.
 fn spread(values: &[f64]) -> Option<(f64, f64)> {
     let low = values.iter().copied().reduce(f64::min)?;
     Some((low, values.iter().copied().reduce(f64::max)?))
 }
 
-/// Where `value` lies against a spread.
 fn place((low, high): (f64, f64), value: f64) -> &'static str {
     if value < low {
         "under"
@@ -623,7 +618,6 @@ pub struct StageHistogram {
     count: f64,
 }
 
-/// The stages in the order an event passes them.
 const STAGE_ORDER: [&str; 7] = [
     "parse",
     "group_wait",

@@ -181,7 +181,6 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     Ok(())
 }
 
-/// How a publish row reads.
 fn publish_figures(f: &PublishFigures) -> String {
     format!(
         "{:.0} events/s · publish latency p50 {} · p99 {} · {} failed",
@@ -228,7 +227,6 @@ async fn baseline_publish_row(cx: &Context, binary: &Path, table: &mut Table) ->
     rows
 }
 
-/// How many paired rounds compare the earlier release with this one.
 const PUBLISH_ROUNDS: usize = 3;
 
 /// 64 publishers against the earlier release and this one (group commit

@@ -26,7 +26,6 @@ const TAIL_BYTES: usize = 4 * 1024 * 1024;
 const EVENTS_PER_SCOPE: usize = 32;
 const EVENT_BYTES: usize = 4096;
 
-/// Event `seq` of `scope`, padded with `padding`.
 fn event(scope: &str, seq: i64, padding: &str) -> Arc<EncodedEvent> {
     let mut envelope = NewEvent::durable("bench.tail", scope, json!({ "pad": padding }))
         .into_envelope(chrono::Utc::now());

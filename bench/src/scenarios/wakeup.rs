@@ -66,7 +66,6 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     outcome
 }
 
-/// What emitting costs a writer in each mode, against the floor.
 async fn wakeup_emit_cost(
     cx: &Context,
     table: &mut Table,
