@@ -11,7 +11,6 @@ pub struct CountingAllocator;
 
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 
-/// Sizes are counted in classes of this many bytes.
 pub const SIZE_CLASS: usize = 16;
 /// Classes counted one by one; larger blocks share the last class.
 const SIZE_CLASSES: usize = 2048;
@@ -31,12 +30,10 @@ pub fn live_blocks() -> Vec<isize> {
         .collect()
 }
 
-/// Heap bytes currently allocated (since the allocator was installed).
 pub fn live_bytes() -> isize {
     LIVE_BYTES.load(Ordering::SeqCst)
 }
 
-/// Counts a block of `size` bytes in (`sign` 1) or out (−1).
 fn count(size: usize, sign: isize) {
     LIVE_BYTES.fetch_add(sign * size as isize, Ordering::Relaxed);
     LIVE_BLOCKS[class_of(size)].fetch_add(sign, Ordering::Relaxed);

@@ -92,7 +92,7 @@ impl Context {
         &self.args.database_url
     }
 
-        pub fn settings(&self) -> RelaySettings {
+    pub fn settings(&self) -> RelaySettings {
         RelaySettings::new(self.db(), &self.schema)
     }
 
@@ -100,11 +100,10 @@ impl Context {
         RelayProcess::start(&self.args.relay_bin, &self.args.work_dir, &settings).await
     }
 
-        pub fn emit_source(&self) -> Source {
+    pub fn emit_source(&self) -> Source {
         Source::emit(self.db(), &self.schema)
     }
 
-    /// nchan, when bench/run started it: its address and its processes.
     pub fn nchan(&self) -> Option<(SocketAddr, Server)> {
         let (address, master) = (self.args.nchan_address?, self.args.nchan_pid?);
         let mut pids = proc_stats::children_of(master);

@@ -5,7 +5,6 @@ use eventrelay::publisher::Identifier;
 
 use crate::BenchResult;
 
-/// Creates and migrates `schema`, notifying on a channel of the same name.
 pub async fn create_schema(database_url: &str, schema: &str) -> BenchResult<()> {
     create_schema_for(database_url, schema, eventrelay::store::WakeupMode::Notify).await
 }
@@ -40,7 +39,6 @@ pub async fn drop_schema(database_url: &str, schema: &str) {
     }
 }
 
-/// `DATABASE_URL`, or the local server the test scripts provide.
 pub fn test_database_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())

@@ -22,16 +22,13 @@ pub use report as clock;
 /// Errors are reported, not handled: a tool, not a library.
 pub type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-/// The HS256 secret every bench relay verifies subscriber tokens with.
 pub const SUBSCRIBER_SECRET: &str = "bench-secret-that-is-long-enough-for-hs256-signing";
 pub const PUBLISH_TOKEN: &str = "bench-publish-token-long-enough";
 
-/// Mints a subscriber token for `scope` valid for an hour.
 pub fn subscriber_token(subscriber: &str, scope: &str) -> String {
     subscriber_token_with(subscriber, scope, serde_json::Value::Null)
 }
 
-/// Mints a subscriber token for `scope` with `grants`, valid for an hour.
 #[allow(
     clippy::expect_used,
     reason = "HS256 with a constant secret long enough for it always mints"

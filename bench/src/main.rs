@@ -21,7 +21,6 @@ use eventrelay_bench::{BenchResult, rows, stream_client};
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-/// Every scenario, in the order a full run takes them.
 const SCENARIOS: &[Scenario] = &[
     scenario("tail", Run::Alone(tail::rows)),
     scenario("emit", rows!(emit_cost::rows)),

@@ -13,20 +13,16 @@ use crate::{BenchResult, PUBLISH_TOKEN, SUBSCRIBER_SECRET};
 /// The webhook secret of the bench subscription (Standard Webhooks form).
 pub const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-/// What differs between the relays the scenarios and the campaign start.
 #[derive(Clone, Debug)]
 pub struct RelaySettings {
     pub database_url: String,
     pub schema: String,
     pub queue_capacity: usize,
-    /// Deliver every `bench.hook` event to this URL.
     pub webhook_url: Option<String>,
     /// `publish.group_commit_ms`; 0 turns group commit off.
     pub group_commit_ms: u64,
     pub pool_size: usize,
-    /// `database.wakeup`: `notify` or `logical`.
     pub wakeup: &'static str,
-    /// `http.header_timeout_secs`; unset, the relay's default.
     pub header_timeout_secs: Option<u64>,
     /// `webhooks.lease_ms` (with a request timeout of a third of it, and
     /// retries 1 to 20 s apart, so a run can wait for them).
@@ -62,7 +58,6 @@ impl RelaySettings {
         }
     }
 
-    /// In a session of its own (see [`RelaySettings::own_session`]).
     pub fn in_own_session(mut self) -> Self {
         self.own_session = true;
         self
@@ -128,7 +123,6 @@ pub struct RelayProcess {
 }
 
 impl RelayProcess {
-    /// Starts `binary serve` with `settings`; its log goes to `work_dir`.
     pub async fn start(
         binary: &Path,
         work_dir: &Path,
@@ -249,7 +243,6 @@ impl RelayProcess {
         self.metrics().await.value(query)
     }
 
-    /// Everything `/metrics` serves; nothing when it cannot be read.
     pub async fn metrics(&self) -> Metrics {
         let Ok(response) = reqwest::Client::new()
             .get(format!("{}/metrics", self.base))
@@ -297,7 +290,6 @@ pub fn test_relay_binary() -> BenchResult<PathBuf> {
     Ok(binary)
 }
 
-/// One sample line: `name{label="value",…} value`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub name: String,
@@ -306,8 +298,6 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// A sample line; `None` for comments, blank lines and what does not
-    /// parse.
     pub fn parse(line: &str) -> Option<Sample> {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {

@@ -63,7 +63,6 @@ pub fn ms(duration: Duration) -> String {
     format!("{:.2} ms", duration.as_secs_f64() * 1000.0)
 }
 
-/// Bytes as KiB or MiB.
 pub fn size(bytes: f64) -> String {
     if bytes.abs() >= 1024.0 * 1024.0 {
         format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
@@ -92,7 +91,6 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
-/// Commit times of numbered events, shared by publishers and the analysis.
 pub struct CommitLog {
     origin: Instant,
     /// Nanoseconds since `origin` plus one; zero means not committed.
@@ -115,7 +113,6 @@ impl CommitLog {
         self.origin.elapsed().as_nanos() as u64
     }
 
-    /// Records that event `number` committed at `at` (from [`CommitLog::now`]).
     pub fn record(&self, number: usize, at: u64) {
         if let Some(slot) = self.committed.get(number) {
             slot.store(at + 1, Ordering::Release);
@@ -129,7 +126,6 @@ impl CommitLog {
         }
     }
 
-    /// The first commit time, if any committed.
     pub fn first_commit(&self) -> Option<u64> {
         (0..self.committed.len())
             .filter_map(|number| self.committed_at(number))
@@ -137,7 +133,6 @@ impl CommitLog {
     }
 }
 
-/// One frame's arrival: which event, and when (nanoseconds since origin).
 #[derive(Clone, Copy)]
 pub struct Receipt {
     pub number: u32,
@@ -152,7 +147,6 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    /// `p50 … · p99 … · max …`, as the table's rows print them.
     pub fn summary(&self) -> String {
         format!(
             "p50 {} · p99 {} · max {}",
@@ -162,7 +156,6 @@ impl Percentiles {
         )
     }
 
-    /// From samples in nanoseconds (sorted in place).
     pub fn of(samples: &mut [u64]) -> Percentiles {
         samples.sort_unstable();
         let Some(&max) = samples.last() else {

@@ -17,10 +17,8 @@ use crate::BenchResult;
 use crate::report::{CommitLog, Receipt};
 
 const NUMBER_MARKER: &[u8] = b"\"bn\":";
-/// Longest a subscriber waits for its stream to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// When a stream counts as subscribed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum ReadyWhen {
     /// eventrelay: after its `event: ready` frame (replay is done).
@@ -39,7 +37,6 @@ pub struct StreamTarget {
 
 #[derive(Default)]
 pub struct StreamOutcome {
-    /// When the stream became ready (nanoseconds on the shared clock).
     pub ready_at: Option<u64>,
     pub receipts: Vec<Receipt>,
 }
@@ -47,7 +44,6 @@ pub struct StreamOutcome {
 pub struct Subscribers {
     tasks: Vec<JoinHandle<Result<StreamOutcome, String>>>,
     stop: watch::Sender<bool>,
-    /// Frames with an event number received so far, by all subscribers.
     pub received: Arc<AtomicU64>,
 }
 
@@ -102,7 +98,6 @@ impl Subscribers {
         }
     }
 
-    /// Waits until `expected` frames arrived in total, or `patience` passed.
     pub async fn wait_for(&self, expected: u64, patience: Duration) {
         let deadline = tokio::time::Instant::now() + patience;
         while self.received.load(Ordering::Relaxed) < expected
@@ -200,7 +195,6 @@ async fn subscribe(
     }
 }
 
-/// An HTTP/1.1 `GET` for an event stream, as the raw-socket clients send it.
 pub(crate) fn request_head(
     address: SocketAddr,
     path: &str,
@@ -227,7 +221,6 @@ pub(crate) struct FrameParser {
     in_headers: bool,
     status_seen: bool,
     ready: bool,
-    /// The response's status code, once its first line is in.
     pub(crate) status: Option<u16>,
     /// The last `id:` seen: what a reconnect sends as `Last-Event-ID`.
     pub(crate) last_id: Option<i64>,
@@ -250,7 +243,6 @@ impl FrameParser {
         }
     }
 
-    /// Consumes `bytes`; true when the stream became ready in them.
     pub(crate) fn feed(
         &mut self,
         bytes: &[u8],

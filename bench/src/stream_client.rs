@@ -45,14 +45,10 @@ const EADDRNOTAVAIL: i32 = 99;
 /// How long a subscriber waits before retrying while nothing listens: a
 /// browser's `EventSource` without its retry delay, the worst case.
 const RETRY_WHILE_DOWN: Duration = Duration::from_millis(50);
-/// How long a subscriber waits after a refusal (a status other than 200).
 const RETRY_AFTER_REFUSAL: Duration = Duration::from_millis(250);
-/// The retry interval the relay gives every stream (`sse.retry_ms`).
 const RETRY_INTERVAL: Duration = Duration::from_millis(3000);
-/// The longest wait of eventrelay's browser client between failed attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// How a subscriber comes back after its stream ends or an attempt fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reconnect {
     /// At once after a stream ends, every 50 ms while nothing listens,
@@ -90,7 +86,6 @@ impl Reconnect {
 /// 100,000 streams with a buffer each would cost the load gigabytes.
 const READ_BUFFER: usize = 64 * 1024;
 
-/// What one client process opens.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ClientSpec {
     /// Which client this is (0-based): names its receipts file and picks its
@@ -102,7 +97,6 @@ pub struct ClientSpec {
     pub streams: Range<usize>,
     pub scopes: usize,
     pub scope_prefix: String,
-    /// Every stream first connects resuming after this id, if any.
     pub last_event_id: Option<i64>,
     pub connect_concurrency: usize,
     pub reconnect: Reconnect,
@@ -133,7 +127,6 @@ impl ClientSpec {
     }
 }
 
-/// Stream `g`'s relay (an index into the relay list) and scope index.
 pub fn placement(global: usize, relays: usize, scopes: usize) -> (usize, usize) {
     (global % relays, (global / relays) % scopes)
 }
@@ -150,18 +143,14 @@ pub fn realtime_ns() -> u64 {
         .map_or(0, |elapsed| elapsed.as_nanos() as u64)
 }
 
-// The child process.
-
 struct Shared {
     relays: usize,
     /// Each phase's counters, the last one current: sent to the parent,
     /// which sums the processes'.
     phases: Mutex<Vec<PhaseFigures>>,
-    /// First arrivals of each event on each stream, while timing.
     arrivals: Mutex<Vec<Arrival>>,
     timing: AtomicBool,
     streaming: AtomicUsize,
-    /// Distinct numbered events received, by all streams together.
     received: AtomicU64,
     stop: watch::Sender<bool>,
     reconnect: Reconnect,
@@ -210,7 +199,6 @@ struct Stream {
     source: IpAddr,
     authorization: String,
     last_event_id: Option<i64>,
-    /// Which event numbers arrived (a bit each).
     received: Vec<u64>,
 }
 
@@ -418,7 +406,6 @@ impl Stream {
         ended
     }
 
-    /// Events below `emitted` of this stream's scope that never arrived.
     fn missing(&self, emitted: usize, scopes: usize) -> u64 {
         (self.scope..emitted)
             .step_by(scopes)
@@ -437,7 +424,6 @@ fn say(value: &Value) {
     let _ = out.flush();
 }
 
-/// The `stream-client` subcommand: `args` is what follows it.
 pub fn main(args: &[String]) -> BenchResult<()> {
     let spec: ClientSpec = serde_json::from_str(args.first().ok_or("stream-client: no spec")?)?;
     // One thread: these processes share two cores with relays and Postgres.
@@ -516,7 +502,6 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
             command = commands.recv() => command,
             () = tokio::time::sleep(Duration::from_millis(5)) => continue,
         };
-        // None: the parent went away.
         let Some(command) = command else { break None };
         let words: Vec<&str> = command.split_whitespace().collect();
         match words.as_slice() {
@@ -587,8 +572,6 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     Ok(())
 }
 
-// The parent's side.
-
 #[derive(Clone, Copy, Debug)]
 pub struct Arrival {
     pub number: u32,
@@ -658,7 +641,6 @@ impl ClientProcess {
         }
     }
 
-    /// Reads the arrivals a client's `report` wrote.
     pub fn arrivals(report: &Value) -> BenchResult<Vec<Arrival>> {
         let path = report["receipts"].as_str().ok_or("no receipts file")?;
         let bytes = std::fs::read(path)?;
@@ -683,7 +665,6 @@ impl Clients {
             .try_for_each(|client| client.send(command))
     }
 
-    /// Every client's next `event` line, within `patience` each.
     pub async fn expect(&mut self, event: &str, patience: Duration) -> BenchResult<Vec<Value>> {
         let mut lines = Vec::new();
         for client in &mut self.0 {
@@ -692,14 +673,12 @@ impl Clients {
         Ok(lines)
     }
 
-    /// Distinct events received over every stream.
     pub async fn received(&mut self, patience: Duration) -> BenchResult<u64> {
         self.send("status")?;
         Ok(sum(&self.expect("status", patience).await?, "received"))
     }
 }
 
-/// `key` summed over the clients' lines.
 pub fn sum(lines: &[Value], key: &str) -> u64 {
     lines
         .iter()

@@ -73,7 +73,6 @@ fn blocks(
     found.join(" · ")
 }
 
-/// Heap bytes per idle stream and by block size, both ends.
 async fn idle_streams(database_url: &str, schema: &str, n: usize) -> BenchResult<(f64, String)> {
     let (relay, _first) = warm_relay(database_url, schema).await?;
     let mut streams = Vec::with_capacity(n);
@@ -126,7 +125,6 @@ async fn surge(database_url: &str, schema: &str, n: usize) -> BenchResult<(f64, 
     Ok((transient, blocks(&peak.1, &idle.1, n, |b| b >= 0.05, 2)))
 }
 
-/// Heap per bare TCP connection: both ends held open by tokio sockets.
 async fn bare_sockets(n: usize) -> BenchResult<f64> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
@@ -204,7 +202,6 @@ async fn every_stream_has(received: &[Arc<AtomicUsize>], events: usize) -> Bench
     Ok(())
 }
 
-/// Reads a stream to its end, counting its event frames into `count`.
 async fn count_events(mut socket: TcpStream, count: Arc<AtomicUsize>) -> BenchResult<()> {
     let pattern = format!("event: {CARRY_TYPE}\n").into_bytes();
     let mut buffer = vec![0u8; 16 * 1024];
@@ -293,7 +290,6 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     Ok(())
 }
 
-/// A relay inside this process, on its own thread and actix system.
 pub struct InProcessRelay {
     pub address: SocketAddr,
     stop: Option<oneshot::Sender<()>>,

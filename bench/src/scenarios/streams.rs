@@ -42,12 +42,10 @@ const HEADROOM: usize = 20;
 /// The largest pool worth giving a relay here: 8 connections served 500
 /// simultaneous outbox replays as fast as 32 did.
 const POOL_CEILING: usize = 8;
-/// Longest wait for every stream to be ready, in either phase.
 const PATIENCE: Duration = Duration::from_secs(300);
 /// How long the restarted relays get to be ready, and the streams to be
 /// back on them.
 const STORM_PATIENCE: Duration = Duration::from_secs(180);
-/// Longest wait for the last deliveries once emitting stops.
 const DRAIN: Duration = Duration::from_secs(20);
 /// Every relay's `http.header_timeout_secs`: a restarted relay reads the
 /// requests of all its 16,667 clients at once, on a sixth of two cores, the
@@ -62,13 +60,11 @@ pub struct BoxPlan {
     /// RSS is read `settle` after each.
     pub steps: Vec<usize>,
     pub settle: Duration,
-    /// Client processes per step, on source addresses 127.0.0.2–9 in turn.
     pub clients: usize,
     /// Scopes in all: every relay holds streams of every scope, as a load
     /// balancer in front of a fleet spreads each scope's subscribers.
     pub scopes: usize,
     pub run: Duration,
-    /// Events per second spread over the scopes while the relays restart.
     pub storm_rate: f64,
     pub connect_concurrency: usize,
     pub restart: bool,
@@ -126,7 +122,6 @@ impl BoxPlan {
             .count() as u64
     }
 
-    /// (subscriber, event) pairs the first `emitted` events make.
     fn expected(&self, emitted: usize) -> u64 {
         (0..self.scopes)
             .map(|scope| {
@@ -220,8 +215,6 @@ impl Emitter {
     }
 }
 
-/// The relays' connections to Postgres, sampled until `stop`; answers the
-/// most seen at once.
 async fn count_connections(database_url: String, mut stop: watch::Receiver<bool>) -> i64 {
     let Ok(client) = eventrelay::connect(&database_url).await else {
         return -1;
@@ -498,7 +491,6 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         return Ok(());
     }
 
-    // The storm: every relay restarted while events keep coming.
     clients.send("phase")?;
     let (stop_storm, storm_stopped) = watch::channel(false);
     let storm_emitter = {
@@ -648,10 +640,7 @@ pub async fn box_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
 
 /// Past the interval at which the relay returns freed memory.
 const SETTLE: Duration = Duration::from_secs(5);
-/// Longest wait in a storm for all subscribers to stream, or for every
-/// event to arrive.
 const WAVE_PATIENCE: Duration = Duration::from_secs(120);
-/// Client processes per wave, each from a source address of its own.
 const CLIENTS: usize = 2;
 
 #[derive(Clone, Debug)]
@@ -685,7 +674,6 @@ impl Phase {
 pub struct StormFigures {
     pub first: Phase,
     pub stopped_in: Duration,
-    /// From starting the new process until all N streamed again.
     pub restart: Phase,
     pub emitted: usize,
     /// (subscriber, event) pairs emitted into a subscriber's scope that it
@@ -750,7 +738,6 @@ async fn hang_up(wave: &mut Clients, emitted: usize) -> BenchResult<(Vec<PhaseFi
     Ok((figures, stream_client::sum(&lines, "missing")))
 }
 
-/// Runs a storm; `client_bin` is the `eventrelay-bench` binary.
 pub async fn run_storm(
     plan: &StormPlan,
     binary: &Path,
@@ -764,14 +751,12 @@ pub async fn run_storm(
     let rss_before_kib = rss_kib(&relay);
     let start_after = max_seq(&settings.database_url, &settings.schema).await?;
 
-    // The storm wave streams, resuming from the current end of the outbox.
     let connecting = realtime_ns();
     let mut storm = open_wave(client_bin, work_dir, plan, "storm", port, Some(start_after))?;
     let first_after = all_streaming(&mut storm, connecting).await.ok_or(format!(
         "not all {n} subscribers streamed within {WAVE_PATIENCE:?}"
     ))?;
 
-    // Events flow through the stop and the restart.
     let emitter = Emitter {
         database_url: settings.database_url.clone(),
         schema: settings.schema.clone(),
@@ -853,7 +838,6 @@ fn rss_kib(relay: &RelayProcess) -> u64 {
     proc_stats::rss_bytes(&[relay.pid()]) / 1024
 }
 
-/// The large fan-out's subscriber count through a restart, then two waves.
 pub async fn storm_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let n = cx.scale.large_fanout;
     eprintln!("reconnect storm: {n} subscribers");
@@ -953,7 +937,6 @@ mod tests {
         assert!(per_relay.iter().max().unwrap() - per_relay.iter().min().unwrap() <= 1);
         let per_scope: Vec<u64> = (0..plan.scopes).map(|s| plan.streams_in(s)).collect();
         assert!(per_scope.iter().max().unwrap() - per_scope.iter().min().unwrap() <= 1);
-        // Every relay holds streams of every scope.
         let mut pairs = std::collections::BTreeSet::new();
         for g in 0..plan.streams_total() {
             pairs.insert(stream_client::placement(g, plan.relays, plan.scopes));

@@ -33,7 +33,6 @@ fn event(scope: &str, seq: i64, padding: &str) -> Arc<EncodedEvent> {
     Arc::new(EncodedEvent::new(envelope))
 }
 
-/// Padding that brings event `seq` of `scope` to `bytes` encoded.
 fn padding(scope: &str, seq: i64, bytes: usize) -> String {
     let overhead = event(scope, seq, "").encoded_len();
     "x".repeat(bytes.saturating_sub(overhead))
@@ -144,7 +143,6 @@ fn tails_budget_row(table: &mut Table, scopes: usize) {
     });
 }
 
-/// The tail rows, then the budget across 10,000 scopes (1,000 with --quick).
 pub fn rows(cx: &Context, table: &mut Table) {
     tail_rows(table);
     tails_budget_row(table, if cx.args.quick { 1_000 } else { 10_000 });
