@@ -575,6 +575,19 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if webhooks.disable_after_secs == 0 {
+            return Err(invalid("webhooks.disable_after_secs", "must be at least 1"));
+        }
+        if webhooks.disable_after_attempts == 0 || webhooks.disable_after_attempts > 1_000_000 {
+            return Err(invalid(
+                "webhooks.disable_after_attempts",
+                "must be 1 to 1000000",
+            ));
+        }
+        if let Some(scope) = &webhooks.events_scope {
+            eventrelay_wire::validate_scope_key(scope)
+                .map_err(|e| invalid("webhooks.events_scope", e.to_string()))?;
+        }
         if webhooks.request_timeout_ms == 0 {
             return Err(invalid("webhooks.request_timeout_ms", "must be at least 1"));
         }

@@ -204,6 +204,9 @@ pub struct Metrics {
     /// Finished webhook deliveries the janitor removed past their
     /// retention, with their attempts.
     pub webhook_deliveries_pruned: Counter,
+    /// Subscriptions that paused themselves, their receiver failing for
+    /// `webhooks.disable_after_secs`.
+    pub webhook_subscriptions_paused: Counter,
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
     /// 1 while the relay has a live LISTEN connection (or feed).
     pub listener_connected: Gauge,
@@ -285,6 +288,7 @@ impl Metrics {
             ]),
             outbox_rows_pruned: Counter::default(),
             webhook_deliveries_pruned: Counter::default(),
+            webhook_subscriptions_paused: Counter::default(),
             webhook_deliveries: Family::default(),
             listener_connected: Gauge::default(),
             actor_mailbox_depth: Family::default(),
@@ -464,6 +468,11 @@ impl Metrics {
             "webhook_deliveries_pruned",
             "Finished webhook deliveries removed with their attempts past webhooks.retention_secs (delivered, gone) or webhooks.dead_retention_secs (dead)",
             metrics.webhook_deliveries_pruned.clone(),
+        );
+        registry.register(
+            "webhook_subscriptions_paused",
+            "Webhook subscriptions that paused themselves because every attempt failed for webhooks.disable_after_secs (pausedReason failing)",
+            metrics.webhook_subscriptions_paused.clone(),
         );
         for outcome in crate::webhooks::AttemptOutcome::iter() {
             let _ = metrics.webhook_deliveries.get_or_create(&OutcomeLabel {

@@ -137,7 +137,7 @@ export class EventRelayError extends Error {
   readonly eventType?: string;
 }
 
-/** `ready`, `open`, `error`, `reauth`, `revoked` and every type starting with `eventrelay.`: never an application event. */
+/** `ready`, `open`, `error`, `reauth`, `revoked` and every type starting with `eventrelay.` but the relay's own events (`eventrelay.subscription.paused`): never handed to the application. */
 export function isReservedEventType(type: string): boolean;
 
 /** A `Retry-After` value (seconds or an HTTP date) as milliseconds from `now`; undefined when unreadable. */

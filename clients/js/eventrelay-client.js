@@ -29,14 +29,18 @@ const FOLLOWED_STATES = new Set(['connecting', 'reconnecting', 'degraded']);
 
 // Names the relay refuses for application events: `ready`, `reauth` and
 // `revoked` are its control frames, `open` and `error` are what EventSource
-// raises for the connection itself, and the prefix is kept for future
-// control frames.
+// raises for the connection itself, and the prefix is the relay's: for
+// future control frames, and for the events it writes itself about itself
+// (SYSTEM_EVENT_TYPES), which streams carry like any event.
 const RESERVED_EVENT_TYPES = new Set(['ready', 'open', 'error', 'reauth', 'revoked']);
 const RESERVED_EVENT_TYPE_PREFIX = 'eventrelay.';
+const SYSTEM_EVENT_TYPES = new Set(['eventrelay.subscription.paused']);
 
-/** True for event types an application event may not have. */
+/** True for event types a stream never hands to the application. */
 export function isReservedEventType(type) {
-  return typeof type === 'string' && (RESERVED_EVENT_TYPES.has(type) || type.startsWith(RESERVED_EVENT_TYPE_PREFIX));
+  return typeof type === 'string'
+    && !SYSTEM_EVENT_TYPES.has(type)
+    && (RESERVED_EVENT_TYPES.has(type) || type.startsWith(RESERVED_EVENT_TYPE_PREFIX));
 }
 
 /**

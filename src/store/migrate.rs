@@ -33,8 +33,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 2,
-        name: "webhook_pace",
-        sql: include_str!("../../migrations/0002_webhook_pace.sql"),
+        name: "webhook_rules",
+        sql: include_str!("../../migrations/0002_webhook_rules.sql"),
     },
 ];
 

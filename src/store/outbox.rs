@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use eventrelay_publisher::{Identifier, PgExecutor};
-use eventrelay_wire::{Audience, EventEnvelope, Lane, is_reserved_event_type};
+use eventrelay_wire::{Audience, EventEnvelope, Lane, is_control_event_type};
 use tokio_postgres::Row;
 use tokio_postgres::types::Type;
 
@@ -437,7 +437,7 @@ impl OutboxRow {
             occurred_at,
             txid,
         } = self;
-        if is_reserved_event_type(&event_type) {
+        if is_control_event_type(&event_type) {
             // The table's constraint refuses these; should it ever be
             // dropped, a row shown to a client would pass for a control
             // frame.

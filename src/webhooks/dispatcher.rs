@@ -20,7 +20,9 @@ use eventrelay_wire::webhook::{WebhookSecret, sign};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use tokio::sync::mpsc;
 
-use super::model::{AttemptOutcome, AttemptRecord, Claimed, MAX_RESPONSE_BYTES};
+use super::model::{
+    AttemptOutcome, AttemptRecord, Claimed, MAX_RESPONSE_BYTES, PauseRule, Recorded,
+};
 use super::settings::{MIN_RETRY_AFTER, WebhooksConfig};
 use super::store::WebhookStore;
 use crate::metrics::{ActorKind, Metrics, OutcomeLabel};
@@ -341,14 +343,31 @@ impl Worker {
                 outcome: record.outcome.as_str(),
             })
             .inc();
+        let rule = PauseRule {
+            after: Duration::from_secs(self.config.disable_after_secs),
+            attempts: i32::try_from(self.config.disable_after_attempts).unwrap_or(i32::MAX),
+            events_scope: self.config.events_scope.clone(),
+        };
         let recorded: Result<_, StoreError> = async {
             let conn = self.db.get().await?;
-            self.store.record(&conn, &claimed, &record).await
+            self.store.record(&conn, &claimed, &record, &rule).await
         }
         .await;
         match recorded {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(
+            Ok(Recorded {
+                settled: true,
+                paused,
+            }) => {
+                if paused {
+                    self.metrics.webhook_subscriptions_paused.inc();
+                    tracing::warn!(
+                        subscription = claimed.subscription_id,
+                        "paused a webhook subscription whose attempts have all failed for \
+                         webhooks.disable_after_secs; resume it once its receiver is fixed"
+                    );
+                }
+            }
+            Ok(Recorded { settled: false, .. }) => tracing::warn!(
                 delivery = claimed.id,
                 "the lease ran out before the attempt was recorded; the delivery will be sent again"
             ),

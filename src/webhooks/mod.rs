@@ -19,8 +19,8 @@ pub use admin::{ConfiguredSubscription, ensure_changeable, generate_secret, prep
 pub use dispatcher::{DeliveriesDue, Dispatcher, SetWorkers, StopDispatcher};
 pub use model::{
     Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryStatus,
-    InvalidSubscription, MAX_PAGE, MAX_RESPONSE_BYTES, NewSubscription, Subscription,
-    SubscriptionHealth, SubscriptionPatch, SubscriptionWithHealth, UnknownName,
+    InvalidSubscription, MAX_PAGE, MAX_RESPONSE_BYTES, NewSubscription, PauseRule, Recorded,
+    Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionWithHealth, UnknownName,
     check_max_per_second, validate_subscription, validate_subscription_fields,
 };
 pub use settings::{MIN_RETRY_AFTER, WebhooksConfig};

@@ -57,8 +57,11 @@ pub struct Subscription {
     pub types: Vec<String>,
     pub scope_key: Option<String>,
     pub source: String,
-    /// When an operator paused it; its deliveries wait until it resumes.
+    /// When it was paused; its deliveries wait until it resumes.
     pub paused_at: Option<DateTime<Utc>>,
+    /// `failing` when it paused itself (its receiver kept failing for
+    /// `webhooks.disable_after_secs`); none when an operator paused it.
+    pub paused_reason: Option<String>,
     /// At most this many attempts a second, across every relay.
     pub max_per_second: Option<i32>,
     pub created_at: DateTime<Utc>,
@@ -527,6 +530,28 @@ pub struct Claimed {
     pub attempt: i32,
 }
 
+/// When a subscription whose receiver keeps failing pauses itself, and
+/// where the relay tells of it.
+#[derive(Debug, Clone)]
+pub struct PauseRule {
+    /// Every attempt failed for at least this long...
+    pub after: std::time::Duration,
+    /// ...and at least this many did.
+    pub attempts: i32,
+    /// The scope of the `eventrelay.subscription.paused` event, if any.
+    pub events_scope: Option<String>,
+}
+
+/// What recording an attempt did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    /// False when the lease ran out first (another worker owns the
+    /// delivery now) and nothing was recorded.
+    pub settled: bool,
+    /// The attempt paused its subscription under the [`PauseRule`].
+    pub paused: bool,
+}
+
 /// How an attempt ended, and what happens next.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttemptRecord {
@@ -700,6 +725,7 @@ mod tests {
             scope_key: None,
             source: "api".into(),
             paused_at: None,
+            paused_reason: None,
             max_per_second: None,
             created_at: now,
             updated_at: now,
@@ -739,6 +765,7 @@ mod tests {
             scope_key: None,
             source: "api".into(),
             paused_at: None,
+            paused_reason: None,
             max_per_second: None,
             created_at: Utc::now(),
             updated_at: Utc::now(),

@@ -36,6 +36,15 @@ pub struct WebhooksConfig {
     /// How long dead deliveries are kept: longer, since an operator may
     /// still redeliver them once the receiver is fixed.
     pub dead_retention_secs: u64,
+    /// A subscription whose attempts have all failed for this long (and
+    /// at least `disable_after_attempts` of them) pauses itself, with the
+    /// reason `failing`, instead of retrying a dead receiver for ever.
+    pub disable_after_secs: u64,
+    pub disable_after_attempts: u32,
+    /// The scope the relay's own events go to (`eventrelay.subscription.
+    /// paused`), so the app hears of them on a stream or a webhook like any
+    /// event; none are written without one.
+    pub events_scope: Option<String>,
     /// Subscriptions kept in step with this file at every start.
     pub subscriptions: Vec<NewSubscription>,
 }
@@ -56,6 +65,9 @@ impl Default for WebhooksConfig {
             rotation_grace_secs: 24 * 60 * 60,
             retention_secs: 7 * 24 * 60 * 60,
             dead_retention_secs: 30 * 24 * 60 * 60,
+            disable_after_secs: 5 * 24 * 60 * 60,
+            disable_after_attempts: 20,
+            events_scope: None,
             subscriptions: Vec::new(),
         }
     }

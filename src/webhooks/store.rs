@@ -21,8 +21,8 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::model::{
     Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryStatus,
-    MAX_PAGE, NewSubscription, Subscription, SubscriptionHealth, SubscriptionPatch,
-    SubscriptionWithHealth,
+    MAX_PAGE, NewSubscription, PauseRule, Recorded, Subscription, SubscriptionHealth,
+    SubscriptionPatch, SubscriptionWithHealth,
 };
 use crate::store::StoreError;
 
@@ -34,7 +34,7 @@ pub struct WebhookStore {
 const DELIVERY_COLUMNS: &str = "id, subscription_id, event_seq, event_id, event_type, scope_key, status, \
      attempts, next_attempt_at, last_status, last_error, created_at, updated_at";
 const SUBSCRIPTION_COLUMNS: &str = "id, url, secret, previous_secret, previous_secret_expires_at, types, \
-     scope_key, source, paused_at, max_per_second, created_at, updated_at";
+     scope_key, source, paused_at, paused_reason, max_per_second, created_at, updated_at";
 
 /// The condition that keeps a paused subscription's deliveries (alias `d`)
 /// out of the queue: out of claiming, of the next due time the dispatcher
@@ -44,7 +44,7 @@ const NOT_PAUSED: &str = "NOT EXISTS (SELECT 1 FROM {schema}.webhook_subscriptio
 
 /// The condition that keeps a delivery (alias `d`) from being claimed
 /// while its subscription's pace (`max_per_second`) has no room: its
-/// schedule (`paced_until`, see the `webhook_pace` migration) is ahead of
+/// schedule (`paced_until`, see the `webhook_rules` migration) is ahead of
 /// now.
 const PACED_NOW: &str = "NOT EXISTS (SELECT 1 FROM {schema}.webhook_subscriptions s
                         WHERE s.id = d.subscription_id AND s.paused_at IS NULL
@@ -225,7 +225,9 @@ impl WebhookStore {
     }
 
     /// Pauses (`true`) or resumes a subscription; `None` when there is no
-    /// such subscription. Pausing again keeps the first pause's time.
+    /// such subscription. Pausing again keeps the first pause's time (and
+    /// reason). Resuming clears the reason and the failures counted
+    /// towards pausing it, so it starts over.
     pub async fn set_paused(
         &self,
         db: &impl PgExecutor,
@@ -238,6 +240,9 @@ impl WebhookStore {
                 &format!(
                     "UPDATE {{schema}}.webhook_subscriptions
                      SET paused_at = CASE WHEN $2 THEN coalesce(paused_at, now()) END,
+                         paused_reason = CASE WHEN $2 THEN paused_reason END,
+                         failing_since = CASE WHEN $2 THEN failing_since END,
+                         failures_since = CASE WHEN $2 THEN failures_since ELSE 0 END,
                          updated_at = now()
                      WHERE id = $1 RETURNING {SUBSCRIPTION_COLUMNS}"
                 ),
@@ -391,14 +396,26 @@ impl WebhookStore {
 
     /// Records an attempt and settles the delivery. Returns false when the
     /// lease was lost meanwhile (another worker owns the delivery now).
+    ///
+    /// In the same statement the subscription's standing is kept: a
+    /// success clears its failures, a failure counts (a 410 or a vanished
+    /// subscription does neither), and a failure that makes every attempt
+    /// failed for `rule.after`, `rule.attempts` of them at least, pauses it
+    /// with the reason `failing` and, with `rule.events_scope`, writes the
+    /// `eventrelay.subscription.paused` event to the outbox. One statement,
+    /// so two relays recording at once cannot both pause it or both tell.
     pub async fn record(
         &self,
         db: &impl PgExecutor,
         claimed: &Claimed,
         record: &AttemptRecord,
-    ) -> Result<bool, StoreError> {
+        rule: &PauseRule,
+    ) -> Result<Recorded, StoreError> {
         let status = record.outcome.delivery_status();
         let next = record.next_attempt_at.unwrap_or_else(Utc::now);
+        let succeeded = record.outcome == AttemptOutcome::Delivered;
+        let counts = record.outcome != AttemptOutcome::Gone;
+        let after_secs = rule.after.as_secs_f64();
         let rows = self
             .rows(
                 db,
@@ -409,11 +426,44 @@ impl WebhookStore {
                      WHERE id = $1 AND attempts = $2 AND status = $10
                        AND lease_expires_at > now()
                      RETURNING id
+                 ), attempt AS (
+                     INSERT INTO {schema}.webhook_attempts
+                         (delivery_id, attempt, started_at, duration_ms, status_code, error,
+                          response, outcome)
+                     SELECT id, $2, $7, $8, $5, $6, $11, $9 FROM settled
+                     RETURNING delivery_id
+                 ), standing AS (
+                     UPDATE {schema}.webhook_subscriptions s SET
+                         failing_since = CASE WHEN $12 THEN NULL
+                                              ELSE coalesce(s.failing_since, $7) END,
+                         failures_since = CASE WHEN $12 THEN 0 ELSE s.failures_since + 1 END,
+                         paused_at = CASE WHEN {pausing} THEN now() ELSE s.paused_at END,
+                         paused_reason = CASE WHEN {pausing} THEN 'failing'
+                                              ELSE s.paused_reason END
+                     FROM settled
+                     WHERE s.id = $14 AND $13
+                       AND (NOT $12 OR s.failing_since IS NOT NULL OR s.failures_since > 0)
+                     RETURNING s.paused_reason = 'failing' AND s.paused_at = now() AS paused_now,
+                               s.failing_since, s.failures_since
+                 ), told AS (
+                     INSERT INTO {schema}.outbox (id, type, scope_key, data, system)
+                     SELECT gen_random_uuid(), 'eventrelay.subscription.paused', $17,
+                            jsonb_build_object('subscriptionId', $14::text, 'reason', 'failing',
+                                               'pausedAt', now(),
+                                               'failingSince', standing.failing_since,
+                                               'failures', standing.failures_since),
+                            true
+                     FROM standing WHERE standing.paused_now AND $17::text IS NOT NULL
                  )
-                 INSERT INTO {schema}.webhook_attempts
-                     (delivery_id, attempt, started_at, duration_ms, status_code, error, response, outcome)
-                 SELECT id, $2, $7, $8, $5, $6, $11, $9 FROM settled
-                 RETURNING delivery_id",
+                 SELECT (SELECT count(*) FROM attempt) > 0,
+                        coalesce((SELECT bool_or(paused_now) FROM standing), false)"
+                    .replace(
+                        "{pausing}",
+                        "(NOT $12 AND s.paused_at IS NULL
+                          AND coalesce(s.failing_since, $7) <= now() - $15 * interval '1 second'
+                          AND s.failures_since + 1 >= $16)",
+                    )
+                    .as_str(),
                 &[
                     (&claimed.id, Type::INT8),
                     (&claimed.attempt, Type::INT4),
@@ -426,10 +476,20 @@ impl WebhookStore {
                     (&record.outcome, Type::TEXT),
                     (&DeliveryStatus::Pending, Type::TEXT),
                     (&record.response, Type::TEXT),
+                    (&succeeded, Type::BOOL),
+                    (&counts, Type::BOOL),
+                    (&claimed.subscription_id, Type::TEXT),
+                    (&after_secs, Type::FLOAT8),
+                    (&rule.attempts, Type::INT4),
+                    (&rule.events_scope, Type::TEXT),
                 ],
             )
             .await?;
-        Ok(!rows.is_empty())
+        let row = rows.first();
+        Ok(Recorded {
+            settled: row.is_some_and(|row| row.get(0)),
+            paused: row.is_some_and(|row| row.get(1)),
+        })
     }
 
     /// When the next pending delivery falls due (or its lease runs out, or
@@ -689,6 +749,7 @@ fn subscription_from_row(row: &Row) -> Subscription {
         scope_key: row.get("scope_key"),
         source: row.get("source"),
         paused_at: row.get("paused_at"),
+        paused_reason: row.get("paused_reason"),
         max_per_second: row.get("max_per_second"),
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),

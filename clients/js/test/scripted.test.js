@@ -326,7 +326,7 @@ test('without onError, a dropped frame is reported on console.warn', async () =>
 
 test('the reserved rule matches the relay’s', () => {
   for (const type of ['ready', 'open', 'error', 'reauth', 'revoked', 'eventrelay.', 'eventrelay.resync']) assert.ok(isReservedEventType(type), type);
-  for (const type of ['Ready', 'ready.changed', 'order.error', 'message', 'eventrelay']) assert.ok(!isReservedEventType(type), type);
+  for (const type of ['Ready', 'ready.changed', 'order.error', 'message', 'eventrelay', 'eventrelay.subscription.paused']) assert.ok(!isReservedEventType(type), type);
 });
 
 test('an application callback that throws does not break the stream', async () => {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eventrelay_wire::sse::{READY_EVENT, REAUTH_EVENT, REVOKED_EVENT};
-use eventrelay_wire::{EventEnvelope, is_reserved_event_type};
+use eventrelay_wire::{EventEnvelope, is_control_event_type};
 use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde::Deserialize;
@@ -856,7 +856,7 @@ impl Runner {
             tracing::warn!("an operator disconnected this subscriber; the stream ends");
             return Ok(Control::Nothing);
         }
-        if is_reserved_event_type(&frame.event_type) {
+        if is_control_event_type(&frame.event_type) {
             // Never handed to the application: a reserved name is a control
             // frame this version does not know, or an event that an older
             // relay let through under a control frame's name.

@@ -18,14 +18,29 @@ pub const MAX_SCOPE_KEY_BYTES: usize = 200;
 /// for the control signal by every client.
 pub const RESERVED_EVENT_TYPES: [&str; 5] = ["ready", "open", "error", "reauth", "revoked"];
 
-/// Every event type with this prefix is reserved for the relay's future
-/// control frames.
+/// Every event type with this prefix is reserved for the relay: its
+/// future control frames, and the events it writes itself.
 pub const RESERVED_EVENT_TYPE_PREFIX: &str = "eventrelay.";
 
+/// The events the relay writes to the outbox itself, about itself, such as
+/// a webhook subscription that paused because its receiver stayed down.
+/// Their names carry the reserved prefix, so no application can forge one:
+/// the schema refuses the prefix to every writer but the relay's own rows.
+/// Streams and webhooks carry them like any event.
+pub const SYSTEM_EVENT_TYPES: [&str; 1] = ["eventrelay.subscription.paused"];
+
 /// True for the names [`RESERVED_EVENT_TYPES`] and
-/// [`RESERVED_EVENT_TYPE_PREFIX`] set aside for the relay and the browser.
+/// [`RESERVED_EVENT_TYPE_PREFIX`] set aside for the relay and the browser:
+/// no application may emit or publish one.
 pub fn is_reserved_event_type(event_type: &str) -> bool {
     RESERVED_EVENT_TYPES.contains(&event_type) || event_type.starts_with(RESERVED_EVENT_TYPE_PREFIX)
+}
+
+/// True for the reserved names a stream never carries as an event: all of
+/// them but [`SYSTEM_EVENT_TYPES`]. A reader withholds an event under such
+/// a name, which could pass for a control frame.
+pub fn is_control_event_type(event_type: &str) -> bool {
+    is_reserved_event_type(event_type) && !SYSTEM_EVENT_TYPES.contains(&event_type)
 }
 
 /// How an event travels.

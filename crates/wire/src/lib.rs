@@ -31,8 +31,8 @@ pub use carrying::{EnvelopeAroundSeq, assign_to_pointers};
 pub use cursor::{CursorParseError, ResumeCursor};
 pub use envelope::{
     Audience, EnvelopeError, EventEnvelope, Lane, MAX_EVENT_TYPE_BYTES, MAX_SCOPE_KEY_BYTES,
-    NewEvent, RESERVED_EVENT_TYPE_PREFIX, RESERVED_EVENT_TYPES, is_reserved_event_type,
-    validate_event_type, validate_scope_key,
+    NewEvent, RESERVED_EVENT_TYPE_PREFIX, RESERVED_EVENT_TYPES, SYSTEM_EVENT_TYPES,
+    is_control_event_type, is_reserved_event_type, validate_event_type, validate_scope_key,
 };
 pub use notification::{
     CarriedRows, DELIVERIES_QUEUED, DecodeError, DeferredPointer, EncodeError, EventNotification,

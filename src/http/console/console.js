@@ -300,14 +300,17 @@ function renderSubscriptions() {
 }
 
 function subscriptionRow(subscription) {
-  const { id, url, types, scopeKey, maxPerSecond, pausedAt, source, health } = subscription;
+  const { id, url, types, scopeKey, maxPerSecond, pausedAt, pausedReason, source, health } = subscription;
   const tr = element('tr');
   tr.dataset.subscriptionId = id;
   tr.dataset.state = pausedAt ? 'paused' : 'active';
   const idCell = element('th', { attrs: { scope: 'row' } }, [element('span', { className: 'mono', text: id })]);
   if (source === 'config') idCell.append(' ', badge('config', 'neutral'));
   const state = pausedAt
-    ? element('span', { className: 'state' }, [badge('paused', 'warn'), element('span', { className: 'relative', text: `since ${relativeTime(pausedAt)}` })])
+    ? element('span', { className: 'state' }, [
+      badge(pausedReason === 'failing' ? 'paused: failing' : 'paused', pausedReason === 'failing' ? 'bad' : 'warn'),
+      element('span', { className: 'relative', text: `since ${relativeTime(pausedAt)}` }),
+    ])
     : badge('active', 'ok');
   tr.append(
     idCell,

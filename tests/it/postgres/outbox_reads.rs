@@ -126,7 +126,10 @@ async fn reserved_event_types_are_refused_by_sql_and_withheld_when_read() {
         .filter(|quoted| !quoted.ends_with('.'))
         .collect();
     in_sql.sort_unstable();
+    // The reserved names, and the relay's own events it lets system rows
+    // carry under the prefix.
     let mut in_rust = eventrelay::wire::RESERVED_EVENT_TYPES.to_vec();
+    in_rust.extend(eventrelay::wire::SYSTEM_EVENT_TYPES);
     in_rust.sort_unstable();
     assert_eq!(in_sql, in_rust, "{definition}");
     let prefix = eventrelay::wire::RESERVED_EVENT_TYPE_PREFIX;
@@ -134,6 +137,8 @@ async fn reserved_event_types_are_refused_by_sql_and_withheld_when_read() {
     let prefixed = format!("{prefix}ping");
     let mut reserved_types = eventrelay::wire::RESERVED_EVENT_TYPES.to_vec();
     reserved_types.push(&prefixed);
+    // No emitter may write the relay's own events either.
+    reserved_types.extend(eventrelay::wire::SYSTEM_EVENT_TYPES);
     for reserved in reserved_types {
         assert!(eventrelay::wire::is_reserved_event_type(reserved));
         let error = client
@@ -149,12 +154,33 @@ async fn reserved_event_types_are_refused_by_sql_and_withheld_when_read() {
             "{reserved}: {error:?}"
         );
     }
+    // A system row (the relay's own) may carry one of the relay's events,
+    // and is shown like any event; one of another name is refused.
+    let system_row = |event_type: &str| {
+        format!(
+            "INSERT INTO {s}.outbox (id, type, scope_key, system)
+             VALUES (gen_random_uuid(), '{event_type}', 'org-a', true)",
+            s = db.schema
+        )
+    };
+    client
+        .batch_execute(&system_row("eventrelay.subscription.paused"))
+        .await
+        .unwrap();
+    assert!(
+        client
+            .batch_execute(&system_row("eventrelay.ping"))
+            .await
+            .is_err()
+    );
+    assert!(client.batch_execute(&system_row("ready")).await.is_err());
     // A row from before the rule (the constraint is NOT VALID, so such rows
     // may exist) is never shown.
     client
         .batch_execute(&format!(
             "ALTER TABLE {s}.outbox DROP CONSTRAINT outbox_type_not_reserved;
              SELECT {s}.emit('ready', 'org-a');
+             SELECT {s}.emit('eventrelay.ping', 'org-a');
              SELECT {s}.emit('order.created', 'org-a');",
             s = db.schema
         ))
@@ -167,5 +193,5 @@ async fn reserved_event_types_are_refused_by_sql_and_withheld_when_read() {
         .into_iter()
         .map(|e| e.event_type)
         .collect();
-    assert_eq!(read, ["order.created"]);
+    assert_eq!(read, ["eventrelay.subscription.paused", "order.created"]);
 }

@@ -519,3 +519,88 @@ async fn a_rate_limit_is_set_changed_and_lifted_and_a_bad_one_refused_by_name() 
     .await;
     assert_eq!(lifted["subscription"]["maxPerSecond"], Value::Null);
 }
+
+#[tokio::test]
+async fn a_subscription_whose_receiver_keeps_failing_pauses_itself_and_the_app_hears_of_it() {
+    let db = TestDb::new().await;
+    let failing = Receiver::start(std::iter::repeat_n(Reply::Status(500), 1_000));
+    let watching = Receiver::start([]);
+    let subscriptions = vec![
+        NewSubscription {
+            id: "failing".into(),
+            url: format!("{}/failing", failing.url),
+            secret: SECRET.into(),
+            types: vec!["order.*".into()],
+            scope_key: None,
+            max_per_second: None,
+        },
+        // The app's own receiver of what the relay says about itself.
+        NewSubscription {
+            id: "watching".into(),
+            url: format!("{}/watching", watching.url),
+            secret: SECRET.into(),
+            types: vec!["*".into()],
+            scope_key: Some("ops".into()),
+            max_per_second: None,
+        },
+    ];
+    let server = TestServer::start(&db, move |config: &mut Config| {
+        config.admin.token = Some(ADMIN_TOKEN.into());
+        config.webhooks.allow_private_networks = true;
+        config.webhooks.retry_schedule_ms = vec![50; 40];
+        config.webhooks.disable_after_secs = 1;
+        config.webhooks.disable_after_attempts = 4;
+        config.webhooks.events_scope = Some("ops".into());
+        config.webhooks.subscriptions = subscriptions;
+    });
+    server.ready().await;
+    let (mut ops, _) = server
+        .subscribe(
+            &crate::support::server::token("operator", "ops", json!({})),
+            None,
+            "",
+        )
+        .await;
+    db.emit(NewEvent::durable("order.created", "org-1", json!({})))
+        .await;
+
+    let paused = eventually("the failing subscription pauses itself", async || {
+        let failing = subscription(&server, "failing").await;
+        (failing["pausedReason"] == "failing").then_some(failing)
+    })
+    .await;
+    assert!(paused["pausedAt"].is_string(), "{paused}");
+    let told = ops.next_event().await;
+    assert_eq!(
+        told.event.as_deref(),
+        Some("eventrelay.subscription.paused")
+    );
+    let data = &told.json()["data"];
+    assert_eq!(data["subscriptionId"], "failing", "{data}");
+    assert_eq!(data["reason"], "failing", "{data}");
+    assert!(data["failures"].as_i64().unwrap() >= 4, "{data}");
+    let heard = watching.wait_for(1).await;
+    assert_eq!(heard[0].path, "/hook/watching");
+    let body: Value = serde_json::from_slice(&heard[0].body).unwrap();
+    assert_eq!(body["type"], "eventrelay.subscription.paused", "{body}");
+    assert_eq!(
+        server
+            .metric("eventrelay_webhook_subscriptions_paused_total")
+            .await,
+        1.0
+    );
+    // Paused, its receiver is left alone.
+    let attempts_then = paths(&failing).len();
+    let pending = newest_becomes(&server, "failing", "pending").await;
+    assert_eq!(paths(&failing).len(), attempts_then, "{pending}");
+
+    let resumed = admin(
+        &server,
+        Method::POST,
+        "/v1/admin/subscriptions/failing/resume",
+        None,
+    )
+    .await;
+    assert_eq!(resumed["subscription"]["pausedReason"], Value::Null);
+    assert_eq!(resumed["subscription"]["pausedAt"], Value::Null);
+}
