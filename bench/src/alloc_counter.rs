@@ -12,7 +12,6 @@ pub struct CountingAllocator;
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 
 pub const SIZE_CLASS: usize = 16;
-/// Classes counted one by one; larger blocks share the last class.
 const SIZE_CLASSES: usize = 2048;
 /// Live blocks per size class (class `i` holds sizes `16 i + 1 ..= 16 (i + 1)`).
 static LIVE_BLOCKS: [AtomicIsize; SIZE_CLASSES] = [const { AtomicIsize::new(0) }; SIZE_CLASSES];
@@ -21,8 +20,6 @@ fn class_of(size: usize) -> usize {
     (size.saturating_sub(1) / SIZE_CLASS).min(SIZE_CLASSES - 1)
 }
 
-/// Live blocks per size class right now: entry `i` counts blocks of up to
-/// `SIZE_CLASS * (i + 1)` bytes (the last entry: that size or more).
 pub fn live_blocks() -> Vec<isize> {
     LIVE_BLOCKS
         .iter()

@@ -21,10 +21,8 @@ use crate::scenarios::fanout::Server;
 #[derive(Parser, Debug)]
 #[command(about = "eventrelay performance harness")]
 pub struct Args {
-    /// Smaller subscriber counts and shorter runs.
     #[arg(long)]
     pub quick: bool,
-    /// The release `eventrelay` binary.
     #[arg(long)]
     pub relay_bin: PathBuf,
     #[arg(long, env = "DATABASE_URL")]
@@ -35,7 +33,6 @@ pub struct Args {
     /// nginx's master pid; CPU and RSS are summed over its workers.
     #[arg(long)]
     pub nchan_pid: Option<u32>,
-    /// Where relay configurations and logs go.
     #[arg(long, default_value = "/tmp/eventrelay-bench")]
     pub work_dir: PathBuf,
     /// An earlier release `eventrelay`, for the publish rows side by side.
@@ -47,7 +44,6 @@ pub struct Args {
     /// Run only these scenarios (comma separated; box runs only when named).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
-    /// Rounds of the floor scenario.
     #[arg(long, default_value_t = 3)]
     pub floor_rounds: usize,
     /// Run nchan twice in every round of the floor scenario.
@@ -83,7 +79,6 @@ impl Scale {
 pub struct Context {
     pub args: Args,
     pub scale: Scale,
-    /// The bench's schema on `--database-url`, migrated before any scenario.
     pub schema: String,
 }
 
@@ -119,12 +114,9 @@ pub enum Run {
     /// Before any runtime or other thread exists: for figures read off the
     /// counting allocator, which must see no one else allocate.
     Alone(fn(&Context, &mut Table)),
-    /// On the runtime, one scenario after the other.
     Async(for<'a> fn(&'a Context, &'a mut Table) -> Rows<'a>),
 }
 
-/// One entry of the binary's table: the name `--only` selects it by,
-/// whether it runs without `--only`, and its run.
 pub struct Scenario {
     pub name: &'static str,
     pub by_default: bool,
@@ -141,7 +133,6 @@ impl Scenario {
     }
 }
 
-/// `Run::Async` of an `async fn(&Context, &mut Table) -> BenchResult<()>`.
 #[macro_export]
 macro_rules! rows {
     ($run:path) => {{

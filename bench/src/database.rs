@@ -9,8 +9,6 @@ pub async fn create_schema(database_url: &str, schema: &str) -> BenchResult<()> 
     create_schema_for(database_url, schema, eventrelay::store::WakeupMode::Notify).await
 }
 
-/// Creates and migrates `schema` for a wake-up mode (on a server with
-/// `wal_level = logical` for the logical one).
 pub async fn create_schema_for(
     database_url: &str,
     schema: &str,
@@ -22,8 +20,6 @@ pub async fn create_schema_for(
     Ok(())
 }
 
-/// Drops `schema` and everything in it (and its publication, in logical
-/// mode); reports rather than fails.
 pub async fn drop_schema(database_url: &str, schema: &str) {
     let dropped = match eventrelay::connect(database_url).await {
         Ok(client) => client
@@ -44,8 +40,6 @@ pub fn test_database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
-/// A schema name no concurrent run shares: `prefix`, the process id and the
-/// clock's nanoseconds.
 pub fn unique_schema(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -53,8 +47,6 @@ pub fn unique_schema(prefix: &str) -> String {
     format!("{prefix}_{}_{nanos}", std::process::id())
 }
 
-/// The outbox's highest seq now: streams that resume after it get only
-/// what comes next.
 pub async fn max_seq(database_url: &str, schema: &str) -> BenchResult<i64> {
     let client = eventrelay::connect(database_url).await?;
     let row = client

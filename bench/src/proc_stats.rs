@@ -1,12 +1,10 @@
 //! CPU time and resident memory of server processes, read from /proc.
 
-/// Clock ticks per second for /proc/<pid>/stat times.
 fn ticks_per_second() -> f64 {
     // SAFETY: sysconf only reads a constant of the running system.
     unsafe { libc::sysconf(libc::_SC_CLK_TCK) as f64 }
 }
 
-/// The stat fields after the command name (which may contain spaces).
 fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_name = &text[text.rfind(')')? + 2..];
@@ -28,7 +26,6 @@ pub fn cpu_split(pids: &[u32]) -> (f64, f64) {
         .fold((0.0, 0.0), |(u, s), (user, system)| (u + user, s + system))
 }
 
-/// Resident set size in bytes (VmRSS) summed over `pids`.
 pub fn rss_bytes(pids: &[u32]) -> u64 {
     pids.iter()
         .filter_map(|pid| {
@@ -57,7 +54,6 @@ pub fn children_of(parent: u32) -> Vec<u32> {
 #[derive(Debug, Clone, Copy)]
 pub struct Usage {
     pub cpu_seconds: f64,
-    /// The part of `cpu_seconds` spent in the kernel.
     pub system_seconds: f64,
     pub rss_bytes: u64,
 }

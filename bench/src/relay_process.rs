@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use crate::{BenchResult, PUBLISH_TOKEN, SUBSCRIBER_SECRET};
 
-/// The webhook secret of the bench subscription (Standard Webhooks form).
 pub const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 #[derive(Clone, Debug)]
@@ -19,7 +18,6 @@ pub struct RelaySettings {
     pub schema: String,
     pub queue_capacity: usize,
     pub webhook_url: Option<String>,
-    /// `publish.group_commit_ms`; 0 turns group commit off.
     pub group_commit_ms: u64,
     pub pool_size: usize,
     pub wakeup: &'static str,
@@ -63,8 +61,6 @@ impl RelaySettings {
         self
     }
 
-    /// The configuration file (a baseline relay's: only the database, HTTP,
-    /// authentication and the publish token).
     fn toml(&self, port: u16) -> String {
         let (url, schema, pool_size) = (&self.database_url, &self.schema, self.pool_size);
         let mut database = format!(
@@ -131,8 +127,6 @@ impl RelayProcess {
         Self::start_on(binary, work_dir, settings, free_port()?).await
     }
 
-    /// Like [`RelayProcess::start`], on a given loopback port (a restart
-    /// takes over the port its predecessor listened on).
     pub async fn start_on(
         binary: &Path,
         work_dir: &Path,
@@ -188,8 +182,6 @@ impl RelayProcess {
         self.child.id()
     }
 
-    /// Stops the relay with SIGTERM, as a deploy does, and answers how long
-    /// it took to exit (killing it after `patience`).
     pub async fn terminate(&mut self, patience: Duration) -> BenchResult<Duration> {
         let started = std::time::Instant::now();
         let status = Command::new("kill")
@@ -238,7 +230,6 @@ impl RelayProcess {
         Err("the relay did not become ready within 60 s".into())
     }
 
-    /// One series of `/metrics` (see [`Metrics::value`]); 0 when absent.
     pub async fn metric(&self, query: &str) -> f64 {
         self.metrics().await.value(query)
     }
@@ -267,9 +258,6 @@ pub fn free_port() -> BenchResult<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// `EVENTRELAY_BIN`, or the relay binary a workspace test build made
-/// (`target/<profile>/eventrelay`): what the bench's and campaign's tests
-/// start.
 pub fn test_relay_binary() -> BenchResult<PathBuf> {
     if let Ok(path) = std::env::var("EVENTRELAY_BIN") {
         return Ok(PathBuf::from(path));
@@ -327,7 +315,6 @@ impl Sample {
     }
 }
 
-/// `a="x",b="y"` as pairs (values hold no quotes in the relay's metrics).
 fn labels(text: &str) -> Option<Vec<(String, String)>> {
     text.split(',')
         .filter(|pair| !pair.is_empty())

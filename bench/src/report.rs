@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 
 use crate::BenchResult;
 
-/// The rows so far: scenario, measured, and the target the row is checked
-/// against with where it stands.
 #[derive(Default)]
 pub struct Table {
     rows: Vec<[String; 3]>,
@@ -75,8 +73,6 @@ pub fn verdict(met: bool) -> &'static str {
     if met { "**met**" } else { "**missed**" }
 }
 
-/// The middle value (the mean of the two middle ones for an even count);
-/// zero for none.
 pub fn median(values: &[f64]) -> f64 {
     if values.is_empty() {
         return 0.0;

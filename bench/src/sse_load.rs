@@ -48,8 +48,6 @@ pub struct Subscribers {
 }
 
 impl Subscribers {
-    /// Opens every target, at most `concurrency` handshakes at a time, and
-    /// returns once all are ready.
     pub async fn open(
         targets: Vec<StreamTarget>,
         log: Arc<CommitLog>,
@@ -119,8 +117,6 @@ impl Subscribers {
     }
 }
 
-/// Every delivery with a commit time in `log`: (event number, arrival,
-/// latency), in nanoseconds.
 pub fn deliveries<'a>(
     outcomes: &'a [StreamOutcome],
     log: &'a CommitLog,
@@ -138,8 +134,6 @@ pub fn deliveries<'a>(
         })
 }
 
-/// Reads one stream until told to stop, saying on `ready` when it is
-/// ready (or why it never became so).
 async fn subscribe(
     target: StreamTarget,
     log: Arc<CommitLog>,
@@ -213,8 +207,6 @@ pub(crate) fn request_head(
     request
 }
 
-/// Splits the byte stream into lines and picks out status, readiness,
-/// event ids and event numbers.
 pub(crate) struct FrameParser {
     ready_when: ReadyWhen,
     pending: Vec<u8>,

@@ -69,8 +69,6 @@ impl Reconnect {
         }
     }
 
-    /// The wait after the `failures`-th failed attempt in a row, `fixed`
-    /// for the immediate policy.
     fn after_failure(self, failures: u32, fixed: Duration) -> Duration {
         match self {
             Reconnect::Immediate => fixed,
@@ -109,8 +107,6 @@ impl ClientSpec {
             .join(format!("stream-client-{}.receipts", self.index))
     }
 
-    /// Starts `processes` clients from `binary` sharing this spec's streams,
-    /// numbered from its index.
     pub fn spawn(&self, binary: &Path, processes: usize) -> BenchResult<Vec<ClientProcess>> {
         let per_client = self.streams.len().div_ceil(processes).max(1);
         let shares = self.streams.clone().step_by(per_client).enumerate();
@@ -223,8 +219,6 @@ impl Stream {
             if matches!(ended, Ended::Stopped) {
                 break;
             }
-            // Counts how the attempt failed; the wait before the next one
-            // follows from the reconnect policy.
             let mut fixed = Some(RETRY_WHILE_DOWN);
             shared.count(phase, |t| match ended {
                 Ended::ByServer | Ended::Stopped => fixed = None,
@@ -478,7 +472,6 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
         }));
     }
 
-    // Commands arrive on stdin, read by a thread of their own.
     let (commands_tx, mut commands) = mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
@@ -626,8 +619,6 @@ impl ClientProcess {
         Ok(())
     }
 
-    /// The next line whose `event` is `event`, within `patience`; lines of
-    /// other kinds are skipped.
     pub async fn expect(&mut self, event: &str, patience: Duration) -> BenchResult<Value> {
         let deadline = tokio::time::Instant::now() + patience;
         loop {
@@ -693,8 +684,6 @@ impl Drop for ClientProcess {
     }
 }
 
-/// One phase's refusals, resets and connect times: counted by each client
-/// process, summed over them by the parent.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct PhaseFigures {
     pub timeouts: u64,

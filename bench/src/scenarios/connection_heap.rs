@@ -52,8 +52,6 @@ async fn stop(relay: InProcessRelay) -> BenchResult<()> {
     Ok(tokio::task::spawn_blocking(move || drop(relay)).await?)
 }
 
-/// Blocks per stream by size class between two readings, largest first,
-/// for the sizes whose count `shown` keeps, with `decimals`.
 fn blocks(
     later: &[isize],
     earlier: &[isize],
@@ -91,9 +89,6 @@ async fn idle_streams(database_url: &str, schema: &str, n: usize) -> BenchResult
     Ok(((after - before - vector) as f64 / n as f64, by_size))
 }
 
-/// Opens `n` streams all at once and samples the live heap until every one
-/// is ready: the heap at the peak beyond what they hold idle, per stream,
-/// and the blocks that make it up.
 async fn surge(database_url: &str, schema: &str, n: usize) -> BenchResult<(f64, String)> {
     let (relay, _first) = warm_relay(database_url, schema).await?;
     let address = relay.address;
@@ -139,9 +134,6 @@ async fn bare_sockets(n: usize) -> BenchResult<f64> {
     Ok((after - before - vector) as f64 / n as f64)
 }
 
-/// Opens `n` streams that count every event, delivers [`CARRY_WARM_UP`]
-/// durable events, takes the live heap, delivers `events` more and answers
-/// what the heap grew by per stream.
 async fn carried(database_url: &str, schema: &str, n: usize, events: usize) -> BenchResult<f64> {
     let relay = InProcessRelay::start(database_url, schema).await?;
     let mut received = Vec::with_capacity(n);
@@ -223,8 +215,6 @@ async fn count_events(mut socket: TcpStream, count: Arc<AtomicUsize>) -> BenchRe
     }
 }
 
-/// Opens a stream of `scope` over a raw socket and reads until its `ready`
-/// frame.
 async fn open_stream(address: SocketAddr, subscriber: &str, scope: &str) -> BenchResult<TcpStream> {
     let mut socket = TcpStream::connect(address).await?;
     let authorization = format!("Bearer {}", subscriber_token(subscriber, scope));
@@ -245,8 +235,6 @@ async fn open_stream(address: SocketAddr, subscriber: &str, scope: &str) -> Benc
     Ok(socket)
 }
 
-/// Where an idle stream's heap goes, what carrying events adds, and the
-/// peak of many connecting at once.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let (db, schema) = (cx.db(), cx.schema.as_str());
     let n = if cx.args.quick { 1_000 } else { 5_000 };
@@ -297,8 +285,6 @@ pub struct InProcessRelay {
 }
 
 impl InProcessRelay {
-    /// Starts a relay on `database_url` in `schema` (used as the channel too)
-    /// and waits until it is ready.
     pub async fn start(database_url: &str, schema: &str) -> BenchResult<InProcessRelay> {
         let mut config = Config::default();
         config.database.url = Some(database_url.into());

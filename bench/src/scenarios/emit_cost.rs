@@ -31,8 +31,6 @@ pub async fn prepare(database_url: &str, schema: &str) -> BenchResult<()> {
     Ok(())
 }
 
-/// Committed transactions per second of `writers` concurrent writers each
-/// repeating the `kind` transaction for `duration`.
 pub async fn measure(
     database_url: &str,
     schema: &str,
@@ -109,7 +107,6 @@ async fn write_until(
     Ok(committed)
 }
 
-/// Emit cost at 1, 8 and 32 writers, in notify mode.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let (db, schema) = (cx.db(), cx.schema.as_str());
     prepare(db, schema).await?;

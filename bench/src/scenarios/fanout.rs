@@ -17,11 +17,8 @@ use crate::publish::{Pace, Source, publish_for};
 use crate::report::{CommitLog, Percentiles};
 use crate::sse_load::{ReadyWhen, StreamTarget, Subscribers, deliveries};
 
-/// Handshakes in flight while subscribers connect.
 pub(crate) const CONNECT_CONCURRENCY: usize = 200;
-/// Longest wait for the last deliveries after publishing stops.
 pub(crate) const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
-/// Event numbers available to an unthrottled run.
 const UNTHROTTLED_CAPACITY: usize = 1 << 21;
 
 #[derive(Clone, Debug)]
@@ -68,7 +65,6 @@ impl Server {
 #[derive(Clone)]
 pub struct FanoutPlan {
     pub subscribers: usize,
-    /// The run's one scope, unique per run.
     pub scope: String,
     pub pace: Pace,
     pub duration: Duration,
@@ -88,7 +84,6 @@ pub struct FanoutFigures {
     /// subscriber took.
     pub first_arrival: Percentiles,
     pub cpu_seconds_per_1000: f64,
-    /// The part of `cpu_seconds_per_1000` spent in the kernel.
     pub system_seconds_per_1000: f64,
     pub rss_bytes: u64,
     /// (RSS with every subscriber connected and idle − RSS before) / N.
@@ -276,7 +271,6 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     Ok(())
 }
 
-/// p50, p99 and CPU of `ours` against `theirs`, for side-by-side rows.
 pub fn against(ours: &FanoutFigures, theirs: &FanoutFigures) -> String {
     format!(
         "p50 {} vs {} · p99 {} vs {} · CPU s/1k {:.3} vs {:.3}",

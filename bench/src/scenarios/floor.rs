@@ -24,7 +24,6 @@ use crate::report::Percentiles;
 use crate::report::{Table, median, ms, verdict};
 use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
 
-/// One-row commits per measurement of the commit time.
 const COMMITS: usize = 400;
 
 /// One-row commits timed at a load's pace: about five seconds' worth, and
@@ -88,9 +87,7 @@ pub fn round_order(round: usize, control: bool) -> Vec<Side> {
 pub struct LoadFigures {
     pub subscribers: usize,
     pub per_second: f64,
-    /// Each run's figures, by side, in round order.
     pub runs: Vec<(Side, FanoutFigures)>,
-    /// The relay's stage histograms over all runs of a lane.
     pub stages: Vec<(Side, Stages)>,
     /// One-row commits, and the relay's publishing statement, timed as
     /// often as this load's events come, before its runs.
@@ -116,7 +113,6 @@ pub struct CommitTime {
 }
 
 impl CommitTime {
-    /// The flush's own share, at the median.
     pub fn flush_p50(&self) -> Duration {
         self.flushed.p50.saturating_sub(self.unflushed.p50)
     }
@@ -198,7 +194,6 @@ async fn run_load(
     })
 }
 
-/// The commit time, then per load each side's runs, targets and stages.
 fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
     let [before, after] = commit;
     table.add(
@@ -260,7 +255,6 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
             };
             let p50s = each(|f| millis(f.latency.p50));
             let p99s = each(|f| millis(f.latency.p99));
-            // Seconds per 1,000 deliveries are milliseconds per delivery.
             let cpu = each(|f| f.cpu_seconds_per_1000 * 1000.0);
             let system = each(|f| f.system_seconds_per_1000 * 1000.0);
             let firsts = each(|f| millis(f.first_arrival.p50));
@@ -431,7 +425,6 @@ fn quotients(
         .collect()
 }
 
-/// Each stage's median and mean, in the order an event passes them.
 fn breakdown(stages: &Stages) -> String {
     let parts: Vec<String> = STAGE_ORDER
         .iter()
@@ -467,7 +460,6 @@ fn thousands(n: usize) -> String {
     }
 }
 
-/// Times [`COMMITS`] one-row commits each way, back to back.
 pub async fn commit_time(database_url: &str, schema: &str) -> BenchResult<CommitTime> {
     let client = commit_client(database_url, schema).await?;
     let flushed = timed_commits(&client, schema, "on", COMMITS, None).await?;
@@ -573,8 +565,6 @@ async fn commit_client(database_url: &str, schema: &str) -> BenchResult<tokio_po
     Ok(client)
 }
 
-/// Times `commits` one-row commits under `synchronous_commit = setting`,
-/// back to back or one every `every`.
 async fn timed_commits(
     client: &tokio_postgres::Client,
     schema: &str,
@@ -804,7 +794,6 @@ eventrelay_events_delivered_total 5
              · eventrelay durable p50 × 1.50, 2.00 (median 1.75) · p99 × 2.00, 3.00 (median 2.50) \
              · nchan again p50 × 1.25, 1.50 (median 1.38) · p99 × 1.25, 1.50 (median 1.38)"
         );
-        // The ephemeral lane's median quotients lie under nchan's own spread.
         assert_eq!(
             against_nchan_spread(&load).unwrap(),
             "nchan's second run over its first: p50 1.25–1.50 · p99 1.25–1.50 \
@@ -822,7 +811,6 @@ eventrelay_events_delivered_total 5
         };
         assert!(against_nchan_by_round(&without(Side::Nchan)).is_none());
         assert!(against_nchan_spread(&without(Side::NchanAgain)).is_none());
-        // A round with a zero figure on nchan's side is left out.
         let (ours, theirs) = (
             [figures(3, 6), figures(4, 8)],
             [figures(0, 4), figures(2, 4)],

@@ -91,8 +91,6 @@ pub async fn http_publish(
     })
 }
 
-/// Events per second writing `count` durable events in one transaction,
-/// one `emit` each and then one `emit_batch` for all: (emit, batch).
 pub async fn emit_versus_batch(
     database_url: &str,
     schema: &str,
@@ -119,8 +117,6 @@ pub async fn emit_versus_batch(
     let batched = count as f64 / started.elapsed().as_secs_f64();
     Ok((one_by_one, batched))
 }
-/// The HTTP publish API with group commit off and on, for 1 and 64
-/// concurrent publishers, and batch emit against one emit per event.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let (db, schema) = (cx.db(), cx.schema.as_str());
     let baseline_at_64 = match &cx.args.baseline_relay_bin {
@@ -191,8 +187,6 @@ fn publish_figures(f: &PublishFigures) -> String {
     )
 }
 
-/// A schema for an earlier release, which migrates it itself, and that
-/// release's settings on it (what every release has had, nothing newer).
 fn baseline_settings(cx: &Context) -> (String, RelaySettings) {
     let schema = unique_schema("bench_baseline");
     let mut settings = RelaySettings::new(cx.db(), &schema);
@@ -200,8 +194,6 @@ fn baseline_settings(cx: &Context) -> (String, RelaySettings) {
     (schema, settings)
 }
 
-/// The 1- and 64-publisher rows against an earlier release; answers its
-/// events/s at 64 publishers.
 async fn baseline_publish_row(cx: &Context, binary: &Path, table: &mut Table) -> BenchResult<f64> {
     let (schema, settings) = baseline_settings(cx);
     let rows = async {

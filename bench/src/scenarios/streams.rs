@@ -32,8 +32,6 @@ use crate::stream_client::{
     self, Arrival, ClientProcess, ClientSpec, Clients, PhaseFigures, Reconnect, realtime_ns,
 };
 
-/// The relays' `application_name`, by which their Postgres connections are
-/// counted.
 const APPLICATION_NAME: &str = "eventrelay-box";
 /// Connections left free for everything that is not one of these relays:
 /// the emitter, the scenario's own queries, and other users of the same
@@ -43,8 +41,6 @@ const HEADROOM: usize = 20;
 /// simultaneous outbox replays as fast as 32 did.
 const POOL_CEILING: usize = 8;
 const PATIENCE: Duration = Duration::from_secs(300);
-/// How long the restarted relays get to be ready, and the streams to be
-/// back on them.
 const STORM_PATIENCE: Duration = Duration::from_secs(180);
 const DRAIN: Duration = Duration::from_secs(20);
 /// Every relay's `http.header_timeout_secs`: a restarted relay reads the
@@ -56,8 +52,6 @@ const HEADER_TIMEOUT_SECS: u64 = 60;
 pub struct BoxPlan {
     pub label: &'static str,
     pub relays: usize,
-    /// Streams open after each step (the last is all of them); the relays'
-    /// RSS is read `settle` after each.
     pub steps: Vec<usize>,
     pub settle: Duration,
     pub clients: usize,
@@ -86,8 +80,6 @@ impl BoxPlan {
         }
     }
 
-    /// Idle streams on one relay in steps up to 19,000 (1,900 with
-    /// --quick), each step's from one client process; nothing restarts.
     pub fn streams(quick: bool) -> BoxPlan {
         BoxPlan {
             label: "streams",
@@ -277,7 +269,6 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let before = usage(&relays);
     let start_after = max_seq(database_url, schema).await?;
 
-    // The clients connect in steps, the relays' RSS read after each.
     let scope_prefix = format!("{label}-{}", std::process::id());
     let mut clients = Clients(Vec::new());
     let mut opened = 0;
@@ -638,7 +629,6 @@ pub async fn box_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     run(&BoxPlan::of(cx.args.quick), cx, table).await
 }
 
-/// Past the interval at which the relay returns freed memory.
 const SETTLE: Duration = Duration::from_secs(5);
 const WAVE_PATIENCE: Duration = Duration::from_secs(120);
 const CLIENTS: usize = 2;
@@ -647,17 +637,11 @@ const CLIENTS: usize = 2;
 pub struct StormPlan {
     pub subscribers: usize,
     pub scopes: usize,
-    /// Durable events per second, spread over the scopes, emitted from
-    /// before the stop until after the restart.
     pub events_per_sec: f64,
-    /// How long events are emitted after the subscribers first stream; the
-    /// SIGTERM comes a third of the way in.
     pub emitting: Duration,
     pub extra_waves: usize,
 }
 
-/// One phase: its counters, and how long from its start until all N
-/// streamed (`None` when they did not within the patience).
 #[derive(Debug, Clone)]
 pub struct Phase {
     pub all_streaming_after: Option<Duration>,
@@ -676,20 +660,14 @@ pub struct StormFigures {
     pub stopped_in: Duration,
     pub restart: Phase,
     pub emitted: usize,
-    /// (subscriber, event) pairs emitted into a subscriber's scope that it
-    /// never received.
     pub missed: u64,
     pub waves: Vec<Phase>,
-    /// Relay RSS before the first subscriber, with each wave streaming,
-    /// after the last hung up, and [`SETTLE`] later, in KiB.
     pub rss_before_kib: u64,
     pub rss_streaming_kib: Vec<u64>,
     pub rss_after_kib: u64,
     pub rss_settled_kib: u64,
 }
 
-/// Opens one wave of N subscribers' streams on `port` over [`CLIENTS`]
-/// client processes, all handshakes at once, resuming after `last_event_id`.
 fn open_wave(
     client_bin: &Path,
     work_dir: &Path,
@@ -712,8 +690,6 @@ fn open_wave(
     Ok(Clients(spec.spawn(client_bin, CLIENTS)?))
 }
 
-/// How long from `since` (realtime ns) until every client said all of its
-/// streams of the phase are ready.
 async fn all_streaming(wave: &mut Clients, since: u64) -> Option<Duration> {
     let lines = wave.expect("all_streaming", WAVE_PATIENCE).await.ok()?;
     let last = lines
@@ -723,8 +699,6 @@ async fn all_streaming(wave: &mut Clients, since: u64) -> Option<Duration> {
     Some(Duration::from_nanos(last - since))
 }
 
-/// Hangs a wave up at once, the first `emitted` events counted as missed
-/// where absent: each phase's figures and the missed pairs.
 async fn hang_up(wave: &mut Clients, emitted: usize) -> BenchResult<(Vec<PhaseFigures>, u64)> {
     wave.send(&format!("finish {emitted} 0"))?;
     let lines = wave.expect("finished", WAVE_PATIENCE).await?;
@@ -777,7 +751,6 @@ pub async fn run_storm(
     let restart_after = all_streaming(&mut storm, restarting).await;
     let emitted = emitting.await??.len();
 
-    // Every subscriber receives every event of its scope, replayed or live.
     let expected: u64 = (0..n)
         .map(|g| (g % plan.scopes..emitted).step_by(plan.scopes).count() as u64)
         .sum();
@@ -787,8 +760,6 @@ pub async fn run_storm(
     }
     let mut rss_streaming_kib = vec![rss_kib(&relay)];
 
-    // Further waves, each arriving while the previous one hangs up; the
-    // figures of each wave that left, the storm's first.
     let mut leaving = storm;
     let mut leaving_emitted = emitted;
     let mut left = Vec::new();

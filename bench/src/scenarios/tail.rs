@@ -38,8 +38,6 @@ fn padding(scope: &str, seq: i64, bytes: usize) -> String {
     "x".repeat(bytes.saturating_sub(overhead))
 }
 
-/// 128 events of each size into a fresh tail, every other reference
-/// dropped: what stays.
 fn tail_rows(table: &mut Table) {
     for (label, bytes) in [
         ("300 B", 300),
@@ -77,8 +75,6 @@ fn tail_rows(table: &mut Table) {
     }
 }
 
-/// `scopes` hubs under a budget of `budget_bytes`, each publishing
-/// [`EVENTS_PER_SCOPE`] events in turn, round robin.
 fn tails_budget_row(table: &mut Table, scopes: usize) {
     let budget_bytes = 64 * 1024 * 1024;
     actix::System::new().block_on(async move {

@@ -44,9 +44,6 @@ fn pair_differences(by_slice: &mut [Vec<u64>], slice: usize) -> Vec<f64> {
     differences
 }
 
-/// Emit cost at 1, 8 and 32 writers (plain; the outbox row with no wake-up,
-/// the floor; each mode with its relay running), then commit-to-receive
-/// latency with both modes' relays at once.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let Some(db) = cx.args.logical_database_url.as_deref() else {
         eprintln!("wake-up modes: no --logical-database-url, skipped");
@@ -100,7 +97,6 @@ async fn wakeup_emit_cost(
         (Some(WakeupMode::Notify), notify_schema),
         (Some(WakeupMode::Logical), logical_schema),
     ];
-    // Per case, per round, per writer count.
     let rounds = alternating(ROUNDS, cases.len(), async |round, case| {
         let (mode, schema) = cases[case];
         let mut relay = match mode {
@@ -157,8 +153,6 @@ async fn wakeup_emit_cost(
     Ok(())
 }
 
-/// Commit-to-receive with a relay per mode running at once, first with one
-/// subscriber per mode (the wake-up itself), then with the full fan-out.
 async fn wakeup_latency(
     cx: &Context,
     table: &mut Table,
@@ -189,8 +183,6 @@ async fn wakeup_latency(
     outcome
 }
 
-/// One paired run of the wake-up modes' relays, as rows of the table:
-/// events alternate between the modes every `SLICE` events.
 async fn wakeup_pair_row(
     table: &mut Table,
     db: &str,
@@ -235,7 +227,6 @@ async fn wakeup_pair_row(
     }
     let after = usage();
 
-    // Latencies per side, and per slice for the pairs.
     let mut by_slice: Vec<Vec<u64>> = vec![Vec::new(); published.div_ceil(SLICE)];
     let mut p50s = Vec::new();
     for (side, open) in opened.into_iter().enumerate() {
