@@ -1,7 +1,5 @@
-//! A global allocator wrapper that keeps the number of live heap bytes, so
-//! memory held by a structure is measured as an allocation delta, and the
-//! number of live blocks by size, so the delta can be told apart by the
-//! sizes of what makes it up.
+//! A global allocator that counts live heap bytes, and live blocks by size,
+//! so that what a structure holds is an allocation delta.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};

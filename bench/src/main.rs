@@ -1,9 +1,5 @@
-//! `eventrelay-bench`: runs the scenarios against a release relay (and
-//! nchan when given) for a bounded time and prints one Markdown table.
+//! `eventrelay-bench`: runs the scenarios and prints one Markdown table.
 //! `bench/run` builds it, starts Postgres and nginx/nchan, and calls it.
-//!
-//! The binary is the table of scenarios below; each scenario's file under
-//! `scenarios/` owns its run and its rows.
 
 #![allow(
     clippy::print_stdout,

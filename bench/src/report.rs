@@ -1,8 +1,6 @@
-//! The figures: one monotonic clock for commit-to-receive latency
-//! (publishers record when each numbered event committed or was sent,
-//! subscribers when its frame arrived, both as nanoseconds since the same
-//! `Instant`), percentiles, and the result table, printed as Markdown so it
-//! can be pasted into bench/README.md as is.
+//! The figures: one monotonic clock for commit-to-receive latency,
+//! percentiles, and the result table, printed as Markdown so that it can be
+//! pasted into bench/README.md as is.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

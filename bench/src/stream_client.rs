@@ -1,23 +1,12 @@
-//! The load tool's stream-holding client processes, for the scenarios that
-//! hold streams through restarts (`streams`, `box`, `storm`): the hidden
-//! `stream-client` subcommand, which opens a share of the subscribers from
-//! a loopback source address of its own (one process holds at most 20,000
-//! files here, one address has about 28,000 ephemeral ports), keeps them
-//! streaming (reconnecting with their `Last-Event-ID`) and reports as JSON
-//! lines on stdout; and [`ClientProcess`], the parent's handle on one.
-//!
-//! Commands, one line each on stdin:
-//! - `status`: the distinct events received so far;
-//! - `report`: writes the arrival time of every event received in the
-//!   first phase to a file and answers with the phase's counters;
-//! - `phase`: starts a new phase (fresh counters; arrivals no longer timed);
-//! - `finish <emitted> <patience_ms>`: waits until every stream holds every
-//!   event below `emitted` of its scope (or the patience ends), closes
-//!   them all and answers with every phase's counters, then exits.
-//!
-//! The child also says `all_streaming` once every stream of a phase is
-//! ready. Times are `CLOCK_REALTIME` nanoseconds, the one clock the parent
-//! (which records commit times) and every child share.
+//! The stream-holding client processes of the `streams`, `box` and `storm`
+//! scenarios: the hidden `stream-client` subcommand, which opens a share of
+//! the subscribers from a loopback source address of its own (one process
+//! holds at most 20,000 files, one address about 28,000 ports), keeps them
+//! streaming, reconnecting with their `Last-Event-ID`, and answers commands
+//! on stdin (`status`, `report` of the first phase's arrivals, `phase`,
+//! `finish <emitted> <patience_ms>`) with JSON lines; and [`ClientProcess`],
+//! the parent's handle on one. Times are `CLOCK_REALTIME` nanoseconds, the
+//! one clock the parent, which records commit times, and every child share.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};

@@ -1,11 +1,8 @@
-//! Where an idle stream's memory goes (`--only memory`). A relay runs
-//! inside the bench process, whose counting allocator sees every heap byte;
-//! N streams are opened over raw sockets and left idle, and the live heap
-//! per stream is set against the same number of bare TCP connections (what
-//! the sockets cost on both ends). Also: what a surge of streams connecting
-//! at once holds at its peak, and what many durable events add to a live
-//! stream's heap, which a stream that lives for hours would keep. The
-//! in-process relay also serves the harness's smoke fan-out.
+//! Where an idle stream's memory goes (`--only memory`): a relay inside
+//! this process, whose counting allocator sees every heap byte, N idle
+//! streams against as many bare TCP connections, the peak of a surge of
+//! streams connecting at once, and what many durable events add to a live
+//! stream's heap. The in-process relay also serves the harness's fan-out.
 
 use crate::context::Context;
 use crate::report::{Table, size};

@@ -1,18 +1,12 @@
-//! Streams held by client processes (`stream_client`), in three scenarios.
-//! `--only streams`: idle streams on one relay in steps up to 19,000 (under
-//! a process's 20,000 open files). `--only box`: 100,000 streams over six
-//! relays on one database. Both send one event per second to every stream,
-//! each commit-to-receive timed on the realtime clock every process shares;
-//! the box then restarts every relay at once under all of its streams.
-//!
-//! `--only storm`: N subscribers stream with a `Last-Event-ID` while durable
-//! events are emitted; the relay gets SIGTERM, as a deploy does, and a new
-//! process starts on the same port. Subscribers reconnect at once and retry
-//! every 50 ms while nothing listens (a browser's `EventSource` without its
-//! retry delay). Counted per phase: refusals by status, resets, connect
-//! times and how long until all N stream again; none may miss an event.
-//! Then more waves of N arrive, each while the previous one hangs up, and
-//! the relay's RSS is read with each wave streaming and after the last left.
+//! Streams held by client processes (`stream_client`). `--only streams`:
+//! idle streams on one relay in steps up to 19,000; `--only box`: 100,000
+//! over six relays on one database. Both then send one event per second to
+//! every stream, commit-to-receive timed; the box restarts every relay at
+//! once under its streams. `--only storm`: N subscribers stream while
+//! durable events are emitted, the relay gets SIGTERM and a new process
+//! starts on its port; subscribers retry every 50 ms (a browser's
+//! `EventSource` without its retry delay) and none may miss an event. Then
+//! more waves arrive, each while the previous one hangs up.
 
 use crate::context::Context;
 use crate::report::{Table, ms, size, verdict};

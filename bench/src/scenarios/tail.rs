@@ -1,8 +1,6 @@
-//! Tail memory (`--only tail`): the heap one scope's tail really holds for
-//! 128 events of a given encoded size (the SSE frame a subscriber receives)
-//! under the default 128-event / 4 MiB bound; then 10,000 active scopes,
-//! each publishing enough to fill its own bound, through real hubs, against
-//! the shared budget `hub.tails_max_bytes`. Both run before any runtime or
+//! Tail memory (`--only tail`): the heap one scope's tail holds for 128
+//! events of a size, and 10,000 active scopes' tails against the shared
+//! budget `hub.tails_max_bytes`, through real hubs; before any runtime or
 //! other thread exists, so the counting allocator sees only them.
 
 use crate::alloc_counter::live_bytes;

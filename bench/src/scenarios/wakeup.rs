@@ -1,11 +1,8 @@
 //! The two wake-up modes side by side (`--only wakeup`), on a server with
 //! `wal_level = logical`: what emitting costs a writer in each mode against
-//! the floor, then commit-to-receive with both modes' relays at once.
-//!
-//! The latency is a paired fan-out: each relay has its own subscribers, and
-//! events go to one, then the other, in slices of half a second (A B, B A,
-//! …), so both see the same minutes of the machine and a difference between
-//! them is the modes' and not the hour's.
+//! the floor, then commit-to-receive with both modes' relays at once, the
+//! events alternating between them in slices of half a second (A B, B A,
+//! …) so that both see the same minutes of the machine.
 
 use crate::BenchResult;
 use crate::context::Context;
