@@ -8,13 +8,171 @@
     reason = "test code: a panic is the test failing, and figures are printed for the reader"
 )]
 
-mod floor_commits;
-mod http1_fanout;
-mod own_session;
 mod restart_storm;
 
+use eventrelay_bench::database::{create_schema, drop_schema, test_database_url, unique_schema};
+use eventrelay_bench::publish::{Pace, Source};
+use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
+use eventrelay_bench::report::Percentiles;
+use eventrelay_bench::scenarios::connection_heap::InProcessRelay;
+use eventrelay_bench::scenarios::fanout::{self, FanoutPlan, Server};
+use eventrelay_bench::scenarios::floor;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 fn relay_binary() -> PathBuf {
     eventrelay_bench::relay_process::test_relay_binary().unwrap()
+}
+
+/// The floor scenario's commit timings against a real Postgres: the paced
+/// loops keep their pace and every commit is timed; the relay's publishing
+/// statement writes each event and is heard once per transaction.
+#[tokio::test]
+async fn paced_commits_keep_their_pace_and_the_publishing_statement_is_heard_each_time() {
+    let url = test_database_url();
+    let schema = unique_schema("bench_floor_commits");
+    create_schema(&url, &schema).await.expect("schema migrates");
+    let started = Instant::now();
+    let paced = floor::paced_commit_time(&url, &schema, 20.0, 10).await;
+    let paced_took = started.elapsed();
+    let back_to_back = floor::commit_time(&url, &schema).await;
+    let started = Instant::now();
+    let announced = floor::announced_commit_time(&url, &schema, 20.0, 5).await;
+    let announced_took = started.elapsed();
+    let client = eventrelay::connect(&url).await.expect("connects");
+    let written: i64 = client
+        .query_one(
+            &format!("SELECT count(*) FROM {schema}.outbox WHERE scope_key = 'floor-announced'"),
+            &[],
+        )
+        .await
+        .expect("counts the rows")
+        .get(0);
+    drop_schema(&url, &schema).await;
+    let back_to_back = back_to_back.expect("the back-to-back commits run");
+    // Each transaction's notification was awaited (a missing one fails the
+    // call after ten seconds), so each was heard.
+    let announced = announced.expect("every transaction commits and is heard");
+    // Ten commits at 20 a second: the first at once, then one every 50 ms.
+    assert!(
+        paced_took >= Duration::from_millis(9 * 50),
+        "{paced_took:?}"
+    );
+    assert!(
+        announced_took >= Duration::from_millis(4 * 50),
+        "{announced_took:?}"
+    );
+    // The first write, which prepares the statements, and the five timed.
+    assert_eq!(written, 6);
+    let paced = paced.expect("the paced commits run");
+    for figures in [paced, back_to_back.flushed, back_to_back.unflushed] {
+        assert_timed(figures);
+    }
+    assert_timed(announced.committed);
+    assert_timed(announced.heard);
+}
+
+/// Every sample took some time, and the percentiles are in order.
+fn assert_timed(figures: Percentiles) {
+    assert!(figures.p50 > Duration::ZERO, "{figures:?}");
+    assert!(
+        figures.p50 <= figures.p99 && figures.p99 <= figures.max,
+        "{figures:?}"
+    );
+}
+
+/// A short fan-out against an in-process relay: 20 subscribers for about a
+/// second, every event received by every subscriber.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_fan_out_reaches_every_subscriber() {
+    let url = test_database_url();
+    let schema = unique_schema("bench_smoke");
+    create_schema(&url, &schema).await.expect("schema migrates");
+    let relay = InProcessRelay::start(&url, &schema)
+        .await
+        .expect("relay starts");
+    let plan = FanoutPlan {
+        subscribers: 20,
+        scope: "smoke-0".to_owned(),
+        pace: Pace::PerSecond(20.0),
+        duration: Duration::from_secs(1),
+        writers: 2,
+        source: Source::Emit {
+            database_url: url.clone(),
+            schema: schema.clone(),
+        },
+    };
+    let server = Server::Eventrelay {
+        address: relay.address,
+        pids: vec![std::process::id()],
+    };
+    let figures = fanout::run(&plan, &server).await;
+    // Stopping joins the relay's thread: do it off this runtime's workers.
+    tokio::task::spawn_blocking(move || drop(relay))
+        .await
+        .unwrap();
+    drop_schema(&url, &schema).await;
+    let figures = figures.expect("the fan-out runs");
+    assert!(figures.published >= 10, "{figures:?}");
+    assert_eq!(figures.delivered, figures.expected, "{figures:?}");
+    assert!(figures.deliveries_per_second > 0.0, "{figures:?}");
+    // Each event's first receipt is one of its receipts: no later than
+    // the median of them all, and never before its commit.
+    assert!(figures.first_arrival.p50 > Duration::ZERO, "{figures:?}");
+    assert!(
+        figures.first_arrival.p50 <= figures.latency.p50,
+        "{figures:?}"
+    );
+    assert!(
+        figures.first_arrival.max <= figures.latency.max,
+        "{figures:?}"
+    );
+}
+
+fn session_of(pid: u32) -> i32 {
+    // SAFETY: getsid only reads the kernel's record of a process.
+    unsafe { libc::getsid(pid as i32) }
+}
+
+/// A relay the side-by-side scenarios start runs in a session of its own
+/// (as nginx, which daemonizes, does), so the kernel's autogroup
+/// scheduling does not count it with the load tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_in_its_own_session_leads_it_and_one_started_plainly_shares_ours() {
+    let url = test_database_url();
+    let schema = unique_schema("bench_session");
+    create_schema(&url, &schema).await.expect("schema migrates");
+    let work_dir = std::env::temp_dir().join(&schema);
+    std::fs::create_dir_all(&work_dir).unwrap();
+    let ours = session_of(std::process::id());
+
+    let apart = RelayProcess::start(
+        &relay_binary(),
+        &work_dir,
+        &RelaySettings::new(&url, &schema).in_own_session(),
+    )
+    .await;
+    let plain = RelayProcess::start(
+        &relay_binary(),
+        &work_dir,
+        &RelaySettings::new(&url, &schema),
+    )
+    .await;
+    let sessions = match (&apart, &plain) {
+        (Ok(apart), Ok(plain)) => Some((
+            apart.pid(),
+            session_of(apart.pid()),
+            session_of(plain.pid()),
+        )),
+        _ => None,
+    };
+    drop((apart, plain));
+    drop_schema(&url, &schema).await;
+    let (apart_pid, apart_session, plain_session) = sessions.expect("both relays start");
+    assert_eq!(
+        apart_session, apart_pid as i32,
+        "the relay leads a session of its own"
+    );
+    assert_ne!(apart_session, ours);
+    assert_eq!(plain_session, ours, "without it, the relay stays in ours");
 }
