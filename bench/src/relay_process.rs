@@ -184,11 +184,8 @@ impl RelayProcess {
 
     pub async fn terminate(&mut self, patience: Duration) -> BenchResult<Duration> {
         let started = std::time::Instant::now();
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.pid().to_string())
-            .status()?;
-        if !status.success() {
+        // SAFETY: kill only signals the relay's own process.
+        if unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) } != 0 {
             return Err(format!("kill -TERM {} failed", self.pid()).into());
         }
         while self.child.try_wait()?.is_none() {
@@ -219,11 +216,8 @@ impl RelayProcess {
                 )
                 .into());
             }
-            let url = format!("{}/readyz", self.base);
-            if let Ok(response) = client.get(url).send().await {
-                if response.status().is_success() {
-                    return Ok(());
-                }
+            if ready(&client, &self.base).await {
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -251,6 +245,12 @@ impl Drop for RelayProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether the relay at `base` answers `/readyz` with success.
+pub(crate) async fn ready(client: &reqwest::Client, base: &str) -> bool {
+    let response = client.get(format!("{base}/readyz")).send().await;
+    response.is_ok_and(|response| response.status().is_success())
 }
 
 pub fn free_port() -> BenchResult<u16> {

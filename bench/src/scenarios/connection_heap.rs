@@ -322,10 +322,8 @@ impl InProcessRelay {
         };
         let client = reqwest::Client::new();
         for _ in 0..300 {
-            if let Ok(response) = client.get(format!("http://{address}/readyz")).send().await {
-                if response.status().is_success() {
-                    return Ok(relay);
-                }
+            if crate::relay_process::ready(&client, &format!("http://{address}")).await {
+                return Ok(relay);
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
