@@ -813,16 +813,9 @@ pub async fn storm_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         emitting: cx.scale.fixed_run,
         extra_waves: 2,
     };
-    let settings = cx.settings();
+    let (relay_bin, work_dir) = (&cx.args.relay_bin, &cx.args.work_dir);
     let client_bin = std::env::current_exe()?;
-    let f = run_storm(
-        &plan,
-        &cx.args.relay_bin,
-        &client_bin,
-        &cx.args.work_dir,
-        &settings,
-    )
-    .await?;
+    let f = run_storm(&plan, relay_bin, &client_bin, work_dir, &cx.settings()).await?;
     let phase = |p: &Phase| {
         format!(
             "{} · connect p50 {} · p99 {} · {}",

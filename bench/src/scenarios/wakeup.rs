@@ -76,16 +76,8 @@ async fn wakeup_emit_cost(
     let mut plain = Vec::new();
     for writers in WRITERS {
         eprintln!("wake-up modes: plain, {writers} writers");
-        plain.push(
-            emit_cost::measure(
-                db,
-                notify_schema,
-                WriteKind::Plain,
-                writers,
-                cx.scale.emit_run,
-            )
-            .await?,
-        );
+        let run = cx.scale.emit_run;
+        plain.push(emit_cost::measure(db, notify_schema, WriteKind::Plain, writers, run).await?);
     }
     // The floor is the logical schema with no relay: its trigger sends
     // nothing and nothing decodes.
