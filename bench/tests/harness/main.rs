@@ -97,10 +97,7 @@ async fn a_short_fan_out_reaches_every_subscriber() {
         pace: Pace::PerSecond(20.0),
         duration: Duration::from_secs(1),
         writers: 2,
-        source: Source::Emit {
-            database_url: url.clone(),
-            schema: schema.clone(),
-        },
+        source: Source::emit(&url, &schema),
     };
     let server = Server::Eventrelay {
         address: relay.address,
@@ -112,21 +109,15 @@ async fn a_short_fan_out_reaches_every_subscriber() {
         .await
         .unwrap();
     drop_schema(&url, &schema).await;
-    let figures = figures.expect("the fan-out runs");
-    assert!(figures.published >= 10, "{figures:?}");
-    assert_eq!(figures.delivered, figures.expected, "{figures:?}");
-    assert!(figures.deliveries_per_second > 0.0, "{figures:?}");
+    let f = figures.expect("the fan-out runs");
+    assert!(f.published >= 10, "{f:?}");
+    assert_eq!(f.delivered, f.expected, "{f:?}");
+    assert!(f.deliveries_per_second > 0.0, "{f:?}");
     // Each event's first receipt is one of its receipts: no later than
     // the median of them all, and never before its commit.
-    assert!(figures.first_arrival.p50 > Duration::ZERO, "{figures:?}");
-    assert!(
-        figures.first_arrival.p50 <= figures.latency.p50,
-        "{figures:?}"
-    );
-    assert!(
-        figures.first_arrival.max <= figures.latency.max,
-        "{figures:?}"
-    );
+    assert!(f.first_arrival.p50 > Duration::ZERO, "{f:?}");
+    assert!(f.first_arrival.p50 <= f.latency.p50, "{f:?}");
+    assert!(f.first_arrival.max <= f.latency.max, "{f:?}");
 }
 
 fn session_of(pid: u32) -> i32 {
@@ -146,18 +137,9 @@ async fn a_relay_started_in_its_own_session_leads_it_and_one_started_plainly_sha
     std::fs::create_dir_all(&work_dir).unwrap();
     let ours = session_of(std::process::id());
 
-    let apart = RelayProcess::start(
-        &relay_binary(),
-        &work_dir,
-        &RelaySettings::new(&url, &schema).in_own_session(),
-    )
-    .await;
-    let plain = RelayProcess::start(
-        &relay_binary(),
-        &work_dir,
-        &RelaySettings::new(&url, &schema),
-    )
-    .await;
+    let (binary, settings) = (relay_binary(), RelaySettings::new(&url, &schema));
+    let apart = RelayProcess::start(&binary, &work_dir, &settings.clone().in_own_session()).await;
+    let plain = RelayProcess::start(&binary, &work_dir, &settings).await;
     let sessions = match (&apart, &plain) {
         (Ok(apart), Ok(plain)) => Some((
             apart.pid(),
