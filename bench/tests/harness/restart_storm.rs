@@ -30,23 +30,20 @@ async fn a_thousand_subscribers_ride_out_a_restart_and_a_second_wave() {
     let client_bin = std::path::Path::new(env!("CARGO_BIN_EXE_eventrelay-bench"));
     let figures = run_storm(&plan, &relay_binary(), client_bin, &work_dir, &settings).await;
     drop_schema(&url, &schema).await;
-    let figures = figures.expect("the storm runs");
-    println!("STORM: {figures:#?}");
+    let f = figures.expect("the storm runs");
+    println!("STORM: {f:#?}");
     let log = std::fs::read_dir(&work_dir)
         .unwrap()
         .filter_map(Result::ok)
         .filter(|entry| entry.path().extension().is_some_and(|e| e == "log"))
         .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())
         .collect::<String>();
-    assert!(
-        figures.first.clean(),
-        "first connect: {:?}\n{log}",
-        figures.first
-    );
+    let (first, wave) = (&f.first, &f.waves[0]);
+    assert!(first.clean(), "first connect: {first:?}\n{log}");
     // Every subscriber is back with no 408, 5xx or other refusal. Resets
     // during the restart's handshakes (none to 35 of 1,000 between runs)
     // are printed above, not asserted.
-    let restart = &figures.restart;
+    let restart = &f.restart;
     assert!(
         restart.all_streaming_after.is_some()
             && restart.figures.timeouts == 0
@@ -54,13 +51,9 @@ async fn a_thousand_subscribers_ride_out_a_restart_and_a_second_wave() {
             && restart.figures.other_refusals == 0,
         "after the restart: {restart:?}\n{log}"
     );
-    assert!(figures.emitted >= 100, "{figures:?}");
-    assert_eq!(figures.missed, 0, "events missed across the restart");
-    assert!(
-        figures.waves[0].clean(),
-        "second wave: {:?}\n{log}",
-        figures.waves[0]
-    );
+    assert!(f.emitted >= 100, "{f:?}");
+    assert_eq!(f.missed, 0, "events missed across the restart");
+    assert!(wave.clean(), "second wave: {wave:?}\n{log}");
     assert!(!log.contains("panicked"), "{log}");
     let _ = std::fs::remove_dir_all(&work_dir);
 }
