@@ -862,18 +862,16 @@ pub async fn storm_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     }
     let first = f.rss_streaming_kib.first().copied().unwrap_or(0) as f64;
     let last = f.rss_streaming_kib.last().copied().unwrap_or(0) as f64;
+    let kib = |kib: &u64| size(*kib as f64 * 1024.0);
+    let streaming: Vec<String> = f.rss_streaming_kib.iter().map(kib).collect();
     table.add(
         format!("reconnect storm: relay RSS with each wave of {n} streaming"),
         format!(
             "before: {} · {} · after the last wave left: {} · 5 s later: {}",
-            size(f.rss_before_kib as f64 * 1024.0),
-            f.rss_streaming_kib
-                .iter()
-                .map(|kib| size(*kib as f64 * 1024.0))
-                .collect::<Vec<_>>()
-                .join(" → "),
-            size(f.rss_after_kib as f64 * 1024.0),
-            size(f.rss_settled_kib as f64 * 1024.0)
+            kib(&f.rss_before_kib),
+            streaming.join(" → "),
+            kib(&f.rss_after_kib),
+            kib(&f.rss_settled_kib)
         ),
         format!(
             "last wave within 10% of the first: {}",

@@ -24,14 +24,21 @@ fn relay_binary() -> PathBuf {
     eventrelay_bench::relay_process::test_relay_binary().unwrap()
 }
 
+/// A migrated schema of its own on the test database, and a work folder.
+async fn fresh_schema(prefix: &str) -> (String, String, PathBuf) {
+    let (url, schema) = (test_database_url(), unique_schema(prefix));
+    create_schema(&url, &schema).await.expect("schema migrates");
+    let work_dir = std::env::temp_dir().join(&schema);
+    std::fs::create_dir_all(&work_dir).unwrap();
+    (url, schema, work_dir)
+}
+
 /// The floor scenario's commit timings against a real Postgres: the paced
 /// loops keep their pace and every commit is timed; the relay's publishing
 /// statement writes each event and is heard once per transaction.
 #[tokio::test]
 async fn paced_commits_keep_their_pace_and_the_publishing_statement_is_heard_each_time() {
-    let url = test_database_url();
-    let schema = unique_schema("bench_floor_commits");
-    create_schema(&url, &schema).await.expect("schema migrates");
+    let (url, schema, _) = fresh_schema("bench_floor_commits").await;
     let started = Instant::now();
     let paced = floor::paced_commit_time(&url, &schema, 20.0, 10).await;
     let paced_took = started.elapsed();
@@ -85,9 +92,7 @@ fn assert_timed(figures: Percentiles) {
 /// second, every event received by every subscriber.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_fan_out_reaches_every_subscriber() {
-    let url = test_database_url();
-    let schema = unique_schema("bench_smoke");
-    create_schema(&url, &schema).await.expect("schema migrates");
+    let (url, schema, _) = fresh_schema("bench_smoke").await;
     let relay = InProcessRelay::start(&url, &schema)
         .await
         .expect("relay starts");
@@ -130,11 +135,7 @@ fn session_of(pid: u32) -> i32 {
 /// scheduling does not count it with the load tool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_started_in_its_own_session_leads_it_and_one_started_plainly_shares_ours() {
-    let url = test_database_url();
-    let schema = unique_schema("bench_session");
-    create_schema(&url, &schema).await.expect("schema migrates");
-    let work_dir = std::env::temp_dir().join(&schema);
-    std::fs::create_dir_all(&work_dir).unwrap();
+    let (url, schema, work_dir) = fresh_schema("bench_session").await;
     let ours = session_of(std::process::id());
 
     let (binary, settings) = (relay_binary(), RelaySettings::new(&url, &schema));

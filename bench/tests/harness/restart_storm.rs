@@ -6,19 +6,15 @@
 
 use std::time::Duration;
 
-use eventrelay_bench::database::{create_schema, drop_schema, test_database_url, unique_schema};
+use eventrelay_bench::database::drop_schema;
 use eventrelay_bench::relay_process::RelaySettings;
 use eventrelay_bench::scenarios::streams::{StormPlan, run_storm};
 
-use crate::relay_binary;
+use crate::{fresh_schema, relay_binary};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_subscribers_ride_out_a_restart_and_a_second_wave() {
-    let url = test_database_url();
-    let schema = unique_schema("bench_storm");
-    create_schema(&url, &schema).await.expect("schema migrates");
-    let work_dir = std::env::temp_dir().join(&schema);
-    std::fs::create_dir_all(&work_dir).unwrap();
+    let (url, schema, work_dir) = fresh_schema("bench_storm").await;
     let plan = StormPlan {
         subscribers: 1_000,
         scopes: 10,
