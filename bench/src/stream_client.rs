@@ -51,21 +51,15 @@ pub enum Reconnect {
 }
 
 impl Reconnect {
-    fn after_end(self) -> Duration {
-        match self {
-            Reconnect::Immediate => Duration::ZERO,
-            Reconnect::Jittered => RETRY_INTERVAL.mul_f64(fastrand::f64()),
-        }
-    }
-
-    fn after_failure(self, failures: u32, fixed: Duration) -> Duration {
-        match self {
-            Reconnect::Immediate => fixed,
-            Reconnect::Jittered => {
-                let doubled =
-                    RETRY_INTERVAL.saturating_mul(1 << failures.saturating_sub(1).min(16));
-                doubled.min(MAX_BACKOFF).mul_f64(fastrand::f64())
-            }
+    /// The wait before the next attempt: after a stream ended (`fixed` is
+    /// `None`), or after the `failures`-th failed attempt in a row, which
+    /// the immediate policy waits `fixed` after.
+    fn wait(self, failures: u32, fixed: Option<Duration>) -> Duration {
+        let doubled = RETRY_INTERVAL.saturating_mul(1 << failures.saturating_sub(1).min(16));
+        match (self, fixed) {
+            (Reconnect::Immediate, fixed) => fixed.unwrap_or_default(),
+            (Reconnect::Jittered, None) => RETRY_INTERVAL.mul_f64(fastrand::f64()),
+            (Reconnect::Jittered, Some(_)) => doubled.min(MAX_BACKOFF).mul_f64(fastrand::f64()),
         }
     }
 }
@@ -227,16 +221,8 @@ impl Stream {
                     *t.reset_reasons.entry(how).or_default() += 1;
                 }
             });
-            let wait = match fixed {
-                None => {
-                    failures = 0;
-                    policy.after_end()
-                }
-                Some(fixed) => {
-                    failures += 1;
-                    policy.after_failure(failures, fixed)
-                }
-            };
+            failures = if fixed.is_some() { failures + 1 } else { 0 };
+            let wait = policy.wait(failures, fixed);
             if !wait.is_zero() {
                 tokio::select! {
                     _ = stop.changed() => break,
