@@ -424,18 +424,14 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
     for global in spec.streams.clone() {
         let (relay, scope) = placement(global, relays, spec.scopes);
         expected_per_scope[scope] += 1;
+        let scope_key = scope_name(&spec.scope_prefix, scope);
+        let token = subscriber_token(&format!("box-{global}"), &scope_key);
         let stream = Stream {
             relay,
             scope,
             address: SocketAddr::from(([127, 0, 0, 1], spec.relay_ports[relay])),
             source,
-            authorization: format!(
-                "Bearer {}",
-                subscriber_token(
-                    &format!("box-{global}"),
-                    &scope_name(&spec.scope_prefix, scope)
-                )
-            ),
+            authorization: format!("Bearer {token}"),
             last_event_id: spec.last_event_id,
             received: Vec::new(),
         };
