@@ -260,7 +260,7 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
             let firsts = each(|f| millis(f.first_arrival.p50));
             let all = runs.iter().all(|f| f.delivered == f.expected);
             let (p50, p99) = (median(&p50s), median(&p99s));
-            medians.push((side, p50, p99));
+            medians.push((side, (p50, p99)));
             table.add(
                 format!("floor {name}, {} (send-to-receive), {} rounds", side.label(), runs.len()),
                 format!(
@@ -275,12 +275,7 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
                 format!("all received: {}", verdict(all)),
             );
         }
-        let of = |side| {
-            medians
-                .iter()
-                .find(|(s, ..)| *s == side)
-                .map(|&(_, p50, p99)| (p50, p99))
-        };
+        let of = |side| medians.iter().find(|(s, _)| *s == side).map(|(_, m)| *m);
         if let (Some(nchan), Some(durable), Some(ephemeral)) =
             (of(Side::Nchan), of(Side::Durable), of(Side::Ephemeral))
         {
@@ -313,19 +308,20 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
                 ),
             );
         }
-        if let Some(row) = against_nchan_by_round(load) {
-            table.add(
-                format!("floor {name}: each round's p50 / p99 over nchan's of the same round"),
-                row,
-                "–",
-            );
-        }
-        if let Some(row) = against_nchan_spread(load) {
-            table.add(
-                format!("floor {name}: each lane's median quotient against nchan's spread against itself"),
-                row,
-                "–",
-            );
+        let quotients = [
+            (
+                "each round's p50 / p99 over nchan's of the same round",
+                against_nchan_by_round(load),
+            ),
+            (
+                "each lane's median quotient against nchan's spread against itself",
+                against_nchan_spread(load),
+            ),
+        ];
+        for (what, row) in quotients {
+            if let Some(row) = row {
+                table.add(format!("floor {name}: {what}"), row, "–");
+            }
         }
         for (side, stages) in &load.stages {
             table.add(
