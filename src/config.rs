@@ -844,6 +844,8 @@ mod tests {
             types: vec!["*".into()],
             scope_key: None,
             max_per_second: None,
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         }];
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("hostless: url:"), "{error}");

@@ -207,6 +207,9 @@ pub struct Metrics {
     /// Subscriptions that paused themselves, their receiver failing for
     /// `webhooks.disable_after_secs`.
     pub webhook_subscriptions_paused: Counter,
+    /// Deliveries of ordered subscriptions sent while an older one of
+    /// their key was still pending (`orderingMaxBlockSecs`).
+    pub webhook_order_skips: Counter,
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
     /// 1 while the relay has a live LISTEN connection (or feed).
     pub listener_connected: Gauge,
@@ -289,6 +292,7 @@ impl Metrics {
             outbox_rows_pruned: Counter::default(),
             webhook_deliveries_pruned: Counter::default(),
             webhook_subscriptions_paused: Counter::default(),
+            webhook_order_skips: Counter::default(),
             webhook_deliveries: Family::default(),
             listener_connected: Gauge::default(),
             actor_mailbox_depth: Family::default(),
@@ -473,6 +477,11 @@ impl Metrics {
             "webhook_subscriptions_paused",
             "Webhook subscriptions that paused themselves because every attempt failed for webhooks.disable_after_secs (pausedReason failing)",
             metrics.webhook_subscriptions_paused.clone(),
+        );
+        registry.register(
+            "webhook_order_skips",
+            "Deliveries of ordered subscriptions sent while an older delivery of their key was still pending, past the subscription's orderingMaxBlockSecs",
+            metrics.webhook_order_skips.clone(),
         );
         for outcome in crate::webhooks::AttemptOutcome::iter() {
             let _ = metrics.webhook_deliveries.get_or_create(&OutcomeLabel {

@@ -222,6 +222,8 @@ mod tests {
             types: vec!["*".into()],
             scope_key: None,
             max_per_second: None,
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         }];
         let (_, report) = merge(&current, &new);
         let mut live = LIVE_SETTINGS.to_vec();

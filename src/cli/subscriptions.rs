@@ -5,7 +5,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use eventrelay::config::Config;
 use eventrelay::webhooks::{
-    Subscription, WebhookStore, ensure_changeable, generate_secret, prepare_subscription,
+    DeliveryOrder, Subscription, SubscriptionRequest, WebhookStore, ensure_changeable,
+    generate_secret, prepare_subscription,
 };
 use serde_json::json;
 
@@ -64,6 +65,18 @@ pub struct CreateSubscriptionArgs {
     /// Most attempts a second, across every relay (no limit when absent).
     #[arg(long, value_name = "N")]
     max_per_second: Option<i32>,
+    /// Deliveries in seq order per key: none, scope or resource.
+    #[arg(
+        long,
+        value_enum,
+        default_value_t,
+        hide_possible_values = true,
+        hide_default_value = true
+    )]
+    ordering: DeliveryOrder,
+    /// How long a key's oldest pending delivery may hold the key back.
+    #[arg(long, value_name = "SECS")]
+    ordering_max_block_secs: Option<i32>,
 }
 
 /// Runs one `subscriptions` command.
@@ -82,14 +95,16 @@ pub async fn run(command: SubscriptionsCommand) -> Result<(), CliError> {
         }
         SubscriptionsCommand::Create(args) => {
             let types = (!args.types.is_empty()).then_some(args.types);
-            let new = prepare_subscription(
-                args.id,
-                args.url,
-                args.secret,
+            let new = prepare_subscription(SubscriptionRequest {
+                id: args.id,
+                url: args.url,
+                secret: args.secret,
                 types,
-                args.scope,
-                args.max_per_second,
-            )?;
+                scope_key: args.scope,
+                max_per_second: args.max_per_second,
+                ordering: Some(args.ordering),
+                ordering_max_block_secs: args.ordering_max_block_secs,
+            })?;
             let (client, store) = args.database.webhook_store().await?;
             let created = store
                 .create_subscription(&client, &new)

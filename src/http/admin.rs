@@ -30,8 +30,9 @@ use crate::state::AppState;
 use crate::store::{Connection, StoreError};
 use crate::webhooks::{
     DeliveriesDue, DeliveryFilter, DeliveryStatus, InvalidSubscription, MAX_PAGE, Subscription,
-    SubscriptionPatch, check_max_per_second, ensure_changeable, generate_secret,
-    prepare_subscription, validate_subscription, validate_subscription_fields,
+    SubscriptionPatch, SubscriptionRequest, check_max_per_second, check_ordering_max_block,
+    ensure_changeable, generate_secret, prepare_subscription, validate_subscription,
+    validate_subscription_fields,
 };
 
 const ADMIN: Guard = Guard {
@@ -113,33 +114,14 @@ fn refuse_config_source(subscription: &Subscription) -> Result<(), ApiError> {
     ensure_changeable(subscription).map_err(|e| conflict(e.to_string()))
 }
 
-/// `POST /v1/admin/subscriptions`: like [`NewSubscription`], with the secret
-/// optional (one is generated when absent).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct CreateSubscription {
-    id: String,
-    url: String,
-    secret: Option<String>,
-    types: Option<Vec<String>>,
-    scope_key: Option<String>,
-    max_per_second: Option<i32>,
-}
-
 pub async fn create_subscription(
     state: Admin,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let create: CreateSubscription = json_body(payload, &state).await?;
-    let new = prepare_subscription(
-        create.id,
-        create.url,
-        create.secret,
-        create.types,
-        create.scope_key,
-        create.max_per_second,
-    )
-    .map_err(invalid_subscription)?;
+    // Like [`NewSubscription`], with the secret optional (one is generated
+    // when absent).
+    let create: SubscriptionRequest = json_body(payload, &state).await?;
+    let new = prepare_subscription(create).map_err(invalid_subscription)?;
     let conn = connection(&state).await?;
     let created = state
         .webhooks
@@ -308,6 +290,7 @@ pub async fn update_subscription(
         None,
     )
     .and_then(|()| check_max_per_second(patch.max_per_second.flatten()))
+    .and_then(|()| check_ordering_max_block(patch.ordering_max_block_secs.flatten()))
     .map_err(invalid_subscription)?;
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;

@@ -6,8 +6,8 @@ use eventrelay_wire::webhook::WebhookSecret;
 use uuid::Uuid;
 
 use super::model::{
-    InvalidSubscription, NewSubscription, Subscription, check_max_per_second,
-    validate_subscription, validate_subscription_fields,
+    DeliveryOrder, InvalidSubscription, NewSubscription, Subscription, check_max_per_second,
+    check_ordering_max_block, validate_subscription, validate_subscription_fields,
 };
 
 /// A subscription that comes from the configuration file: it is rewritten
@@ -36,18 +36,38 @@ pub fn ensure_changeable(subscription: &Subscription) -> Result<(), ConfiguredSu
     Ok(())
 }
 
+/// A subscription to create as the admin API and the command line take it:
+/// the secret and the types may be left out.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionRequest {
+    pub id: String,
+    pub url: String,
+    pub secret: Option<String>,
+    pub types: Option<Vec<String>>,
+    pub scope_key: Option<String>,
+    pub max_per_second: Option<i32>,
+    pub ordering: Option<DeliveryOrder>,
+    pub ordering_max_block_secs: Option<i32>,
+}
+
 /// Checks a subscription to create, defaulting its types to `*` and
 /// generating a secret when none is given. A given secret must be at least
 /// [`MIN_SECRET_BYTES`](eventrelay_wire::webhook::MIN_SECRET_BYTES) long;
 /// a generated one is 32 bytes.
 pub fn prepare_subscription(
-    id: String,
-    url: String,
-    secret: Option<String>,
-    types: Option<Vec<String>>,
-    scope_key: Option<String>,
-    max_per_second: Option<i32>,
+    request: SubscriptionRequest,
 ) -> Result<NewSubscription, InvalidSubscription> {
+    let SubscriptionRequest {
+        id,
+        url,
+        secret,
+        types,
+        scope_key,
+        max_per_second,
+        ordering,
+        ordering_max_block_secs,
+    } = request;
     let types = types.unwrap_or_else(|| vec!["*".to_owned()]);
     validate_subscription(Some(&id), Some(&url), Some(&types))?;
     validate_subscription_fields(
@@ -57,6 +77,7 @@ pub fn prepare_subscription(
         secret.as_deref(),
     )?;
     check_max_per_second(max_per_second)?;
+    check_ordering_max_block(ordering_max_block_secs)?;
     // A given secret was checked above, its length included.
     let secret = secret.unwrap_or_else(generate_secret);
     Ok(NewSubscription {
@@ -66,6 +87,8 @@ pub fn prepare_subscription(
         types,
         scope_key,
         max_per_second,
+        ordering: ordering.unwrap_or_default(),
+        ordering_max_block_secs,
     })
 }
 

@@ -268,9 +268,15 @@ impl Worker {
                 Ok(Some(claimed)) => {
                     // There may be more: let another worker look.
                     self.wake.wake_another();
+                    if claimed.skipped_ahead {
+                        self.metrics.webhook_order_skips.inc();
+                    }
                     self.metrics.webhook_workers_busy.inc();
                     self.deliver(claimed).await;
                     self.metrics.webhook_workers_busy.dec();
+                    // Settled, it may have been its key's head: the next
+                    // of the key is due now.
+                    self.wake.wake_another();
                 }
                 Ok(None) => {
                     let pause = self.until_next_due().await;

@@ -15,13 +15,17 @@ pub mod settings;
 pub mod store;
 
 pub use crate::store::StoreError;
-pub use admin::{ConfiguredSubscription, ensure_changeable, generate_secret, prepare_subscription};
+pub use admin::{
+    ConfiguredSubscription, SubscriptionRequest, ensure_changeable, generate_secret,
+    prepare_subscription,
+};
 pub use dispatcher::{DeliveriesDue, Dispatcher, SetWorkers, StopDispatcher};
 pub use model::{
-    Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryStatus,
-    InvalidSubscription, MAX_PAGE, MAX_RESPONSE_BYTES, NewSubscription, PauseRule, Recorded,
-    Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionWithHealth, UnknownName,
-    check_max_per_second, validate_subscription, validate_subscription_fields,
+    Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryOrder,
+    DeliveryStatus, InvalidSubscription, MAX_PAGE, MAX_RESPONSE_BYTES, NewSubscription, PauseRule,
+    Recorded, Subscription, SubscriptionHealth, SubscriptionPatch, SubscriptionWithHealth,
+    UnknownName, check_max_per_second, check_ordering_max_block, validate_subscription,
+    validate_subscription_fields,
 };
 pub use settings::{MIN_RETRY_AFTER, WebhooksConfig};
 pub use store::WebhookStore;

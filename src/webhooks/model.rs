@@ -64,6 +64,9 @@ pub struct Subscription {
     pub paused_reason: Option<String>,
     /// At most this many attempts a second, across every relay.
     pub max_per_second: Option<i32>,
+    pub ordering: DeliveryOrder,
+    /// How long a key's oldest pending delivery may hold the key back.
+    pub ordering_max_block_secs: Option<i32>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -106,6 +109,38 @@ impl Subscription {
     }
 }
 
+/// Which of a subscription's deliveries go in seq order, one at a time.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum DeliveryOrder {
+    /// Every delivery as soon as a worker takes it.
+    #[default]
+    None,
+    /// Each scope's events in order.
+    Scope,
+    /// Each event's first resource in order (its scope when it has none).
+    Resource,
+}
+
+impl DeliveryOrder {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
 /// A subscription to create (from configuration or the admin API).
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -120,6 +155,11 @@ pub struct NewSubscription {
     /// At most this many attempts a second, across every relay.
     #[serde(default, alias = "max_per_second")]
     pub max_per_second: Option<i32>,
+    #[serde(default)]
+    pub ordering: DeliveryOrder,
+    /// How long a key's oldest pending delivery may hold the key back.
+    #[serde(default, alias = "ordering_max_block_secs")]
+    pub ordering_max_block_secs: Option<i32>,
 }
 
 /// A webhook URL as every listing shows it: a password in its userinfo
@@ -169,6 +209,10 @@ pub struct SubscriptionPatch {
     /// `Some(None)` lifts the rate limit.
     #[serde(default, with = "double_option")]
     pub max_per_second: Option<Option<i32>>,
+    pub ordering: Option<DeliveryOrder>,
+    /// `Some(None)` lets a key be held back for as long as its head waits.
+    #[serde(default, with = "double_option")]
+    pub ordering_max_block_secs: Option<Option<i32>>,
 }
 
 mod double_option {
@@ -223,6 +267,19 @@ pub fn validate_subscription(
         }
     }
     Ok(())
+}
+
+/// A key may be held back for at least a second, if at all.
+pub fn check_ordering_max_block(secs: Option<i32>) -> Result<(), InvalidSubscription> {
+    match secs {
+        Some(secs) if secs < 1 => Err(invalid(
+            "orderingMaxBlockSecs",
+            format!(
+                "must be at least 1 (leave it out, or null, to hold a key back until its head is delivered or dead); got {secs}"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The most a subscription's `maxPerSecond` may say.
@@ -323,6 +380,9 @@ pub struct Delivery {
     pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Claimed while an older delivery of its key was still pending, the
+    /// subscription's `orderingMaxBlockSecs` past.
+    pub order_skipped: bool,
 }
 
 /// One attempt of a delivery.
@@ -528,6 +588,9 @@ pub struct Claimed {
     pub payload: serde_json::Value,
     /// This attempt's number, starting at 1.
     pub attempt: i32,
+    /// Its first attempt, taken while an older delivery of its key was
+    /// still pending, past the subscription's `orderingMaxBlockSecs`.
+    pub skipped_ahead: bool,
 }
 
 /// When a subscription whose receiver keeps failing pauses itself, and
@@ -727,6 +790,8 @@ mod tests {
             paused_at: None,
             paused_reason: None,
             max_per_second: None,
+            ordering: DeliveryOrder::None,
+            ordering_max_block_secs: None,
             created_at: now,
             updated_at: now,
         };
@@ -748,6 +813,8 @@ mod tests {
             types: vec!["*".into()],
             scope_key: None,
             max_per_second: None,
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         };
         let shown = format!("{new:?}");
         assert!(
@@ -767,6 +834,8 @@ mod tests {
             paused_at: None,
             paused_reason: None,
             max_per_second: None,
+            ordering: DeliveryOrder::None,
+            ordering_max_block_secs: None,
             created_at: Utc::now(),
             updated_at: Utc::now(),
         };

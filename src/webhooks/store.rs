@@ -20,9 +20,9 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::model::{
-    Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryStatus,
-    MAX_PAGE, NewSubscription, PauseRule, Recorded, Subscription, SubscriptionHealth,
-    SubscriptionPatch, SubscriptionWithHealth,
+    Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryOrder,
+    DeliveryStatus, MAX_PAGE, NewSubscription, PauseRule, Recorded, Subscription,
+    SubscriptionHealth, SubscriptionPatch, SubscriptionWithHealth,
 };
 use crate::store::StoreError;
 
@@ -32,9 +32,10 @@ pub struct WebhookStore {
 }
 
 const DELIVERY_COLUMNS: &str = "id, subscription_id, event_seq, event_id, event_type, scope_key, status, \
-     attempts, next_attempt_at, last_status, last_error, created_at, updated_at";
+     attempts, next_attempt_at, last_status, last_error, created_at, updated_at, order_skipped";
 const SUBSCRIPTION_COLUMNS: &str = "id, url, secret, previous_secret, previous_secret_expires_at, types, \
-     scope_key, source, paused_at, paused_reason, max_per_second, created_at, updated_at";
+     scope_key, source, paused_at, paused_reason, max_per_second, ordering, ordering_max_block_secs, \
+     created_at, updated_at";
 
 /// The condition that keeps a paused subscription's deliveries (alias `d`)
 /// out of the queue: out of claiming, of the next due time the dispatcher
@@ -49,6 +50,42 @@ const NOT_PAUSED: &str = "NOT EXISTS (SELECT 1 FROM {schema}.webhook_subscriptio
 const PACED_NOW: &str = "NOT EXISTS (SELECT 1 FROM {schema}.webhook_subscriptions s
                         WHERE s.id = d.subscription_id AND s.paused_at IS NULL
                           AND s.max_per_second IS NOT NULL AND s.paced_until > now())";
+
+/// The condition that holds a delivery (alias `d`) of an ordered
+/// subscription back until its turn (see the `webhook_rules` migration): no
+/// transaction that could still commit a lower seq of its key is running,
+/// and it is its key's head (the key's pending delivery with the lowest
+/// seq, found once per statement from the ordering index, so that a long
+/// queue costs a hash lookup per row, not a probe), or every delivery of
+/// its key ahead of it has held the key back past the subscription's
+/// `ordering_max_block_secs` ([`WAITING_AHEAD`]).
+const IN_ITS_TURN: &str = "(d.ordering_key IS NULL OR (
+                            pg_snapshot_xmin(pg_current_snapshot()) >= d.ordered_after
+                            AND (d.id IN (SELECT DISTINCT ON (h.subscription_id, h.ordering_key) h.id
+                                          FROM {schema}.webhook_deliveries h
+                                          WHERE h.status = 'pending' AND h.ordering_key IS NOT NULL
+                                          ORDER BY h.subscription_id, h.ordering_key, h.event_seq)
+                                 OR (EXISTS (SELECT 1 FROM {schema}.webhook_subscriptions s
+                                             WHERE s.id = d.subscription_id
+                                               AND s.ordering_max_block_secs IS NOT NULL)
+                                     AND NOT EXISTS (SELECT 1 FROM {schema}.webhook_deliveries e
+                                                     WHERE {WAITING_AHEAD})))))";
+
+/// [`IN_ITS_TURN`] with [`WAITING_AHEAD`] in it.
+fn in_its_turn() -> String {
+    IN_ITS_TURN.replace("{WAITING_AHEAD}", WAITING_AHEAD)
+}
+
+/// A pending delivery `e` of `d`'s key, with a lower seq, that still holds
+/// the key back: it has not been pending longer than the subscription's
+/// `ordering_max_block_secs`.
+const WAITING_AHEAD: &str = "e.subscription_id = d.subscription_id
+                             AND e.ordering_key = d.ordering_key
+                             AND e.status = 'pending' AND e.event_seq < d.event_seq
+                             AND NOT coalesce(e.created_at < now() - interval '1 second' *
+                                 (SELECT s.ordering_max_block_secs
+                                  FROM {schema}.webhook_subscriptions s
+                                  WHERE s.id = e.subscription_id), false)";
 
 /// [`DeliveryStatus::Pending`] as an SQL literal, for the statements that
 /// select due or finished deliveries. The schema's partial indexes on those
@@ -91,12 +128,14 @@ impl WebhookStore {
             self.rows(
                 db,
                 "INSERT INTO {schema}.webhook_subscriptions
-                     (id, url, secret, types, scope_key, max_per_second, source)
-                 VALUES ($1, $2, $3, $4, $5, $6, 'config')
+                     (id, url, secret, types, scope_key, max_per_second, ordering,
+                      ordering_max_block_secs, source)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'config')
                  ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, secret = EXCLUDED.secret,
                      types = EXCLUDED.types, scope_key = EXCLUDED.scope_key,
-                     max_per_second = EXCLUDED.max_per_second, source = 'config',
-                     updated_at = now()",
+                     max_per_second = EXCLUDED.max_per_second, ordering = EXCLUDED.ordering,
+                     ordering_max_block_secs = EXCLUDED.ordering_max_block_secs,
+                     source = 'config', updated_at = now()",
                 &[
                     (&s.id, Type::TEXT),
                     (&s.url, Type::TEXT),
@@ -104,6 +143,8 @@ impl WebhookStore {
                     (&s.types, Type::TEXT_ARRAY),
                     (&s.scope_key, Type::TEXT),
                     (&s.max_per_second, Type::INT4),
+                    (&s.ordering.as_str(), Type::TEXT),
+                    (&s.ordering_max_block_secs, Type::INT4),
                 ],
             )
             .await?;
@@ -146,8 +187,9 @@ impl WebhookStore {
                 db,
                 &format!(
                     "INSERT INTO {{schema}}.webhook_subscriptions
-                         (id, url, secret, types, scope_key, max_per_second)
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING
+                         (id, url, secret, types, scope_key, max_per_second, ordering,
+                          ordering_max_block_secs)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING
                      RETURNING {SUBSCRIPTION_COLUMNS}"
                 ),
                 &[
@@ -157,6 +199,8 @@ impl WebhookStore {
                     (&s.types, Type::TEXT_ARRAY),
                     (&s.scope_key, Type::TEXT),
                     (&s.max_per_second, Type::INT4),
+                    (&s.ordering.as_str(), Type::TEXT),
+                    (&s.ordering_max_block_secs, Type::INT4),
                 ],
             )
             .await?;
@@ -277,6 +321,9 @@ impl WebhookStore {
         let scope_key = patch.scope_key.clone().flatten();
         let unlimited = matches!(patch.max_per_second, Some(None));
         let max_per_second = patch.max_per_second.flatten();
+        let ordering = patch.ordering.map(DeliveryOrder::as_str);
+        let unblocked = matches!(patch.ordering_max_block_secs, Some(None));
+        let max_block = patch.ordering_max_block_secs.flatten();
         let rows = self
             .rows(
                 db,
@@ -287,6 +334,9 @@ impl WebhookStore {
                          scope_key = CASE WHEN $4 THEN NULL ELSE coalesce($5, scope_key) END,
                          max_per_second =
                              CASE WHEN $6 THEN NULL ELSE coalesce($7, max_per_second) END,
+                         ordering = coalesce($8, ordering),
+                         ordering_max_block_secs = CASE WHEN $9 THEN NULL
+                                                       ELSE coalesce($10, ordering_max_block_secs) END,
                          updated_at = now()
                      WHERE id = $1 RETURNING {SUBSCRIPTION_COLUMNS}"
                 ),
@@ -298,6 +348,9 @@ impl WebhookStore {
                     (&scope_key, Type::TEXT),
                     (&unlimited, Type::BOOL),
                     (&max_per_second, Type::INT4),
+                    (&ordering, Type::TEXT),
+                    (&unblocked, Type::BOOL),
+                    (&max_block, Type::INT4),
                 ],
             )
             .await?;
@@ -364,8 +417,10 @@ impl WebhookStore {
                          SELECT id, subscription_id FROM {{schema}}.webhook_deliveries d
                          WHERE status = {pending} AND next_attempt_at <= now()
                            AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-                           AND {NOT_PAUSED} AND {PACED_NOW}
-                         ORDER BY next_attempt_at
+                           AND {NOT_PAUSED} AND {PACED_NOW} AND {in_its_turn}
+                         -- Among deliveries due together, the oldest events
+                         -- first: each key's head before the rest of it.
+                         ORDER BY next_attempt_at, event_seq
                          LIMIT 1
                          FOR UPDATE SKIP LOCKED
                      ), paced AS (
@@ -377,10 +432,18 @@ impl WebhookStore {
                      )
                      UPDATE {{schema}}.webhook_deliveries d
                      SET lease_expires_at = now() + $1 * interval '1 millisecond',
-                         attempts = d.attempts + 1, updated_at = now()
+                         attempts = d.attempts + 1, updated_at = now(),
+                         order_skipped = d.order_skipped OR (d.ordering_key IS NOT NULL
+                             AND EXISTS (SELECT 1 FROM {{schema}}.webhook_deliveries e
+                                         WHERE e.subscription_id = d.subscription_id
+                                           AND e.ordering_key = d.ordering_key
+                                           AND e.status = 'pending'
+                                           AND e.event_seq < d.event_seq))
                      FROM due WHERE d.id = due.id
-                     RETURNING d.id, d.subscription_id, d.event_id, d.payload, d.attempts",
-                    pending = pending_literal()
+                     RETURNING d.id, d.subscription_id, d.event_id, d.payload, d.attempts,
+                               d.order_skipped AND d.attempts = 1 AND d.ordering_key IS NOT NULL",
+                    pending = pending_literal(),
+                    in_its_turn = in_its_turn(),
                 ),
                 &[(&lease_ms, Type::INT8)],
             )
@@ -391,6 +454,7 @@ impl WebhookStore {
             event_id: row.get(2),
             payload: row.get(3),
             attempt: row.get(4),
+            skipped_ahead: row.get(5),
         }))
     }
 
@@ -504,11 +568,27 @@ impl WebhookStore {
                 &format!(
                     "SELECT min(greatest(d.next_attempt_at,
                                          coalesce(d.lease_expires_at, d.next_attempt_at),
-                                         coalesce(s.paced_until, d.next_attempt_at)))
-                     FROM {{schema}}.webhook_deliveries d
+                                         coalesce(s.paced_until, d.next_attempt_at),
+                                         -- A key's head waiting for the transactions
+                                         -- that could still commit ahead of it: look
+                                         -- again shortly.
+                                         CASE WHEN d.ordering_key IS NOT NULL
+                                               AND pg_snapshot_xmin(pg_current_snapshot())
+                                                   < d.ordered_after
+                                              THEN now() + interval '50 milliseconds' END))
+                     FROM (
+                         SELECT * FROM {{schema}}.webhook_deliveries
+                         WHERE status = {pending} AND ordering_key IS NULL
+                         UNION ALL
+                         -- Of an ordered key, only its head can be due.
+                         (SELECT DISTINCT ON (subscription_id, ordering_key) *
+                          FROM {{schema}}.webhook_deliveries
+                          WHERE status = {pending} AND ordering_key IS NOT NULL
+                          ORDER BY subscription_id, ordering_key, event_seq)
+                     ) d
                      LEFT JOIN {{schema}}.webhook_subscriptions s
                        ON s.id = d.subscription_id AND s.max_per_second IS NOT NULL
-                     WHERE d.status = {pending} AND {NOT_PAUSED}",
+                     WHERE {NOT_PAUSED}",
                     pending = pending_literal()
                 ),
                 &[],
@@ -631,7 +711,7 @@ impl WebhookStore {
                 db,
                 "UPDATE {schema}.webhook_deliveries
                  SET status = $2, attempts = 0, next_attempt_at = now(),
-                     lease_expires_at = NULL, updated_at = now()
+                     lease_expires_at = NULL, ordering_key = NULL, updated_at = now()
                  WHERE id = $1 RETURNING id",
                 &[(&id, Type::INT8), (&DeliveryStatus::Pending, Type::TEXT)],
             )
@@ -653,7 +733,7 @@ impl WebhookStore {
                 "WITH again AS (
                      UPDATE {schema}.webhook_deliveries
                      SET status = $3, attempts = 0, next_attempt_at = now(),
-                         lease_expires_at = NULL, updated_at = now()
+                         lease_expires_at = NULL, ordering_key = NULL, updated_at = now()
                      WHERE subscription_id = $1 AND created_at >= $2 AND status = $4
                      RETURNING 1
                  ) SELECT count(*) FROM again",
@@ -751,6 +831,8 @@ fn subscription_from_row(row: &Row) -> Subscription {
         paused_at: row.get("paused_at"),
         paused_reason: row.get("paused_reason"),
         max_per_second: row.get("max_per_second"),
+        ordering: row.get::<_, &str>("ordering").parse().unwrap_or_default(),
+        ordering_max_block_secs: row.get("ordering_max_block_secs"),
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
     }
@@ -773,5 +855,6 @@ fn delivery_from_row(row: &Row) -> Result<Delivery, tokio_postgres::Error> {
         last_error: row.get("last_error"),
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
+        order_skipped: row.get("order_skipped"),
     })
 }

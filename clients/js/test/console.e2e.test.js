@@ -175,6 +175,7 @@ test('the operator console manages webhooks, shows live figures and disconnects 
       await page.fill('#create-types', 'order.*');
       await page.fill('#create-scope', 'org-1');
       await page.fill('#create-rate', '25');
+      await page.selectOption('#create-ordering', 'scope');
       await page.click('#create-submit');
       await page.waitForSelector('#secret-box:not([hidden])');
       assert.match(await page.textContent('#secret-value'), /^whsec_/);
@@ -185,6 +186,7 @@ test('the operator console manages webhooks, shows live figures and disconnects 
       assert.deepEqual(body.subscription.types, ['order.*']);
       assert.equal(body.subscription.scopeKey, 'org-1');
       assert.equal(body.subscription.maxPerSecond, 25);
+      assert.equal(body.subscription.ordering, 'scope');
       assert.match(await page.textContent('#subscriptions-body tr[data-subscription-id="receiver"]'), /25\/s/);
       await page.click('#secret-dismiss');
       await page.waitForSelector('#secret-box', { state: 'hidden' });

@@ -96,13 +96,16 @@ impl Publisher {
         // One statement for a whole batch. Resources travel as JSON arrays
         // because SQL arrays of arrays must not be ragged.
         // Its rows are marked `announced`, so the outbox trigger leaves
-        // them to the statement's own pointers.
+        // them to the statement's own pointers. The transaction takes its
+        // id before the rows their seqs (`id_first`), as `emit` does, which
+        // ordered webhook delivery relies on.
         let insert = format!(
             "INSERT INTO {schema}.outbox (id, type, scope_key, data, audience, resources, occurred_at,
                                           announced)
              SELECT e.id, e.type, e.scope_key, e.data, e.audience,
                     ARRAY(SELECT jsonb_array_elements_text(e.resources)), e.occurred_at, true
-             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[],
+             FROM (SELECT pg_current_xact_id()) AS id_first,
+                  unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[],
                          $6::jsonb[], $7::timestamptz[])
                   WITH ORDINALITY AS e(id, type, scope_key, data, audience, resources, occurred_at, n)
              ORDER BY e.n"

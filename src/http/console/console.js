@@ -300,7 +300,7 @@ function renderSubscriptions() {
 }
 
 function subscriptionRow(subscription) {
-  const { id, url, types, scopeKey, maxPerSecond, pausedAt, pausedReason, source, health } = subscription;
+  const { id, url, types, scopeKey, maxPerSecond, ordering, pausedAt, pausedReason, source, health } = subscription;
   const tr = element('tr');
   tr.dataset.subscriptionId = id;
   tr.dataset.state = pausedAt ? 'paused' : 'active';
@@ -317,6 +317,7 @@ function subscriptionRow(subscription) {
     cell(url, 'url'),
     cell(types.join(', '), 'mono'),
     cell(scopeKey ?? 'all scopes', scopeKey ? 'mono' : 'muted'),
+    cell(ordering && ordering !== 'none' ? `per ${ordering}` : 'any', ordering && ordering !== 'none' ? '' : 'muted'),
     cell(maxPerSecond ? `${formatNumber(maxPerSecond)}/s` : 'no limit', maxPerSecond ? 'num' : 'muted'),
     cell(state),
     cell(timeNode(health?.lastSuccessAt, health ? 'never' : '—')),
@@ -465,6 +466,8 @@ async function createSubscription(event) {
   if (types.length) body.types = types;
   const scopeKey = $('create-scope').value.trim();
   if (scopeKey) body.scopeKey = scopeKey;
+  const ordering = $('create-ordering').value;
+  if (ordering !== 'none') body.ordering = ordering;
   const rate = $('create-rate').value.trim();
   // Sent as typed: the API names what is wrong with it.
   if (rate) body.maxPerSecond = Number(rate);

@@ -118,6 +118,8 @@ fn webhook_to(url: &str) -> impl FnOnce(&mut Config) {
             types: vec!["order.*".into()],
             scope_key: None,
             max_per_second: None,
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         }];
     }
 }

@@ -133,6 +133,8 @@ async fn webhook_workers_and_subscriptions_change_live() {
         types: vec!["*".into()],
         scope_key: None,
         max_per_second: None,
+        ordering: Default::default(),
+        ordering_max_block_secs: None,
     };
     let first = subscription("first");
     let (server, reloadable) = TestServer::start_reloadable(&db, |c| {

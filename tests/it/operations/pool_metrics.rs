@@ -133,6 +133,8 @@ async fn the_webhook_backlog_shows_deliveries_waiting_for_a_worker() {
             types: vec!["*".into()],
             scope_key: None,
             max_per_second: None,
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         }];
     });
     server.ready().await;

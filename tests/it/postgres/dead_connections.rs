@@ -57,6 +57,8 @@ async fn a_silently_dropped_listen_connection_is_found_and_nothing_is_lost() {
             types: vec!["*".into()],
             scope_key: None,
             max_per_second: None,
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         }];
     });
     server.ready().await;

@@ -30,6 +30,8 @@ pub struct Received {
     pub body: Vec<u8>,
     /// When it arrived.
     pub at: std::time::Instant,
+    /// The status it was answered with.
+    pub status: u16,
 }
 
 #[derive(Default)]
@@ -137,13 +139,19 @@ async fn answer(request: HttpRequest, body: web::Bytes, script: web::Data<Script
             )
         })
         .collect();
+    let reply = script.replies.lock().unwrap().pop_front();
+    let answered = match &reply {
+        None => 200,
+        Some(Reply::Status(code) | Reply::WithHeader(code, ..) | Reply::WithBody(code, _)) => *code,
+        Some(Reply::Slow(_, code)) => *code,
+    };
     script.received.lock().unwrap().push(Received {
         path: request.path().to_owned(),
         headers,
         body: body.to_vec(),
         at: std::time::Instant::now(),
+        status: answered,
     });
-    let reply = script.replies.lock().unwrap().pop_front();
     let status = |code: u16| actix_web::http::StatusCode::from_u16(code).unwrap();
     match reply {
         None => HttpResponse::Ok().finish(),

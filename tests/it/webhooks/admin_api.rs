@@ -480,6 +480,8 @@ async fn configured_subscriptions_can_be_read_but_not_changed() {
         types: vec!["order.*".into()],
         scope_key: None,
         max_per_second: None,
+        ordering: Default::default(),
+        ordering_max_block_secs: None,
     };
     let in_config = configured.clone();
     let server = TestServer::start(&db, move |config| {
@@ -1052,6 +1054,8 @@ async fn the_deliveries_command_lists_shows_redelivers_and_prunes() {
                     types: vec!["*".into()],
                     scope_key: scope,
                     max_per_second: None,
+                    ordering: Default::default(),
+                    ordering_max_block_secs: None,
                 },
             )
             .await
@@ -1201,6 +1205,8 @@ async fn the_subscriptions_command_follows_the_api_rules() {
                 types: vec!["*".into()],
                 scope_key: None,
                 max_per_second: None,
+                ordering: Default::default(),
+                ordering_max_block_secs: None,
             }],
         )
         .await
@@ -1239,6 +1245,8 @@ async fn a_replica_with_an_older_configuration_removes_no_subscription() {
         types: vec!["*".into()],
         scope_key: None,
         max_per_second: None,
+        ordering: Default::default(),
+        ordering_max_block_secs: None,
     };
     // The new configuration adds `added`; an event gives it a delivery.
     let (old, new) = (

@@ -32,6 +32,8 @@ fn webhooks(url: &str, schedule_ms: &[u64]) -> impl Fn(&mut Config) + Clone {
             types: vec!["order.*".into()],
             scope_key: None,
             max_per_second: None,
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         }];
     }
 }
@@ -412,6 +414,8 @@ async fn a_rotated_secret_keeps_signing_during_its_grace_window() {
                 types: vec!["*".into()],
                 scope_key: None,
                 max_per_second: None,
+                ordering: Default::default(),
+                ordering_max_block_secs: None,
             },
         )
         .await
@@ -479,6 +483,8 @@ async fn subscribe_to_orders(db: &TestDb, url: &str) {
                 types: vec!["order.*".into()],
                 scope_key: None,
                 max_per_second: None,
+                ordering: Default::default(),
+                ordering_max_block_secs: None,
             },
         )
         .await

@@ -29,6 +29,8 @@ fn relay(db: &TestDb, receiver: &Receiver, subscriptions: &[(&str, &str)]) -> Te
             types: vec!["order.*".into()],
             scope_key: None,
             max_per_second: None,
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         })
         .collect();
     TestServer::start(db, move |config: &mut Config| {
@@ -288,6 +290,8 @@ async fn the_janitor_prunes_finished_deliveries_past_their_retention_and_keeps_t
         types: vec!["order.*".into()],
         scope_key: None,
         max_per_second: None,
+        ordering: Default::default(),
+        ordering_max_block_secs: None,
     }];
     let server = TestServer::start(&db, move |config: &mut Config| {
         config.admin.token = Some(ADMIN_TOKEN.into());
@@ -393,6 +397,35 @@ async fn the_janitor_prunes_finished_deliveries_past_their_retention_and_keeps_t
     );
 }
 
+/// Two relays on `db` with `configure`'s settings, once both are ready.
+async fn two_relays(db: &TestDb, configure: impl Fn(&mut Config) + Clone) -> [TestServer; 2] {
+    let relays = [
+        TestServer::start(db, configure.clone()),
+        TestServer::start(db, configure),
+    ];
+    for relay in &relays {
+        relay.ready().await;
+    }
+    relays
+}
+
+/// `count` `order.created` events emitted by one SQL statement, in one
+/// transaction; `scope` is an SQL expression of `n`, the event's number.
+async fn emit_in_one_statement(db: &TestDb, scope: &str, count: i64) {
+    db.connect()
+        .await
+        .execute(
+            &format!(
+                "SELECT {}.emit('order.created', {scope}, jsonb_build_object('n', n))
+                 FROM generate_series(1, {count}) n",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+}
+
 /// Two relays, each with its workers, share one subscription's pace: no
 /// second of arrivals holds more than the rate and the few claims that can
 /// race for one slot, and the backlog is worked through at that rate.
@@ -413,27 +446,12 @@ async fn two_relays_keep_a_subscription_to_its_pace() {
             types: vec!["order.*".into()],
             scope_key: None,
             max_per_second: Some(RATE as i32),
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         }];
     };
-    let relays = [
-        TestServer::start(&db, configure),
-        TestServer::start(&db, configure),
-    ];
-    for relay in &relays {
-        relay.ready().await;
-    }
-    db.connect()
-        .await
-        .execute(
-            &format!(
-                "SELECT {}.emit('order.created', 'org-1', jsonb_build_object('n', n))
-                 FROM generate_series(1, {EVENTS}) n",
-                db.schema
-            ),
-            &[],
-        )
-        .await
-        .unwrap();
+    let _relays = two_relays(&db, configure).await;
+    emit_in_one_statement(&db, "'org-1'", EVENTS as i64).await;
     let received = receiver.wait_for(EVENTS).await;
     assert_eq!(received.len(), EVENTS, "each delivered once");
     let times: Vec<std::time::Instant> = received.iter().map(|r| r.at).collect();
@@ -467,6 +485,27 @@ async fn a_rate_limit_is_set_changed_and_lifted_and_a_bad_one_refused_by_name() 
     let receiver = Receiver::start([]);
     let server = relay(&db, &receiver, &[]);
     server.ready().await;
+    for (field, bad) in [
+        ("ordering", json!("random")),
+        ("orderingMaxBlockSecs", json!(0)),
+    ] {
+        let mut body = json!({"id": "hook", "url": "https://hooks.example.com/in"});
+        body[field] = bad.clone();
+        let (status, answer) = server
+            .admin(
+                ADMIN_TOKEN,
+                Method::POST,
+                "/v1/admin/subscriptions",
+                Some(body),
+            )
+            .await;
+        assert_eq!(status, 400, "{field} {bad}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(field) || message.contains("random"),
+            "{message}"
+        );
+    }
     for bad in [json!(0), json!(-5), json!(100_001)] {
         let (status, answer) = server
             .admin(
@@ -533,6 +572,8 @@ async fn a_subscription_whose_receiver_keeps_failing_pauses_itself_and_the_app_h
             types: vec!["order.*".into()],
             scope_key: None,
             max_per_second: None,
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         },
         // The app's own receiver of what the relay says about itself.
         NewSubscription {
@@ -542,6 +583,8 @@ async fn a_subscription_whose_receiver_keeps_failing_pauses_itself_and_the_app_h
             types: vec!["*".into()],
             scope_key: Some("ops".into()),
             max_per_second: None,
+            ordering: Default::default(),
+            ordering_max_block_secs: None,
         },
     ];
     let server = TestServer::start(&db, move |config: &mut Config| {
@@ -603,4 +646,131 @@ async fn a_subscription_whose_receiver_keeps_failing_pauses_itself_and_the_app_h
     .await;
     assert_eq!(resumed["subscription"]["pausedReason"], Value::Null);
     assert_eq!(resumed["subscription"]["pausedAt"], Value::Null);
+}
+
+/// A subscription ordered by scope on `receiver`'s `path`, from the
+/// configuration of every relay `configure` starts.
+fn ordered(
+    receiver: &Receiver,
+    path: &str,
+    max_block: Option<i32>,
+) -> impl Fn(&mut Config) + Clone {
+    let subscription = NewSubscription {
+        id: "ordered".into(),
+        url: format!("{}/{path}", receiver.url),
+        secret: SECRET.into(),
+        types: vec!["order.*".into()],
+        scope_key: None,
+        max_per_second: None,
+        ordering: eventrelay::webhooks::DeliveryOrder::Scope,
+        ordering_max_block_secs: max_block,
+    };
+    move |config: &mut Config| {
+        config.admin.token = Some(ADMIN_TOKEN.into());
+        config.webhooks.allow_private_networks = true;
+        config.webhooks.workers = 4;
+        config.webhooks.retry_schedule_ms = vec![30; 40];
+        config.webhooks.subscriptions = vec![subscription.clone()];
+    }
+}
+
+/// Each key goes in seq order over two relays, one delivery at a time,
+/// to a receiver that fails at random for a while; every event arrives.
+#[tokio::test]
+async fn an_ordered_subscription_sends_each_key_in_seq_order_over_two_relays() {
+    const KEYS: i64 = 5;
+    const PER_KEY: i64 = 12;
+    let db = TestDb::new().await;
+    // About a third of the first 80 answers fail, in a fixed pseudo-random
+    // pattern.
+    let mut state = 0x2545_f491_u32;
+    let replies = (0..80).map(|_| {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        Reply::Status(if state.is_multiple_of(3) { 500 } else { 200 })
+    });
+    let receiver = Receiver::start(replies.collect::<Vec<_>>());
+    let configure = ordered(&receiver, "ordered", None);
+    let _relays = two_relays(&db, configure).await;
+    // Interleaved across the keys, in one transaction and in many.
+    emit_in_one_statement(&db, &format!("'org-' || (n % {KEYS})"), KEYS * PER_KEY / 2).await;
+    for n in 0..KEYS * PER_KEY / 2 {
+        db.emit(NewEvent::durable(
+            "order.created",
+            format!("org-{}", n % KEYS),
+            json!({"n": n}),
+        ))
+        .await;
+    }
+    let total = usize::try_from(KEYS * PER_KEY).unwrap();
+    let delivered = eventually("every event delivered", async || {
+        let ok: Vec<_> = receiver
+            .received()
+            .into_iter()
+            .filter(|r| r.status == 200)
+            .collect();
+        (ok.len() >= total).then_some(ok)
+    })
+    .await;
+    let mut by_key: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+    let mut arrivals = delivered.clone();
+    arrivals.sort_by_key(|r| r.at);
+    for received in &arrivals {
+        let body: Value = serde_json::from_slice(&received.body).unwrap();
+        let key = body["scopeKey"].as_str().unwrap().to_owned();
+        by_key
+            .entry(key)
+            .or_default()
+            .push(body["seq"].as_i64().unwrap());
+    }
+    assert_eq!(by_key.len(), usize::try_from(KEYS).unwrap());
+    for (key, seqs) in &by_key {
+        assert_eq!(
+            seqs.len(),
+            usize::try_from(PER_KEY).unwrap(),
+            "{key}: {seqs:?}"
+        );
+        assert!(
+            seqs.windows(2).all(|pair| pair[0] < pair[1]),
+            "{key} was delivered out of seq order: {seqs:?}"
+        );
+    }
+    assert!(
+        receiver.received().iter().any(|r| r.status == 500),
+        "the receiver failed along the way"
+    );
+}
+
+#[tokio::test]
+async fn a_key_held_back_too_long_moves_on_and_the_skip_is_recorded() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start(std::iter::repeat_n(Reply::Status(500), 1_000));
+    let server = TestServer::start(&db, ordered(&receiver, "held", Some(1)));
+    server.ready().await;
+    for n in 0..2 {
+        db.emit(NewEvent::durable("order.created", "org-1", json!({"n": n})))
+            .await;
+    }
+    let skipped = eventually(
+        "the second delivery goes past the failing head",
+        async || {
+            let all = deliveries(&server, "ordered").await;
+            let second = all.first()?.clone();
+            (all.len() == 2 && second["attempts"].as_i64()? >= 1).then_some(second)
+        },
+    )
+    .await;
+    assert_eq!(skipped["orderSkipped"], true, "{skipped}");
+    assert!(server.metric("eventrelay_webhook_order_skips_total").await >= 1.0);
+    // Not before the head had waited its second.
+    let received = receiver.received();
+    let first_of = |n: i64| {
+        received
+            .iter()
+            .find(|r| serde_json::from_slice::<Value>(&r.body).unwrap()["data"]["n"] == n)
+            .map(|r| r.at)
+            .unwrap()
+    };
+    assert!(first_of(1) >= first_of(0) + std::time::Duration::from_millis(900));
 }
