@@ -1,5 +1,8 @@
 //! Every relative link and `#anchor` of the README, the book and the
-//! benchmark page leads somewhere.
+//! benchmark page leads somewhere, and so does every link of the built
+//! book: a chapter links only to chapters listed in `SUMMARY.md`, and to
+//! the rest of the repository by its web address, whose path and anchor
+//! are checked here against the files.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -58,6 +61,14 @@ fn anchors(markdown: &str) -> HashSet<String> {
     anchors
 }
 
+/// The link targets of a whole Markdown text.
+fn targets_of(markdown: &str) -> Vec<String> {
+    super::prose_lines(markdown)
+        .into_iter()
+        .flat_map(targets)
+        .collect()
+}
+
 /// The link targets of a line, outside inline code: `[text](target)` and
 /// `![alt](target)`.
 fn targets(line: &str) -> Vec<String> {
@@ -81,6 +92,11 @@ fn targets(line: &str) -> Vec<String> {
     targets
 }
 
+/// Where the repository's files are on the web: the book links to files
+/// outside it (the bench page, the README) by this address, since a built
+/// book holds only its chapters.
+const REPOSITORY_FILES: &str = "https://github.com/eventrelay/eventrelay/blob/main/";
+
 #[test]
 fn every_relative_link_and_anchor_resolves() {
     let files = super::markdown_files();
@@ -88,7 +104,11 @@ fn every_relative_link_and_anchor_resolves() {
     let mut anchors_of: BTreeMap<PathBuf, HashSet<String>> = BTreeMap::new();
     let mut problems = Vec::new();
     let mut checked = 0;
+    let book = super::root().join("docs/src").canonicalize().unwrap();
+    let summary = std::fs::read_to_string(book.join("SUMMARY.md")).unwrap();
+    let chapters: HashSet<String> = targets_of(&summary).into_iter().collect();
     for file in &files {
+        let in_book = file.canonicalize().is_ok_and(|f| f.starts_with(&book));
         let markdown = std::fs::read_to_string(file).unwrap();
         let shown = file
             .strip_prefix(super::root())
@@ -97,12 +117,18 @@ fn every_relative_link_and_anchor_resolves() {
             .to_string();
         for (number, line) in super::prose_lines(&markdown).into_iter().enumerate() {
             for target in targets(line) {
-                if target.contains("://") || target.starts_with("mailto:") {
+                let in_repository = target.strip_prefix(REPOSITORY_FILES);
+                if in_repository.is_none()
+                    && (target.contains("://") || target.starts_with("mailto:"))
+                {
                     continue;
                 }
                 checked += 1;
-                let (path, anchor) = target.split_once('#').unwrap_or((target.as_str(), ""));
-                let linked: PathBuf = if path.is_empty() {
+                let relative = in_repository.unwrap_or(&target);
+                let (path, anchor) = relative.split_once('#').unwrap_or((relative, ""));
+                let linked: PathBuf = if in_repository.is_some() {
+                    super::root().join(path)
+                } else if path.is_empty() {
                     file.clone()
                 } else {
                     file.parent().unwrap_or(Path::new(".")).join(path)
@@ -111,6 +137,29 @@ fn every_relative_link_and_anchor_resolves() {
                     problems.push(format!("{shown}:{}: {target}: no such file", number + 1));
                     continue;
                 };
+                if in_book && in_repository.is_none() && !path.is_empty() {
+                    let chapter = linked
+                        .strip_prefix(&book)
+                        .ok()
+                        .map(|p| p.display().to_string());
+                    match chapter {
+                        None => problems.push(format!(
+                            "{shown}:{}: {target}: leaves the book, which a built book cannot \
+                             follow; link to {REPOSITORY_FILES}<path> instead",
+                            number + 1
+                        )),
+                        // Other files (pictures) are copied into the built book.
+                        Some(chapter)
+                            if chapter.ends_with(".md") && !chapters.contains(&chapter) =>
+                        {
+                            problems.push(format!(
+                                "{shown}:{}: {target}: not a chapter of SUMMARY.md",
+                                number + 1
+                            ))
+                        }
+                        Some(_) => {}
+                    }
+                }
                 if anchor.is_empty() {
                     continue;
                 }
