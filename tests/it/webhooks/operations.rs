@@ -763,14 +763,14 @@ async fn a_key_held_back_too_long_moves_on_and_the_skip_is_recorded() {
     .await;
     assert_eq!(skipped["orderSkipped"], true, "{skipped}");
     assert!(server.metric("eventrelay_webhook_order_skips_total").await >= 1.0);
-    // Not before the head had waited its second.
-    let received = receiver.received();
-    let first_of = |n: i64| {
-        received
-            .iter()
-            .find(|r| serde_json::from_slice::<Value>(&r.body).unwrap()["data"]["n"] == n)
-            .map(|r| r.at)
-            .unwrap()
-    };
-    assert!(first_of(1) >= first_of(0) + std::time::Duration::from_millis(900));
+    // Not before the head had been pending its second.
+    let head = deliveries(&server, "ordered").await[1].clone();
+    let path = format!("/v1/admin/deliveries/{}", skipped["id"]);
+    let attempts = admin(&server, Method::GET, &path, None).await["attempts"].clone();
+    let time = |value: &Value| value.as_str().unwrap().parse::<DateTime<Utc>>().unwrap();
+    let waited = time(&attempts[0]["startedAt"]) - time(&head["createdAt"]);
+    assert!(
+        waited >= chrono::Duration::milliseconds(950),
+        "the key moved on after {waited}: {head} {attempts}"
+    );
 }
