@@ -9,15 +9,11 @@ pub mod freezer;
 pub mod postgres_tools;
 pub mod proc_stats;
 pub mod publish;
-pub mod raw_publish;
 pub mod relay_process;
 pub mod report;
 pub mod scenarios;
 pub mod sse_load;
 pub mod stream_client;
-
-// The name some modules still use for the clock in `report`.
-pub use report as clock;
 
 /// Errors are reported, not handled: a tool, not a library.
 pub type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;

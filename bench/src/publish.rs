@@ -11,7 +11,7 @@ use std::time::Duration;
 use eventrelay_publisher::{NewEvent, Publisher};
 use serde_json::{Value, json};
 
-use crate::clock::CommitLog;
+use crate::report::CommitLog;
 use crate::{BenchResult, PUBLISH_TOKEN};
 
 /// The event type of fan-out events.
@@ -28,10 +28,8 @@ pub enum Source {
         database_url: String,
         schema: String,
     },
-    /// `POST /v1/events` on a relay.
-    HttpPublish { base: String },
-    /// `POST /v1/events` on a relay, on the ephemeral lane.
-    HttpPublishEphemeral { base: String },
+    /// `POST /v1/events` on a relay, on `lane` (`durable` or `ephemeral`).
+    HttpPublish { base: String, lane: &'static str },
     /// An nchan publisher location (`POST`).
     Nchan { url: String },
     /// Two sources taking turns in slices of `slice` consecutive event
@@ -55,8 +53,10 @@ impl Source {
     pub fn label(&self) -> &'static str {
         match self {
             Source::Emit { .. } => "emit (Postgres commit)",
+            Source::HttpPublish {
+                lane: "ephemeral", ..
+            } => "HTTP publish, ephemeral lane",
             Source::HttpPublish { .. } => "HTTP publish",
-            Source::HttpPublishEphemeral { .. } => "HTTP publish, ephemeral lane",
             Source::Nchan { .. } => "nchan HTTP publish",
             Source::Alternating { sources, .. } => sources[0].label(),
         }
@@ -139,12 +139,11 @@ enum Writer {
         client: Box<tokio_postgres::Client>,
         publisher: Publisher,
     },
+    /// To a relay, on its lane, or to nchan (`None`).
     Http {
         client: reqwest::Client,
         url: String,
-        nchan: bool,
-        /// The lane of eventrelay events (nchan has none).
-        lane: &'static str,
+        lane: Option<&'static str>,
     },
     Alternating {
         writers: Box<[Writer; 2]>,
@@ -173,23 +172,15 @@ impl Writer {
                 client: Box::new(eventrelay::connect(database_url).await?),
                 publisher: Publisher::new(schema)?,
             },
-            Source::HttpPublish { base } => Writer::Http {
+            Source::HttpPublish { base, lane } => Writer::Http {
                 client: reqwest::Client::new(),
                 url: format!("{base}/v1/events"),
-                nchan: false,
-                lane: "durable",
-            },
-            Source::HttpPublishEphemeral { base } => Writer::Http {
-                client: reqwest::Client::new(),
-                url: format!("{base}/v1/events"),
-                nchan: false,
-                lane: "ephemeral",
+                lane: Some(*lane),
             },
             Source::Nchan { url } => Writer::Http {
                 client: reqwest::Client::new(),
                 url: url.clone(),
-                nchan: true,
-                lane: "durable",
+                lane: None,
             },
         })
     }
@@ -211,30 +202,28 @@ impl Writer {
                 transaction.commit().await?;
                 log.record(number, log.now());
             }
-            Writer::Http {
-                client,
-                url,
-                nchan,
-                lane,
-            } => {
-                let request = if *nchan {
+            Writer::Http { client, url, lane } => {
+                let request = match lane {
                     // The same bytes a browser would get from eventrelay.
-                    let mut envelope = NewEvent::durable(TICK_TYPE, scope, event_data(number))
-                        .into_envelope(chrono::Utc::now());
-                    envelope.seq = Some(number as i64);
-                    client
-                        .post(url.as_str())
-                        .body(serde_json::to_vec(&envelope)?)
-                } else {
-                    client
-                        .post(url.as_str())
-                        .bearer_auth(PUBLISH_TOKEN)
-                        .json(&json!({
-                            "type": TICK_TYPE,
-                            "scopeKey": scope,
-                            "lane": *lane,
-                            "data": event_data(number),
-                        }))
+                    None => {
+                        let mut envelope = NewEvent::durable(TICK_TYPE, scope, event_data(number))
+                            .into_envelope(chrono::Utc::now());
+                        envelope.seq = Some(number as i64);
+                        client
+                            .post(url.as_str())
+                            .body(serde_json::to_vec(&envelope)?)
+                    }
+                    Some(lane) => {
+                        client
+                            .post(url.as_str())
+                            .bearer_auth(PUBLISH_TOKEN)
+                            .json(&json!({
+                                "type": TICK_TYPE,
+                                "scopeKey": scope,
+                                "lane": *lane,
+                                "data": event_data(number),
+                            }))
+                    }
                 };
                 log.record(number, log.now());
                 let response = request.send().await?;

@@ -195,8 +195,14 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
             let base = relay.base.clone();
             let source = match lane {
                 "emit" => cx.emit_source(),
-                "http" => Source::HttpPublish { base },
-                _ => Source::HttpPublishEphemeral { base },
+                "http" => Source::HttpPublish {
+                    base,
+                    lane: "durable",
+                },
+                _ => Source::HttpPublish {
+                    base,
+                    lane: "ephemeral",
+                },
             };
             eprintln!("fan-out {subscribers}, {pace_label}, {}", source.label());
             let f = self::run(&plan(lane, source.clone()), &Server::of(&relay)).await?;

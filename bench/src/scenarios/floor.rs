@@ -159,8 +159,20 @@ async fn run_load(
                     let url = format!("http://{address}/pub");
                     (server, Source::Nchan { url })
                 }
-                (Side::Durable, _) => (&ours, Source::HttpPublish { base }),
-                (Side::Ephemeral, _) => (&ours, Source::HttpPublishEphemeral { base }),
+                (Side::Durable, _) => (
+                    &ours,
+                    Source::HttpPublish {
+                        base,
+                        lane: "durable",
+                    },
+                ),
+                (Side::Ephemeral, _) => (
+                    &ours,
+                    Source::HttpPublish {
+                        base,
+                        lane: "ephemeral",
+                    },
+                ),
             };
             eprintln!(
                 "floor: {subscribers} subs × {per_second} ev/s, round {}, {}",

@@ -1,18 +1,14 @@
-//! What sealing the notification channel costs, side by side with the two
-//! alternatives: the same schema with `seal` returning its payload as it is
-//! (open, as every notification was before sealing), and sealed pointers
-//! that carry no rows (each durable event read back from the outbox).
-//!
-//! The figures: the emitting transaction's rate with SQL `emit()` (the
-//! database seals in the commit path), HTTP publish throughput at 64
-//! publishers sealed and open, what each step of `seal` costs for the
-//! payload of a typical group-commit transaction, commit-to-rows-in-hand
-//! latency for a listener that opens each payload and, for bare pointers,
-//! reads the row back as a relay would, and the time the relay spends
-//! opening one payload.
+//! What sealing the notification channel costs (`--only seal`), side by
+//! side with the same schema's `seal` returning its payload as it is (open,
+//! as every notification was before sealing) and with sealed pointers that
+//! carry no rows (each durable event read back from the outbox): the
+//! emitting transaction's rate with SQL `emit()`, HTTP publish throughput
+//! at 64 publishers, each step of `seal`, commit to rows in hand for a
+//! listener that opens each payload as a relay would, and the relay's cost
+//! of opening one.
 
 use crate::context::Context;
-use crate::report::{Table, median, ms};
+use crate::report::{Percentiles, Table, alternating, median, ms, verdict};
 use std::time::{Duration, Instant};
 
 use eventrelay_publisher::Identifier;
@@ -22,15 +18,15 @@ use serde_json::json;
 use tokio_postgres::AsyncMessage;
 
 use crate::BenchResult;
+use crate::scenarios::emit_cost::{self, WriteKind};
+use crate::scenarios::publish_throughput::http_publish;
 
 /// Per-round figures with `decimals`, for a row.
 fn rates_of(rounds: &[f64], decimals: usize) -> String {
     let shown: Vec<String> = rounds.iter().map(|r| format!("{r:.decimals$}")).collect();
     shown.join(" / ")
 }
-use crate::scenarios::emit_cost::{self, WriteKind};
 
-/// How notifications travel in one variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
     /// As shipped: sealed, rows carried.
@@ -51,15 +47,6 @@ impl Variant {
             Variant::SealedBare => "sealed, bare pointers (read back)",
         }
     }
-}
-
-/// The figures of one variant.
-#[derive(Debug, Clone, Default)]
-pub struct SealFigures {
-    /// Emitting transactions per second per writer count, one per round.
-    pub tps: Vec<Vec<f64>>,
-    /// Commit to rows in hand, nanoseconds, every sample.
-    pub latency_ns: Vec<u64>,
 }
 
 /// Switches `schema` to `variant`: the sealing function and the payload
@@ -107,68 +94,36 @@ async fn sealing_function(client: &tokio_postgres::Client, schema: &str) -> Benc
     Ok(row.get(0))
 }
 
-/// Runs `rounds` rounds; in each, every variant in turn (reversed every
-/// other round) measures emit throughput at each of `writers` and then
-/// `samples` single-event latencies.
-pub async fn run(
+/// Per variant, per round (every variant in turn, reversed every other
+/// round): emit throughput at each of `writers`, then `samples`
+/// single-event latencies.
+async fn emit_rounds(
     database_url: &str,
     schema: &str,
     writers: &[usize],
     rounds: usize,
     run_for: Duration,
     samples: usize,
-) -> BenchResult<Vec<(Variant, SealFigures)>> {
+) -> BenchResult<Vec<Vec<(Vec<f64>, Vec<u64>)>>> {
     let client = eventrelay::connect(database_url).await?;
     let sealing_sql = sealing_function(&client, schema).await?;
     emit_cost::prepare(database_url, schema).await?;
-    let mut figures: Vec<(Variant, SealFigures)> = Variant::ALL
-        .iter()
-        .map(|v| {
-            (
-                *v,
-                SealFigures {
-                    tps: vec![Vec::new(); writers.len()],
-                    latency_ns: Vec::new(),
-                },
-            )
-        })
-        .collect();
-    let outcome = async {
-        for round in 0..rounds {
-            let mut order: Vec<usize> = (0..Variant::ALL.len()).collect();
-            if round % 2 == 1 {
-                order.reverse();
-            }
-            for index in order {
-                let variant = Variant::ALL[index];
-                switch(&client, schema, variant, &sealing_sql).await?;
-                for (w, &n) in writers.iter().enumerate() {
-                    eprintln!(
-                        "sealing: {}, {n} writers, round {}",
-                        variant.name(),
-                        round + 1
-                    );
-                    let tps = emit_cost::measure(
-                        database_url,
-                        schema,
-                        WriteKind::WithSqlEmit,
-                        n,
-                        run_for,
-                    )
-                    .await?;
-                    figures[index].1.tps[w].push(tps);
-                }
-                let mut latencies = latency(database_url, schema, variant, samples).await?;
-                figures[index].1.latency_ns.append(&mut latencies);
-            }
+    let figures = alternating(rounds, Variant::ALL.len(), async |round, index| {
+        let variant = Variant::ALL[index];
+        switch(&client, schema, variant, &sealing_sql).await?;
+        let mut tps = Vec::new();
+        for &n in writers {
+            let (name, round) = (variant.name(), round + 1);
+            eprintln!("sealing: {name}, {n} writers, round {round}");
+            let kind = WriteKind::WithSqlEmit;
+            tps.push(emit_cost::measure(database_url, schema, kind, n, run_for).await?);
         }
-        BenchResult::Ok(())
-    }
+        Ok((tps, latency(database_url, schema, variant, samples).await?))
+    })
     .await;
     // Leave the schema sealed, whatever happened.
     switch(&client, schema, Variant::Sealed, &sealing_sql).await?;
-    outcome?;
-    Ok(figures)
+    figures
 }
 
 /// Commit to rows in hand, one event at a time: a listener opens each
@@ -243,14 +198,14 @@ async fn latency(
     Ok(latencies)
 }
 
-/// HTTP publish throughput at `publishers`, sealed and open in turn
-/// (reversed every other round), against one relay: events per second per
-/// round, sealed first. The schema's channel points elsewhere meanwhile,
-/// so that the relay hears neither variant (it cannot take the open one's
-/// payloads): the rounds compare what sealing costs the publishing
-/// transaction, and `open_micros` what it costs the relay.
-/// Also answers the bytes of rows one group's pointer carries on average.
-pub async fn http_rounds(
+/// HTTP publish throughput at `publishers`, sealed and open in alternating
+/// rounds against one relay: events per second per round, sealed first.
+/// The schema's channel points elsewhere meanwhile, so that the relay hears
+/// neither (it cannot take the open one's payloads): the rounds compare
+/// what sealing costs the publishing transaction, and `open_micros` what it
+/// costs the relay. Also answers the bytes of rows one group's pointer
+/// carries on average.
+async fn http_rounds(
     cx: &Context,
     publishers: usize,
     rounds: usize,
@@ -269,31 +224,15 @@ pub async fn http_rounds(
         .execute(&set_channel, &[&format!("{channel}_unheard")])
         .await?;
     let outcome = async {
-        let (mut sealed, mut open) = (Vec::new(), Vec::new());
-        for round in 0..rounds {
-            let mut order = [Variant::Sealed, Variant::Open];
-            if round % 2 == 1 {
-                order.reverse();
-            }
-            for variant in order {
-                switch(&client, schema, variant, &sealing_sql).await?;
-                eprintln!(
-                    "sealing: HTTP publish, {publishers} publishers, {}, round {}",
-                    variant.name(),
-                    round + 1
-                );
-                let f = crate::scenarios::publish_throughput::http_publish(
-                    relay.address(),
-                    publishers,
-                    run_for,
-                )
-                .await?;
-                match variant {
-                    Variant::Sealed => sealed.push(f.events_per_second),
-                    _ => open.push(f.events_per_second),
-                }
-            }
-        }
+        let rates = alternating(rounds, 2, async |round, index| {
+            let variant = Variant::ALL[index];
+            switch(&client, schema, variant, &sealing_sql).await?;
+            let (name, round) = (variant.name(), round + 1);
+            eprintln!("sealing: HTTP publish, {publishers} publishers, {name}, round {round}");
+            let f = http_publish(relay.address(), publishers, run_for).await?;
+            Ok(f.events_per_second)
+        })
+        .await?;
         let metrics = relay.metrics().await;
         let group = metrics.value("eventrelay_publish_group_requests_sum")
             / metrics
@@ -308,6 +247,7 @@ pub async fn http_rounds(
             .map(|e| serde_json::to_string(e).map_or(0, |text| text.len()))
             .sum::<usize>()
             / written.len().max(1);
+        let [sealed, open] = [0, 1].map(|i| rates[i].clone());
         BenchResult::Ok((sealed, open, group * (envelope + 1) as f64))
     }
     .await;
@@ -398,7 +338,7 @@ pub fn open_micros(len: usize) -> BenchResult<f64> {
     Ok(started.elapsed().as_secs_f64() * 1e6 / rounds as f64)
 }
 /// What sealing the channel costs, side by side with an open channel and
-/// with sealed pointers that carry no rows (see `seal_cost`).
+/// with sealed pointers that carry no rows.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let schema = cx.schema.as_str();
     const WRITERS: [usize; 2] = [1, 8];
@@ -407,22 +347,25 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     } else {
         (5, Duration::from_secs(4), 600)
     };
-    let figures = run(cx.db(), schema, &WRITERS, rounds, run_for, samples).await?;
-    let sealed = &figures[0].1;
+    let figures = emit_rounds(cx.db(), schema, &WRITERS, rounds, run_for, samples).await?;
+    let tps = |variant: usize, w: usize| -> Vec<f64> {
+        figures[variant].iter().map(|(tps, _)| tps[w]).collect()
+    };
     for (w, writers) in WRITERS.iter().enumerate() {
-        let base = median(&sealed.tps[w]);
-        let cells: Vec<String> = figures
+        let base = median(&tps(0, w));
+        let cells: Vec<String> = Variant::ALL
             .iter()
-            .map(|(variant, f)| {
-                let tps = median(&f.tps[w]);
+            .enumerate()
+            .map(|(index, variant)| {
+                let tps = median(&tps(index, w));
                 format!("{} {tps:.0} tx/s ({:.2}×)", variant.name(), tps / base)
             })
             .collect();
         // Each round's sealed rate over its open one: neighbours in time
         // share the machine's state, which drifts by a tenth over a run.
-        let paired: Vec<f64> = sealed.tps[w]
+        let paired: Vec<f64> = tps(0, w)
             .iter()
-            .zip(&figures[1].1.tps[w])
+            .zip(tps(1, w))
             .map(|(s, o)| s / o)
             .collect();
         let ratio = median(&paired);
@@ -433,17 +376,15 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
                 cells.join(" · "),
                 rates_of(&paired, 3)
             ),
-            format!(
-                "sealed ≥ 0.95× open: {}",
-                crate::report::verdict(ratio >= 0.95)
-            ),
+            format!("sealed ≥ 0.95× open: {}", verdict(ratio >= 0.95)),
         );
     }
-    let cells: Vec<String> = figures
+    let cells: Vec<String> = Variant::ALL
         .iter()
-        .map(|(variant, f)| {
-            let mut samples = f.latency_ns.clone();
-            let p = crate::clock::Percentiles::of(&mut samples);
+        .zip(&figures)
+        .map(|(variant, rounds)| {
+            let mut samples: Vec<u64> = rounds.iter().flat_map(|(_, l)| l.clone()).collect();
+            let p = Percentiles::of(&mut samples);
             format!("{} p50 {} · p99 {}", variant.name(), ms(p.p50), ms(p.p99))
         })
         .collect();
@@ -479,17 +420,14 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
             rates_of(&sealed, 0),
             rates_of(&open, 0)
         ),
-        format!(
-            "sealed ≥ 0.95× open: {}",
-            crate::report::verdict(ratio >= 0.95)
-        ),
+        format!("sealed ≥ 0.95× open: {}", verdict(ratio >= 0.95)),
     );
     // One group's pointer: its events' envelopes, joined, in the
     // pointer's own fields (a larger group splits into several).
     let group_bytes = (group_rows as usize + 80).min(eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES);
     for (label, bytes) in [
-        ("an average publish group".to_owned(), group_bytes),
-        ("one SQL emit".to_owned(), 300),
+        ("an average publish group", group_bytes),
+        ("one SQL emit", 300),
     ] {
         let cells: Vec<String> = steps(cx.db(), schema, bytes, 2_000)
             .await?
