@@ -14,24 +14,25 @@ use serde_json::{Value, json};
 use crate::report::CommitLog;
 use crate::{BenchResult, PUBLISH_TOKEN};
 
-/// The event type of fan-out events.
 pub const TICK_TYPE: &str = "bench.tick";
 /// Padding that brings an event's data to about 100 bytes.
 const PAD: &str =
     "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
 
-/// Where events are published.
 #[derive(Clone)]
 pub enum Source {
-    /// `Publisher::emit` in a transaction, committed.
     Emit {
         database_url: String,
         schema: String,
     },
     /// `POST /v1/events` on a relay, on `lane` (`durable` or `ephemeral`).
-    HttpPublish { base: String, lane: &'static str },
-    /// An nchan publisher location (`POST`).
-    Nchan { url: String },
+    HttpPublish {
+        base: String,
+        lane: &'static str,
+    },
+    Nchan {
+        url: String,
+    },
     /// Two sources taking turns in slices of `slice` consecutive event
     /// numbers, in the order A B B A (see [`slice_side`]), so that neither
     /// always goes first and both see the same stretch of the run.
@@ -42,7 +43,6 @@ pub enum Source {
 }
 
 impl Source {
-    /// Durable events emitted into `schema`.
     pub fn emit(database_url: &str, schema: &str) -> Source {
         Source::Emit {
             database_url: database_url.to_owned(),
@@ -63,16 +63,13 @@ impl Source {
     }
 }
 
-/// Which of two alternating sources publishes event `number` when they
-/// take turns in slices of `slice` events: slices go A B, then B A, and so
-/// on, so each pair of slices holds one of each, and neither side always
-/// publishes first in its pair.
+/// Which of two sources taking turns in slices of `slice` events publishes
+/// event `number`: A B, then B A, so neither always goes first in a pair.
 pub fn slice_side(number: usize, slice: usize) -> usize {
     let index = number / slice.max(1);
     (index ^ (index >> 1)) & 1
 }
 
-/// How fast events go out.
 #[derive(Clone, Copy, Debug)]
 pub enum Pace {
     /// This many events per second, on a fixed schedule.
@@ -81,7 +78,6 @@ pub enum Pace {
     Unthrottled,
 }
 
-/// The data of bench event `number`.
 pub fn event_data(number: usize) -> Value {
     json!({ "bn": number, "pad": PAD })
 }

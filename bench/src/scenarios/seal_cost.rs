@@ -21,7 +21,6 @@ use crate::BenchResult;
 use crate::scenarios::emit_cost::{self, WriteKind};
 use crate::scenarios::publish_throughput::http_publish;
 
-/// Per-round figures with `decimals`, for a row.
 fn rates_of(rounds: &[f64], decimals: usize) -> String {
     let shown: Vec<String> = rounds.iter().map(|r| format!("{r:.decimals$}")).collect();
     shown.join(" / ")
@@ -126,8 +125,6 @@ async fn emit_rounds(
     figures
 }
 
-/// Commit to rows in hand, one event at a time: a listener opens each
-/// payload as a relay does and, for a bare pointer, reads the row back.
 async fn latency(
     database_url: &str,
     schema: &str,
@@ -198,13 +195,11 @@ async fn latency(
     Ok(latencies)
 }
 
-/// HTTP publish throughput at `publishers`, sealed and open in alternating
-/// rounds against one relay: events per second per round, sealed first.
-/// The schema's channel points elsewhere meanwhile, so that the relay hears
-/// neither (it cannot take the open one's payloads): the rounds compare
-/// what sealing costs the publishing transaction, and `open_micros` what it
-/// costs the relay. Also answers the bytes of rows one group's pointer
-/// carries on average.
+/// HTTP publish rates at `publishers`, sealed and open in alternating
+/// rounds, and the bytes of rows one group's pointer carries on average.
+/// The channel points elsewhere meanwhile: the relay cannot take the open
+/// payloads, so the rounds compare what sealing costs the publishing
+/// transaction (`open_micros` says what it costs the relay).
 async fn http_rounds(
     cx: &Context,
     publishers: usize,
@@ -256,9 +251,8 @@ async fn http_rounds(
     outcome
 }
 
-/// Microseconds each step of `seal` takes for a payload of `bytes`,
-/// measured in the database over `rounds` calls each; each figure includes
-/// one PL/pgSQL statement's own cost, as `seal`'s steps do.
+/// Microseconds each step of `seal` takes for a payload of `bytes`, over
+/// `rounds` calls; each includes one PL/pgSQL statement, as `seal`'s do.
 pub async fn steps(
     database_url: &str,
     schema: &str,
@@ -324,8 +318,6 @@ pub async fn steps(
     Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
 }
 
-/// Microseconds the relay spends opening one sealed payload of `len`
-/// bytes (before sealing), measured over many.
 pub fn open_micros(len: usize) -> BenchResult<f64> {
     let key = SealKey::new(&[7; 64])?;
     let notification = "x".repeat(len);
@@ -337,8 +329,6 @@ pub fn open_micros(len: usize) -> BenchResult<f64> {
     }
     Ok(started.elapsed().as_secs_f64() * 1e6 / rounds as f64)
 }
-/// What sealing the channel costs, side by side with an open channel and
-/// with sealed pointers that carry no rows.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let schema = cx.schema.as_str();
     const WRITERS: [usize; 2] = [1, 8];
