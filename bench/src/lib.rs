@@ -5,8 +5,6 @@
 pub mod alloc_counter;
 pub mod context;
 pub mod database;
-pub mod freezer;
-pub mod postgres_tools;
 pub mod proc_stats;
 pub mod publish;
 pub mod relay_process;
@@ -21,15 +19,12 @@ pub type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 pub const SUBSCRIBER_SECRET: &str = "bench-secret-that-is-long-enough-for-hs256-signing";
 pub const PUBLISH_TOKEN: &str = "bench-publish-token-long-enough";
 
-pub fn subscriber_token(subscriber: &str, scope: &str) -> String {
-    subscriber_token_with(subscriber, scope, serde_json::Value::Null)
-}
-
+/// A subscriber token for `scope` with `grants` (`Value::Null`: none).
 #[allow(
     clippy::expect_used,
     reason = "HS256 with a constant secret long enough for it always mints"
 )]
-pub fn subscriber_token_with(subscriber: &str, scope: &str, grants: serde_json::Value) -> String {
+pub fn subscriber_token(subscriber: &str, scope: &str, grants: serde_json::Value) -> String {
     use eventrelay::auth::{Algorithm, MintOptions, TokenSpec, mint_token};
     mint_token(
         SUBSCRIBER_SECRET,

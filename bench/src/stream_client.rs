@@ -425,7 +425,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
         let (relay, scope) = placement(global, relays, spec.scopes);
         expected_per_scope[scope] += 1;
         let scope_key = scope_name(&spec.scope_prefix, scope);
-        let token = subscriber_token(&format!("box-{global}"), &scope_key);
+        let token = subscriber_token(&format!("box-{global}"), &scope_key, Value::Null);
         let stream = Stream {
             relay,
             scope,

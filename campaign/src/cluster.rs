@@ -6,10 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::postgres_tools::{base_backup, is_root, run_tool, server_binaries, server_tool};
 use eventrelay_bench::BenchResult;
-use eventrelay_bench::postgres_tools::{
-    base_backup, is_root, run_tool, server_binaries, server_tool,
-};
 
 /// One server: its data directory and port.
 struct Server {

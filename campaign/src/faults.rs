@@ -16,8 +16,8 @@ use super::Clock;
 use super::cluster::Cluster;
 use super::records::{Outcome, Written};
 use super::subscribers::Away;
+use crate::freezer::Freezer;
 use eventrelay_bench::BenchResult;
-use eventrelay_bench::freezer::Freezer;
 use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 
 /// Every kind of fault the campaign makes.

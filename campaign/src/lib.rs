@@ -8,7 +8,9 @@
 pub mod checker;
 pub mod cluster;
 pub mod faults;
+pub mod freezer;
 pub mod hooks;
+pub mod postgres_tools;
 pub mod records;
 pub mod subscribers;
 pub mod webhook_receiver;
@@ -23,9 +25,9 @@ use tokio::sync::watch;
 
 use checker::Verdict;
 use eventrelay_bench::BenchResult;
-use eventrelay_bench::freezer::Freezer;
 use eventrelay_bench::relay_process::{RelayProcess, RelaySettings};
 use faults::{Fault, Target};
+use freezer::Freezer;
 use records::{StoredRow, SubscriberLog};
 
 /// Seconds since the campaign began, shared by every part's records.
@@ -141,7 +143,7 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
         let (order, orders) = watch::channel(subscribers::Away::default());
         away.push(order);
         let subscriber = subscribers::Subscriber {
-            token: eventrelay_bench::subscriber_token_with(id, &scope, grants),
+            token: eventrelay_bench::subscriber_token(id, &scope, grants),
             relays: Arc::clone(&bases),
             slow: i == 1,
             // Every fourth subscriber uses the Rust client.

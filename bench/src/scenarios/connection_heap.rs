@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use eventrelay_publisher::{NewEvent, Publisher};
-use serde_json::json;
+use serde_json::{Value::Null, json};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -214,7 +214,7 @@ async fn count_events(mut socket: TcpStream, count: Arc<AtomicUsize>) -> BenchRe
 
 async fn open_stream(address: SocketAddr, subscriber: &str, scope: &str) -> BenchResult<TcpStream> {
     let mut socket = TcpStream::connect(address).await?;
-    let authorization = format!("Bearer {}", subscriber_token(subscriber, scope));
+    let authorization = format!("Bearer {}", subscriber_token(subscriber, scope, Null));
     let request = request_head(address, "/v1/events", Some(&authorization), None);
     socket.write_all(request.as_bytes()).await?;
     let mut seen = [0u8; 2048];

@@ -5,16 +5,17 @@
 //! modes build on its run.
 
 use crate::context::Context;
-use crate::report::{Table, ms, size, verdict};
+use crate::report::{CommitLog, Percentiles, Table, ms, size, verdict};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::Value::Null;
+
 use crate::BenchResult;
 use crate::proc_stats::{self, Usage};
 use crate::publish::{Pace, Source, publish_for};
-use crate::report::{CommitLog, Percentiles};
 use crate::sse_load::{ReadyWhen, StreamTarget, Subscribers, deliveries};
 
 pub(crate) const CONNECT_CONCURRENCY: usize = 200;
@@ -48,7 +49,7 @@ impl Server {
                 path: "/v1/events".to_owned(),
                 authorization: Some(format!(
                     "Bearer {}",
-                    crate::subscriber_token(&format!("s{subscriber}"), scope)
+                    crate::subscriber_token(&format!("s{subscriber}"), scope, Null)
                 )),
                 ready_when: ReadyWhen::ReadyEvent,
             },

@@ -20,8 +20,7 @@ use crate::BenchResult;
 use crate::context::Context;
 use crate::publish::{Pace, Source, TICK_TYPE, event_data};
 use crate::relay_process::Metrics;
-use crate::report::Percentiles;
-use crate::report::{Table, median, ms, verdict};
+use crate::report::{Percentiles, Table, median, ms, verdict};
 use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
 
 const COMMITS: usize = 400;

@@ -5,7 +5,7 @@
 //! release; and the publisher crate's batch emit against one emit per event.
 
 use crate::context::Context;
-use crate::report::{Table, alternating, median, ms, verdict};
+use crate::report::{Percentiles, Table, alternating, median, ms, verdict};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -20,7 +20,6 @@ use tokio::net::TcpStream;
 
 use crate::database::{drop_schema, unique_schema};
 use crate::relay_process::{RelayProcess, RelaySettings};
-use crate::report::Percentiles;
 use crate::{BenchResult, PUBLISH_TOKEN};
 
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@
 //! more waves arrive, each while the previous one hangs up.
 
 use crate::context::Context;
-use crate::report::{Table, ms, size, verdict};
+use crate::report::{Percentiles, Table, ms, size, verdict};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,6 @@ use crate::database::max_seq;
 use crate::proc_stats::{self, Usage};
 use crate::publish::{TICK_TYPE, event_data};
 use crate::relay_process::{RelayProcess, RelaySettings};
-use crate::report::Percentiles;
 use crate::stream_client::{
     self, Arrival, ClientProcess, ClientSpec, Clients, PhaseFigures, Reconnect, realtime_ns,
 };
@@ -603,7 +602,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         + storm.out_of_ports;
     if load_limits > 0 {
         table.add(
-            "{label}: the load's own limits",
+            format!("{label}: the load's own limits"),
             format!(
                 "attempts without a file descriptor: {} · without an ephemeral port: {}",
                 first.out_of_descriptors + storm.out_of_descriptors,

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-#[path = "../../../bench/src/postgres_tools.rs"]
+#[path = "../../../campaign/src/postgres_tools.rs"]
 mod postgres_tools;
 use postgres_tools::{
     base_backup, debian_binaries, is_root, run_tool, server_binaries, server_tool,

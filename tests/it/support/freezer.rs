@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-#[path = "../../../bench/src/freezer.rs"]
+#[path = "../../../campaign/src/freezer.rs"]
 mod proxy;
 pub use proxy::Freezer;
 
