@@ -141,11 +141,7 @@ CREATE TABLE outbox (
     id          uuid        NOT NULL CONSTRAINT outbox_id_unique UNIQUE,
     type        text        NOT NULL
         CONSTRAINT outbox_type_valid
-        CHECK (type <> '' AND octet_length(type) <= 200 AND type !~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]')
-        -- Event types that streams use for their own frames are refused at
-        -- every emit path: emit(), the batch INSERT, and a plain INSERT.
-        CONSTRAINT outbox_type_not_reserved
-        CHECK (type NOT IN ('ready', 'open', 'error', 'reauth', 'revoked') AND NOT starts_with(type, 'eventrelay.')),
+        CHECK (type <> '' AND octet_length(type) <= 200 AND type !~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]'),
     scope_key   text        NOT NULL
         CONSTRAINT outbox_scope_key_valid
         CHECK (scope_key <> '' AND octet_length(scope_key) <= 200 AND scope_key !~ '[\x01-\x1f\x7f-\x9f]'),
@@ -180,7 +176,20 @@ CREATE TABLE outbox (
     -- roles trusted with the outbox (the owner, the relay's) can write a
     -- row directly; the emit functions never set this, so no setting an
     -- emitter can change keeps its events from being announced.
-    announced   boolean     NOT NULL DEFAULT false
+    announced   boolean     NOT NULL DEFAULT false,
+    -- A row the relay wrote itself, about itself. Only such a row may carry
+    -- one of the relay's own events (see below); emit(), emit_batch() and
+    -- the publish API never mark a row, and an emitting role cannot write
+    -- the table otherwise.
+    system      boolean     NOT NULL DEFAULT false,
+    -- Event types that streams use for their own frames are refused at
+    -- every emit path: emit(), the batch INSERT, and a plain INSERT. The
+    -- `eventrelay.` prefix is the relay's: a system row may carry the
+    -- relay's own events under it, and nothing else may.
+    CONSTRAINT outbox_type_not_reserved
+        CHECK (type NOT IN ('ready', 'open', 'error', 'reauth', 'revoked')
+               AND (NOT starts_with(type, 'eventrelay.')
+                    OR (system AND type IN ('eventrelay.subscription.paused'))))
 );
 
 -- Reading a scope after a seq (live relay and replay).
@@ -385,6 +394,15 @@ $$;
 -- Emitting from SQL
 -- ---------------------------------------------------------------------------
 
+-- The emitting functions take their transaction's id before their rows
+-- take their seqs. An INSERT takes the seq (the identity's default) before
+-- the id (`txid`'s default); taken the other way round, a transaction that
+-- holds a lower seq than some webhook delivery's event already had its id
+-- when that delivery was written, which ordered delivery relies on (see
+-- outbox_enqueue_webhooks). The publish API's statement does the same; a
+-- plain INSERT into the outbox keeps the order when its transaction wrote
+-- anything before it.
+
 -- Emits a durable event in the caller's transaction and returns its seq:
 --   SELECT eventrelay.emit('order.created', 'org-1', '{"orderId": 42}');
 -- A rolled-back transaction leaves neither the row nor its wake-up.
@@ -398,6 +416,7 @@ CREATE FUNCTION emit(
     occurred_at timestamptz DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT pg_current_xact_id();
     INSERT INTO outbox (id, type, scope_key, data, audience, resources, occurred_at)
     VALUES (
         coalesce($6, gen_random_uuid()),
@@ -425,6 +444,7 @@ CREATE FUNCTION emit_batch(
     occurred_ats   timestamptz[]
 ) RETURNS TABLE (id uuid, seq bigint)
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT pg_current_xact_id();
     INSERT INTO outbox AS o (id, type, scope_key, data, audience, resources, occurred_at)
     SELECT coalesce(e.id, gen_random_uuid()), e.type, e.scope_key, coalesce(e.data, '{}'::jsonb),
            CASE WHEN e.audience IS NULL OR e.audience = 'null'::jsonb OR e.audience = '{}'::jsonb
@@ -508,8 +528,42 @@ CREATE TABLE webhook_subscriptions (
     -- Set while an operator holds the subscription's deliveries back: they
     -- keep being queued and none is attempted until it is cleared.
     paused_at   timestamptz,
+    -- `failing` when it paused itself (its attempts all failed for long
+    -- enough, often enough); none when an operator paused it.
+    paused_reason text,
+    -- How its attempts are going, kept as each one settles: since when
+    -- every attempt has failed (NULL after a success), and how many have
+    -- failed since.
+    failing_since  timestamptz,
+    failures_since integer NOT NULL DEFAULT 0,
+    -- Its pace: at most `max_per_second` attempts a second to its receiver,
+    -- whichever relays send them. `paced_until` is its virtual schedule,
+    -- the earliest time its next attempt may start: claiming a delivery
+    -- moves it on by 1/max_per_second from whichever is later, itself or
+    -- now, in the claiming statement, under this row's lock; so claims from
+    -- every relay share one schedule, and an idle subscription builds up no
+    -- burst. Claims racing for one slot all go (at most one per claiming
+    -- worker) and each pushes the schedule on, so the rate over a stretch
+    -- of a few steps holds.
+    max_per_second integer
+        CONSTRAINT webhook_subscriptions_max_per_second_valid
+        CHECK (max_per_second IS NULL OR max_per_second BETWEEN 1 AND 100000),
+    paced_until timestamptz,
+    -- Ordered delivery, opt-in: `scope` orders each scope's events,
+    -- `resource` each event's first resource (its scope when it has none).
+    -- A key's deliveries go one at a time in seq order (see
+    -- webhook_deliveries); one pending longer than `ordering_max_block_secs`,
+    -- when set, no longer holds its key back.
+    ordering    text NOT NULL DEFAULT 'none'
+        CONSTRAINT webhook_subscriptions_ordering_valid
+        CHECK (ordering IN ('none', 'scope', 'resource')),
+    ordering_max_block_secs integer
+        CONSTRAINT webhook_subscriptions_ordering_max_block_valid
+        CHECK (ordering_max_block_secs IS NULL OR ordering_max_block_secs > 0),
     created_at  timestamptz NOT NULL DEFAULT now(),
-    updated_at  timestamptz NOT NULL DEFAULT now()
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT webhook_subscriptions_paused_reason_valid
+        CHECK (paused_reason IS NULL OR (paused_reason = 'failing' AND paused_at IS NOT NULL))
 );
 
 CREATE TABLE webhook_deliveries (
@@ -533,11 +587,28 @@ CREATE TABLE webhook_deliveries (
     last_status       integer,
     last_error        text,
     created_at        timestamptz NOT NULL DEFAULT now(),
-    updated_at        timestamptz NOT NULL DEFAULT now()
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    -- The key an ordered subscription's delivery goes in order within;
+    -- NULL for an unordered one, and for a redelivery, which is sent on its
+    -- own, outside its key's order.
+    ordering_key      text,
+    -- The first transaction id not yet handed out when the delivery was
+    -- written: once no transaction below it is running, no lower seq of its
+    -- key can still commit (see outbox_enqueue_webhooks).
+    ordered_after     xid8,
+    -- Claimed while an older delivery of its key was still pending, past
+    -- the subscription's ordering_max_block_secs.
+    order_skipped     boolean     NOT NULL DEFAULT false
 );
 
--- Claiming due work.
-CREATE INDEX webhook_deliveries_due_idx ON webhook_deliveries (next_attempt_at) WHERE status = 'pending';
+-- Claiming due work: among deliveries due together, the oldest events
+-- first, so each key's head comes before the rest of its key.
+CREATE INDEX webhook_deliveries_due_idx ON webhook_deliveries (next_attempt_at, event_seq)
+    WHERE status = 'pending';
+-- A key's pending deliveries by seq: which one is the key's head.
+CREATE INDEX webhook_deliveries_ordering_idx
+    ON webhook_deliveries (subscription_id, ordering_key, event_seq)
+    WHERE status = 'pending' AND ordering_key IS NOT NULL;
 -- Listing the log.
 CREATE INDEX webhook_deliveries_scope_idx ON webhook_deliveries (scope_key, id);
 CREATE INDEX webhook_deliveries_status_idx ON webhook_deliveries (status, id);
@@ -591,8 +662,20 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM webhook_subscriptions) THEN
         RETURN NULL;
     END IF;
-    INSERT INTO webhook_deliveries (subscription_id, event_seq, event_id, event_type, scope_key, payload)
-    SELECT s.id, n.seq, n.id, n.type, n.scope_key, outbox_envelope(n)::jsonb - 'audience'
+    -- An ordered subscription's delivery records its key, and the first
+    -- transaction id not yet handed out now, after the rows were written:
+    -- every transaction that took a lower seq held its id before (see
+    -- above), so once none below this one is running, no lower seq of the
+    -- key can still commit.
+    INSERT INTO webhook_deliveries
+        (subscription_id, event_seq, event_id, event_type, scope_key, payload,
+         ordering_key, ordered_after)
+    SELECT s.id, n.seq, n.id, n.type, n.scope_key, outbox_envelope(n)::jsonb - 'audience',
+           CASE s.ordering
+               WHEN 'scope' THEN 's:' || n.scope_key
+               WHEN 'resource' THEN coalesce('r:' || n.resources[1], 's:' || n.scope_key)
+           END,
+           CASE WHEN s.ordering <> 'none' THEN pg_snapshot_xmax(pg_current_snapshot()) END
     FROM new_rows n
     JOIN webhook_subscriptions s
       ON (s.scope_key IS NULL OR s.scope_key = n.scope_key)

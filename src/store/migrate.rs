@@ -25,18 +25,11 @@ pub struct Migration {
 /// Every migration, in the order they apply. A test checks this list
 /// against the `migrations/` directory. Version 1 is the whole schema;
 /// later changes append versions 2, 3, … and never edit an applied one.
-pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "schema",
-        sql: include_str!("../../migrations/0001_schema.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "webhook_rules",
-        sql: include_str!("../../migrations/0002_webhook_rules.sql"),
-    },
-];
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "schema",
+    sql: include_str!("../../migrations/0001_schema.sql"),
+}];
 
 /// Why the schema could not be brought up to date.
 #[derive(Debug, thiserror::Error)]

@@ -45,14 +45,14 @@ const NOT_PAUSED: &str = "NOT EXISTS (SELECT 1 FROM {schema}.webhook_subscriptio
 
 /// The condition that keeps a delivery (alias `d`) from being claimed
 /// while its subscription's pace (`max_per_second`) has no room: its
-/// schedule (`paced_until`, see the `webhook_rules` migration) is ahead of
+/// schedule (`paced_until`, see `webhook_subscriptions` in the schema) is ahead of
 /// now.
 const PACED_NOW: &str = "NOT EXISTS (SELECT 1 FROM {schema}.webhook_subscriptions s
                         WHERE s.id = d.subscription_id AND s.paused_at IS NULL
                           AND s.max_per_second IS NOT NULL AND s.paced_until > now())";
 
 /// The condition that holds a delivery (alias `d`) of an ordered
-/// subscription back until its turn (see the `webhook_rules` migration): no
+/// subscription back until its turn (see `webhook_subscriptions` in the schema): no
 /// transaction that could still commit a lower seq of its key is running,
 /// and it is its key's head (the key's pending delivery with the lowest
 /// seq, found once per statement from the ordering index, so that a long
