@@ -13,7 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, WrapFuture};
+use actix::{Actor, ActorContext, AsyncContext, Context, WrapFuture};
 use chrono::Utc;
 use eventrelay_wire::EventEnvelope;
 use eventrelay_wire::webhook::{WebhookSecret, sign};
@@ -132,7 +132,7 @@ impl Actor for Dispatcher {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.resize(self.config.workers, ctx);
+        self.resize(self.config.workers);
         let watch = watch_backlog(
             self.db.clone(),
             self.store.clone(),
@@ -170,7 +170,7 @@ async fn watch_backlog(db: Database, store: WebhookStore, metrics: Arc<Metrics>)
 impl Dispatcher {
     /// Runs `workers` workers: starts more, or lets the surplus finish
     /// their delivery and end.
-    fn resize(&mut self, workers: usize, ctx: &mut Context<Self>) {
+    fn resize(&mut self, workers: usize) {
         // A dropped lifeline ends its worker after its delivery.
         self.workers.truncate(workers);
         while self.workers.len() < workers {
@@ -183,9 +183,14 @@ impl Dispatcher {
                 metrics: Arc::clone(&self.metrics),
                 http: self.http.clone(),
                 retired,
+                _running: self._running.clone(),
             };
             let worker = self.workers.len();
-            ctx.spawn(work.run(worker).into_actor(self).map(|_, _, _| ()));
+            // Not in the actor's context: stopping the dispatcher must not
+            // drop a delivery mid-request, which would leave its lease to
+            // run out (`lease_ms`) before anyone sends it again. A worker
+            // ends once its lifeline is gone and its delivery is recorded.
+            actix::spawn(work.run(worker));
             self.workers.push(lifeline);
         }
     }
@@ -199,9 +204,9 @@ pub struct SetWorkers(pub usize);
 impl actix::Handler<SetWorkers> for Dispatcher {
     type Result = ();
 
-    fn handle(&mut self, msg: SetWorkers, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: SetWorkers, _: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Dispatcher).handling();
-        self.resize(msg.0, ctx);
+        self.resize(msg.0);
     }
 }
 
@@ -249,6 +254,9 @@ struct Worker {
     /// Never sent on: it closes when the dispatcher drops this worker's
     /// lifeline (fewer workers configured) or stops.
     retired: mpsc::Receiver<()>,
+    /// Held until the worker ends, so that shutdown waits for the delivery
+    /// it is sending to be recorded.
+    _running: tokio::sync::mpsc::Sender<()>,
 }
 
 impl Worker {
