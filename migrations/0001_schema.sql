@@ -182,6 +182,10 @@ CREATE TABLE outbox (
     -- the publish API never mark a row, and an emitting role cannot write
     -- the table otherwise.
     system      boolean     NOT NULL DEFAULT false,
+    -- The W3C trace context the event continues, as given at publish (the
+    -- emit functions keep only a well-formed value). Relays continue the
+    -- trace; a malformed value is ignored there, never an error.
+    traceparent text,
     -- Event types that streams use for their own frames are refused at
     -- every emit path: emit(), the batch INSERT, and a plain INSERT. The
     -- `eventrelay.` prefix is the relay's: a system row may carry the
@@ -205,14 +209,28 @@ CREATE INDEX outbox_written_at_idx ON outbox (written_at);
 -- The envelope
 -- ---------------------------------------------------------------------------
 
+-- A caller's `traceparent` if it is well-formed (W3C, version 00), else
+-- NULL: a malformed one is dropped, never an error that loses the event.
+CREATE FUNCTION valid_traceparent(traceparent text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+                 AND substr(traceparent, 4, 32) <> repeat('0', 32)
+                 AND substr(traceparent, 37, 16) <> repeat('0', 16)
+                THEN traceparent
+           END
+$$;
+
 -- One outbox row as the JSON envelope relays see, its fields in the wire
--- envelope's order (`audience` is null when unset). Notifications carry it as it is; a webhook delivery's body
--- is the same envelope without `audience` (see outbox_enqueue_webhooks), so
--- both are built here and nowhere else. A plain SQL function without a SET
--- clause, so a query calling it has it inlined.
+-- envelope's order (`audience` is null when unset), and the row's
+-- `traceparent` last, only when it has one: an untraced event's envelope,
+-- every byte of which travels on the channel, is as it was. Notifications
+-- carry it as it is; a webhook delivery's body is the same envelope without
+-- `audience` and `traceparent` (see outbox_enqueue_webhooks), so both are
+-- built here and nowhere else. A plain SQL function without a SET clause,
+-- so a query calling it has it inlined.
 CREATE FUNCTION outbox_envelope(n outbox) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT json_build_object(
+    SELECT left(json_build_object(
                'id', n.id,
                'type', n.type,
                'scopeKey', n.scope_key,
@@ -222,7 +240,9 @@ LANGUAGE sql STABLE AS $$
                'audience', n.audience,
                'resources', n.resources,
                'occurredAt', to_char(n.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
-           )::text
+           )::text, -1)
+           || coalesce(',"traceparent":' || to_json(n.traceparent)::text, '')
+           || '}'
 $$;
 
 
@@ -413,11 +433,12 @@ CREATE FUNCTION emit(
     audience    jsonb       DEFAULT NULL,
     resources   text[]      DEFAULT '{}',
     id          uuid        DEFAULT NULL,
-    occurred_at timestamptz DEFAULT NULL
+    occurred_at timestamptz DEFAULT NULL,
+    traceparent text        DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
     SELECT pg_current_xact_id();
-    INSERT INTO outbox (id, type, scope_key, data, audience, resources, occurred_at)
+    INSERT INTO outbox (id, type, scope_key, data, audience, resources, occurred_at, traceparent)
     VALUES (
         coalesce($6, gen_random_uuid()),
         $1,
@@ -425,7 +446,8 @@ LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
         coalesce($3, '{}'::jsonb),
         CASE WHEN $4 IS NULL OR $4 = 'null'::jsonb OR $4 = '{}'::jsonb THEN NULL ELSE $4 END,
         coalesce($5, '{}'),
-        coalesce($7, clock_timestamp())
+        coalesce($7, clock_timestamp()),
+        valid_traceparent($8)
     )
     RETURNING seq
 $$;
@@ -433,7 +455,9 @@ $$;
 -- Emits many durable events with one statement, in the order given, in
 -- the caller's transaction, and returns each one's id and seq: the
 -- publisher crate's batch emit. Resource lists are JSON arrays of strings
--- (SQL arrays of arrays must not be ragged). The trigger announces the rows.
+-- (SQL arrays of arrays must not be ragged). `traceparents` may be NULL or
+-- shorter than the rest: the missing ones are NULL. The trigger announces
+-- the rows.
 CREATE FUNCTION emit_batch(
     ids            uuid[],
     event_types    text[],
@@ -441,18 +465,20 @@ CREATE FUNCTION emit_batch(
     datas          jsonb[],
     audiences      jsonb[],
     resource_lists jsonb[],
-    occurred_ats   timestamptz[]
+    occurred_ats   timestamptz[],
+    traceparents   text[]        DEFAULT NULL
 ) RETURNS TABLE (id uuid, seq bigint)
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
     SELECT pg_current_xact_id();
-    INSERT INTO outbox AS o (id, type, scope_key, data, audience, resources, occurred_at)
+    INSERT INTO outbox AS o (id, type, scope_key, data, audience, resources, occurred_at, traceparent)
     SELECT coalesce(e.id, gen_random_uuid()), e.type, e.scope_key, coalesce(e.data, '{}'::jsonb),
            CASE WHEN e.audience IS NULL OR e.audience = 'null'::jsonb OR e.audience = '{}'::jsonb
                 THEN NULL ELSE e.audience END,
            ARRAY(SELECT jsonb_array_elements_text(coalesce(e.resources, '[]'::jsonb))),
-           coalesce(e.occurred_at, clock_timestamp())
-    FROM unnest($1, $2, $3, $4, $5, $6, $7)
-         WITH ORDINALITY AS e(id, type, scope_key, data, audience, resources, occurred_at, n)
+           coalesce(e.occurred_at, clock_timestamp()), valid_traceparent(e.traceparent)
+    FROM unnest($1, $2, $3, $4, $5, $6, $7, $8)
+         WITH ORDINALITY AS e(id, type, scope_key, data, audience, resources, occurred_at,
+                              traceparent, n)
     ORDER BY e.n
     RETURNING o.id, o.seq
 $$;
@@ -598,7 +624,10 @@ CREATE TABLE webhook_deliveries (
     ordered_after     xid8,
     -- Claimed while an older delivery of its key was still pending, past
     -- the subscription's ordering_max_block_secs.
-    order_skipped     boolean     NOT NULL DEFAULT false
+    order_skipped     boolean     NOT NULL DEFAULT false,
+    -- The event's trace context, sent on each attempt as `traceparent`
+    -- (the body leaves it out).
+    traceparent       text
 );
 
 -- Claiming due work: among deliveries due together, the oldest events
@@ -669,13 +698,15 @@ BEGIN
     -- key can still commit.
     INSERT INTO webhook_deliveries
         (subscription_id, event_seq, event_id, event_type, scope_key, payload,
-         ordering_key, ordered_after)
-    SELECT s.id, n.seq, n.id, n.type, n.scope_key, outbox_envelope(n)::jsonb - 'audience',
+         ordering_key, ordered_after, traceparent)
+    SELECT s.id, n.seq, n.id, n.type, n.scope_key,
+           outbox_envelope(n)::jsonb - 'audience' - 'traceparent',
            CASE s.ordering
                WHEN 'scope' THEN 's:' || n.scope_key
                WHEN 'resource' THEN coalesce('r:' || n.resources[1], 's:' || n.scope_key)
            END,
-           CASE WHEN s.ordering <> 'none' THEN pg_snapshot_xmax(pg_current_snapshot()) END
+           CASE WHEN s.ordering <> 'none' THEN pg_snapshot_xmax(pg_current_snapshot()) END,
+           n.traceparent
     FROM new_rows n
     JOIN webhook_subscriptions s
       ON (s.scope_key IS NULL OR s.scope_key = n.scope_key)

@@ -28,6 +28,7 @@ pub const MAX_LOGICAL_MESSAGE_BYTES: usize = 1024 * 1024;
 
 use crate::auth::AuthConfig;
 use crate::secret::{DatabaseUrl, Secret};
+pub use crate::telemetry::TelemetryConfig;
 pub use crate::webhooks::WebhooksConfig;
 
 /// Everything the service reads at start.
@@ -46,6 +47,8 @@ pub struct Config {
     pub webhooks: WebhooksConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
+    /// Traces over OTLP; see `docs/src/operations.md`.
+    pub telemetry: TelemetryConfig,
     /// The throwaway HMAC secret of development mode (no `[auth]`), which
     /// lets the inspector mint tokens. Never read from configuration.
     #[serde(skip)]
@@ -279,6 +282,7 @@ impl Default for Config {
             webhooks: WebhooksConfig::default(),
             admin: AdminConfig::default(),
             log: LogConfig::default(),
+            telemetry: TelemetryConfig::default(),
             development_secret: None,
         }
     }
@@ -643,6 +647,9 @@ impl Config {
                 "log.level",
                 format!("not a tracing filter such as `info` or `eventrelay=debug`: {error}"),
             ));
+        }
+        if let Err((setting, message)) = self.telemetry.check() {
+            return Err(invalid(setting, message));
         }
         Ok(())
     }

@@ -25,7 +25,8 @@
 //!   the schemas directory; [`metrics`]: `/metrics`, with
 //!   [`latency`]'s per-stage histograms;
 //!   [`memory`]: returning departed connections' memory to the system;
-//!   [`secret`]: values that never print; [`server`]: start and stop.
+//!   [`secret`]: values that never print; [`server`]: start and stop;
+//!   [`telemetry`]: traces over OTLP and the trace context events carry.
 //!
 //! Dependencies point one way: `config` knows the settings types of the
 //! domains it composes (`webhooks`), `sse` builds on `http`'s state and
@@ -49,6 +50,7 @@ pub mod server;
 pub mod sse;
 pub mod state;
 pub mod store;
+pub mod telemetry;
 pub mod webhooks;
 
 pub use eventrelay_publisher as publisher;

@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 use strum::IntoEnumIterator;
 
 use crate::latency::Stages;
+use crate::telemetry::Tracing;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
@@ -198,6 +199,9 @@ pub struct Metrics {
     pub commit_to_send_seconds: Histogram,
     /// Where an event's time goes, stage by stage (see [`crate::latency`]).
     pub stages: Stages,
+    /// The same journey as traces, when `[telemetry]` exports them: held
+    /// here because every part that stamps a stage holds the metrics.
+    pub tracing: Tracing,
     pub events_published: Counter,
     pub publish_group_requests: Histogram,
     pub outbox_rows_pruned: Counter,
@@ -285,6 +289,7 @@ impl Metrics {
                 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
             ]),
             stages: Stages::default(),
+            tracing: Tracing::default(),
             events_published: Counter::default(),
             publish_group_requests: Histogram::new([
                 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0,
@@ -672,5 +677,13 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Metrics {
+    /// The metrics of a relay that exports traces through `tracing`.
+    pub fn tracing_to(mut self, tracing: Tracing) -> Self {
+        self.tracing = tracing;
+        self
     }
 }

@@ -6,11 +6,16 @@
 //! fields apart from the full envelope (no id, data, resources or lane) keeps
 //! what a tail holds per event close to the size of its frame.
 
+use std::sync::{Arc, OnceLock};
+
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use eventrelay_wire::{Audience, EventEnvelope, ResumeCursor, Subscriber, is_permitted, sse};
+use eventrelay_wire::{
+    Audience, EventEnvelope, ResumeCursor, Subscriber, TraceParent, is_permitted, sse,
+};
 
 use crate::latency::Stamp;
+use crate::telemetry::EventTrace;
 
 #[derive(Debug)]
 pub struct EncodedEvent {
@@ -26,6 +31,12 @@ pub struct EncodedEvent {
     pub frame: Bytes,
     /// When its hub began fanning it out, for sessions' latency stage.
     pub fan_out_started: Stamp,
+    /// The trace the event continues (from its `traceparent`), which the
+    /// frame does not carry.
+    trace_parent: Option<Box<TraceParent>>,
+    /// Its delivery's trace, when traced: set by the hub that fans it out,
+    /// stamped by each stream that writes it.
+    trace: OnceLock<Arc<EventTrace>>,
 }
 
 impl EncodedEvent {
@@ -47,7 +58,17 @@ impl EncodedEvent {
         Self::encode(envelope, None, Some(cursor))
     }
 
-    fn encode(envelope: EventEnvelope, txid: Option<u64>, cursor: Option<ResumeCursor>) -> Self {
+    fn encode(
+        mut envelope: EventEnvelope,
+        txid: Option<u64>,
+        cursor: Option<ResumeCursor>,
+    ) -> Self {
+        // Taken out before the frame is made: browsers never see it.
+        let trace_parent = envelope
+            .traceparent
+            .take()
+            .and_then(|text| TraceParent::parse(&text))
+            .map(Box::new);
         let frame = Bytes::from(sse::event_frame_at(&envelope, cursor));
         EncodedEvent {
             seq: envelope.seq,
@@ -58,6 +79,8 @@ impl EncodedEvent {
             audience: envelope.audience.map(Box::new),
             frame,
             fan_out_started: Stamp::default(),
+            trace_parent,
+            trace: OnceLock::new(),
         }
     }
 
@@ -82,6 +105,21 @@ impl EncodedEvent {
     /// The audience predicate, applied to this event.
     pub fn is_permitted_for(&self, subscriber: &Subscriber) -> bool {
         is_permitted(&self.scope_key, self.audience.as_deref(), subscriber)
+    }
+
+    /// The trace the event continues, if it named a valid one.
+    pub fn trace_parent(&self) -> Option<TraceParent> {
+        self.trace_parent.as_deref().copied()
+    }
+
+    /// Its delivery's trace, once its hub has started one.
+    pub fn trace(&self) -> Option<&Arc<EventTrace>> {
+        self.trace.get()
+    }
+
+    /// Starts its delivery's trace (the first one set wins).
+    pub fn traced_by(&self, trace: Arc<EventTrace>) -> &Arc<EventTrace> {
+        self.trace.get_or_init(|| trace)
     }
 
     /// Encoded size, which the tail's byte bound counts.

@@ -152,7 +152,7 @@ impl HubHandle {
         let mut core = lock(&self.core);
         if core.in_mailbox == 0 && core.subscribers() <= PUBLISHER_FAN_OUT_MAX {
             core.stages().since(Stage::Relay, heard_at);
-            core.supervised(|core| core.fan_out(&event, Runner::Publisher));
+            core.supervised(|core| core.fan_out(&event, Runner::Publisher, Some(heard_at)));
             FannedOut::Here
         } else {
             let msg = PublishEphemeral {
@@ -239,7 +239,7 @@ impl Handler<PublishDurable> for Hub {
         }
         let mut core = lock(&self.core);
         core.taken_from_mailbox();
-        core.supervised(|core| core.publish_durable(msg.read_after, &msg.events));
+        core.supervised(|core| core.publish_durable(msg.read_after, &msg.events, msg.heard_at));
     }
 }
 
@@ -264,7 +264,7 @@ impl Handler<PublishEphemeral> for Hub {
         }
         let mut core = lock(&self.core);
         core.taken_from_mailbox();
-        core.supervised(|core| core.fan_out(&msg.event, Runner::Hub));
+        core.supervised(|core| core.fan_out(&msg.event, Runner::Hub, msg.heard_at));
     }
 }
 

@@ -7,10 +7,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use chrono::Utc;
 use eventrelay_wire::Subscriber;
+use opentelemetry::KeyValue;
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use super::encoded::EncodedEvent;
@@ -18,6 +19,7 @@ use super::tail::{Bound, Tail};
 use crate::latency::Stage;
 use crate::metrics::{ActorKind, Metrics};
 use crate::store::Snapshot;
+use crate::telemetry::EventTrace;
 
 /// A subscriber's outgoing queue, as the hub sees it.
 pub type FrameSender = mpsc::Sender<Arc<EncodedEvent>>;
@@ -160,19 +162,31 @@ impl HubCore {
 
     /// Durable events read after `read_after`, new to this hub, in seq
     /// order: kept in the tail, then fanned out.
-    pub fn publish_durable(&mut self, read_after: i64, events: &[Arc<EncodedEvent>]) {
+    pub fn publish_durable(
+        &mut self,
+        read_after: i64,
+        events: &[Arc<EncodedEvent>],
+        heard_at: Option<Instant>,
+    ) {
         self.tail.publish(read_after, events);
         for event in events {
-            self.fan_out(event, Runner::Hub);
+            self.fan_out(event, Runner::Hub, heard_at);
         }
     }
 
     /// Queues `event` to every subscriber it is for. A subscriber whose
     /// queue is full is dropped on the spot (it reconnects and replays), so
-    /// one slow reader never stalls the others.
-    pub fn fan_out(&mut self, event: &Arc<EncodedEvent>, runner: Runner) {
+    /// one slow reader never stalls the others. `heard_at` is when the
+    /// listener heard it, if it did (for its trace).
+    pub fn fan_out(
+        &mut self,
+        event: &Arc<EncodedEvent>,
+        runner: Runner,
+        heard_at: Option<Instant>,
+    ) {
         let started = Instant::now();
         event.fan_out_started.set(started);
+        let trace = self.trace(event, started, heard_at);
         let yield_after = match runner {
             Runner::Hub => yield_after(self.last_fan_out, started),
             Runner::Publisher => u64::MAX,
@@ -217,6 +231,9 @@ impl HubCore {
         metrics.events_delivered.inc_by(delivered);
         metrics.events_filtered.inc_by(filtered);
         let ended = Instant::now();
+        if let Some((trace, started_at)) = trace {
+            trace.fanned_out(started_at, delivered as usize);
+        }
         self.last_fan_out = Some(ended);
         metrics.stages.observe(Stage::FanOut, ended - started);
         let latency = (Utc::now() - event.occurred_at())
@@ -226,6 +243,31 @@ impl HubCore {
             .commit_to_send_seconds
             .observe(latency.as_secs_f64());
         metrics.events_relayed.inc();
+    }
+
+    /// Starts `event`'s trace when this relay traces it (see
+    /// [`crate::telemetry::EventTrace`]), with the wall-clock time its
+    /// fan-out started.
+    fn trace(
+        &self,
+        event: &EncodedEvent,
+        started: Instant,
+        heard_at: Option<Instant>,
+    ) -> Option<(Arc<EventTrace>, SystemTime)> {
+        let tracing = &self.metrics.tracing;
+        if !tracing.is_on() {
+            return None;
+        }
+        let now = SystemTime::now();
+        let at = |instant: Instant| now - instant.elapsed();
+        let attributes = vec![
+            KeyValue::new("eventrelay.scope", self.scope_key.clone()),
+            KeyValue::new("eventrelay.event_type", event.event_type().to_owned()),
+            KeyValue::new("eventrelay.seq", event.seq().unwrap_or(0)),
+        ];
+        let fan_out = at(started);
+        let trace = tracing.event(event.trace_parent(), heard_at.map(at), fan_out, attributes)?;
+        Some((Arc::clone(event.traced_by(trace)), fan_out))
     }
 
     /// Runs `work`; if it panics, restarts the hub in place: every

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use eventrelay_publisher::{EventEnvelope, Lane, NewEvent, PublishError};
-use eventrelay_wire::EncodeError;
+use eventrelay_wire::{EncodeError, TraceParent};
 use serde::Serialize;
 use serde_json::Value;
 use tokio_postgres::error::SqlState;
@@ -29,6 +29,7 @@ use crate::api_error::{ApiError, ErrorCode};
 use crate::group_commit::GroupError;
 use crate::latency::Stage;
 use crate::state::AppState;
+use crate::telemetry::PublishTrace;
 
 const PUBLISH: Guard = Guard {
     setting: "publish.token",
@@ -168,9 +169,39 @@ pub async fn publish_events(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let received = std::time::Instant::now();
+    let received_at = std::time::SystemTime::now();
     PUBLISH.check(&request, state.config().publish.token.as_deref())?;
     let body = read_body(payload, &state.config().http).await?;
-    let events = parse_events(&body, state.config().publish.max_batch)?;
+    let mut events = parse_events(&body, state.config().publish.max_batch)?;
+    // A malformed header is ignored, as the trace context rules ask.
+    let caller = request
+        .headers()
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .and_then(TraceParent::parse);
+    let trace = state
+        .metrics
+        .tracing
+        .publish(caller, events.len(), received_at);
+    for event in &mut events {
+        if event.traceparent.is_none() {
+            event.traceparent.clone_from(&trace.traceparent);
+        }
+    }
+    let published = publish_traced(&state, events, received, &trace).await;
+    trace.end(published.as_ref().err().map(|error| error.code.as_str()));
+    let envelopes = published?;
+    Ok(HttpResponse::Ok().json(Published { events: &envelopes }))
+}
+
+/// Validates, writes and commits a request's events; ephemeral-only
+/// requests are also fanned out here at once.
+async fn publish_traced(
+    state: &AppState,
+    events: Vec<NewEvent>,
+    received: std::time::Instant,
+    trace: &PublishTrace,
+) -> Result<Vec<EventEnvelope>, ApiError> {
     let prepared = state.publishing.prepare(events).map_err(group_error)?;
     state.metrics.stages.since(Stage::Parse, received);
     if prepared
@@ -182,18 +213,17 @@ pub async fn publish_events(
         // need not wait for the transaction, nor for its notification to
         // come back (which the relay then skips). Other relays get the
         // events at the commit, as always.
-        hand_to_hubs(&state, prepared.envelopes());
+        hand_to_hubs(state, prepared.envelopes());
     }
-    let envelopes = state
-        .publishing
-        .publish(prepared)
-        .await
-        .map_err(group_error)?;
+    let group_commit = trace.group_commit();
+    let written = state.publishing.publish(prepared).await;
+    drop(group_commit);
+    let envelopes = written.map_err(group_error)?;
     state
         .metrics
         .events_published
         .inc_by(envelopes.len() as u64);
-    Ok(HttpResponse::Ok().json(Published { events: &envelopes }))
+    Ok(envelopes)
 }
 
 /// Fans ephemeral events out to this relay's subscribers of their scopes

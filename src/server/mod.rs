@@ -72,6 +72,8 @@ pub enum ServeError {
     WebhookClient(#[source] reqwest::Error),
     #[error(transparent)]
     Tls(#[from] crate::http::tls::TlsError),
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
     #[error("http.allowed_origins: {0}")]
     Origins(#[from] crate::http::cors::OriginPatternError),
     #[error(transparent)]
@@ -118,8 +120,9 @@ pub async fn run_with(
              without cookies (http.allow_credentials is off); bearer and query tokens still work"
         );
     }
+    let tracing = crate::telemetry::Tracing::start(&config.telemetry)?;
     let backend = backend::open_backend(&config).await?;
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::new().tracing_to(tracing.clone()));
     let db = backend
         .db
         .clone()
@@ -343,6 +346,7 @@ pub async fn run_with(
         relay,
         actors_stopped,
         arbiters,
+        tracing,
         #[cfg(feature = "embedded")]
         embedded: backend.embedded,
     }

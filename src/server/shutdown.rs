@@ -1,7 +1,8 @@
 //! The shutdown, in the order clients need: stop accepting, end every
 //! stream with its closing chunk, stop the HTTP server, then the
-//! background tasks, the actors, the arbiters and the embedded database,
-//! each step bounded so that one that hangs cannot hold up the rest.
+//! background tasks, the actors, the arbiters, the last spans and the
+//! embedded database, each step bounded so that one that hangs cannot hold
+//! up the rest.
 
 use std::time::Duration;
 
@@ -40,6 +41,8 @@ pub(super) struct Running {
     /// Closes once every long-lived actor has stopped.
     pub actors_stopped: mpsc::Receiver<()>,
     pub arbiters: Vec<Arbiter>,
+    /// Sends its last spans once everything that makes them has stopped.
+    pub tracing: crate::telemetry::Tracing,
     #[cfg(feature = "embedded")]
     pub embedded: Option<crate::store::embedded::EmbeddedDatabase>,
 }
@@ -107,6 +110,9 @@ impl Running {
         for arbiter in self.arbiters {
             arbiter.stop();
         }
+        // The export blocks (up to its timeout) on the exporter's thread.
+        let tracing = self.tracing;
+        let _ = tokio::task::spawn_blocking(move || tracing.shutdown()).await;
         #[cfg(feature = "embedded")]
         if let Some(embedded) = self.embedded {
             embedded.shutdown().await;

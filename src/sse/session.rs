@@ -725,6 +725,9 @@ pub(super) fn join_frames(
                 continue;
             }
         }
+        if let (Source::Live, Some(trace)) = (source, event.trace()) {
+            trace.written();
+        }
         match (&mut joined, single.take()) {
             (Some(chunk), _) => chunk.extend_from_slice(&event.frame),
             (None, None) => single = Some(event.frame.clone()),

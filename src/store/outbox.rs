@@ -115,7 +115,7 @@ impl Outbox {
     pub fn new(schema: &Identifier) -> Self {
         Outbox {
             read_sql: format!(
-                "SELECT seq, id, type, scope_key, data, audience, resources, occurred_at,
+                "SELECT seq, id, type, scope_key, data, audience, resources, occurred_at, traceparent,
                         txid::text AS txid, pg_column_size(data) AS data_bytes
                  FROM {schema}.outbox
                  WHERE scope_key = $1 AND seq > $2
@@ -130,7 +130,7 @@ impl Outbox {
                 "WITH taken AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS snapshot_xmin)
                  SELECT taken.snapshot_xmin, o.*
                  FROM taken LEFT JOIN LATERAL (
-                     SELECT seq, id, type, scope_key, data, audience, resources, occurred_at,
+                     SELECT seq, id, type, scope_key, data, audience, resources, occurred_at, traceparent,
                             txid::text AS txid, pg_column_size(data) AS data_bytes
                      FROM {schema}.outbox
                      WHERE scope_key = $1 AND seq > $2
@@ -403,6 +403,7 @@ fn stored_from_row(row: &Row) -> Option<StoredEvent> {
         resources: row.get("resources"),
         occurred_at: row.get("occurred_at"),
         txid,
+        traceparent: row.get("traceparent"),
     }
     .into_stored()
 }
@@ -420,6 +421,9 @@ pub struct OutboxRow {
     pub resources: Vec<String>,
     pub occurred_at: DateTime<Utc>,
     pub txid: u64,
+    /// As stored: the relay parses it only for a trace, and ignores it when
+    /// malformed.
+    pub traceparent: Option<String>,
 }
 
 impl OutboxRow {
@@ -436,6 +440,7 @@ impl OutboxRow {
             resources,
             occurred_at,
             txid,
+            traceparent,
         } = self;
         if is_control_event_type(&event_type) {
             // The table's constraint refuses these; should it ever be
@@ -468,6 +473,7 @@ impl OutboxRow {
             audience,
             resources,
             occurred_at,
+            traceparent,
         };
         Some(StoredEvent { envelope, txid })
     }

@@ -159,6 +159,7 @@ struct RowBuilder {
     resources: Option<Vec<String>>,
     occurred_at: Option<DateTime<Utc>>,
     txid: Option<u64>,
+    traceparent: Option<String>,
 }
 
 impl RowBuilder {
@@ -175,6 +176,7 @@ impl RowBuilder {
             "audience" => self.audience = Some(read(column, raw)?),
             "resources" => self.resources = Some(read(column, raw)?),
             "occurred_at" => self.occurred_at = Some(read(column, raw)?),
+            "traceparent" => self.traceparent = Some(read(column, raw)?),
             // xid8 is sent as eight big-endian bytes.
             "txid" => {
                 let bytes: [u8; 8] = raw.try_into().map_err(|_| PgOutputError::Column {
@@ -201,6 +203,7 @@ impl RowBuilder {
                 .occurred_at
                 .ok_or(PgOutputError::Missing("occurred_at"))?,
             txid: self.txid.ok_or(PgOutputError::Missing("txid"))?,
+            traceparent: self.traceparent,
         })
     }
 }

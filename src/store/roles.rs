@@ -57,8 +57,8 @@ GRANT SELECT, INSERT, DELETE ON {schema}.subscriber_disconnections TO {relay};
 GRANT EXECUTE ON FUNCTION
     {schema}.outbox_announce_rows(uuid[], bigint[], uuid[], text[], integer[], text[], text[]),
     {schema}.notify_inline(text),
-    {schema}.emit(text, text, jsonb, jsonb, text[], uuid, timestamptz),
-    {schema}.emit_batch(uuid[], text[], text[], jsonb[], jsonb[], jsonb[], timestamptz[])
+    {schema}.emit(text, text, jsonb, jsonb, text[], uuid, timestamptz, text),
+    {schema}.emit_batch(uuid[], text[], text[], jsonb[], jsonb[], jsonb[], timestamptz[], text[])
     TO {relay};
 
 -- Emitters: applications that emit events in their own transactions. They
@@ -67,8 +67,8 @@ GRANT EXECUTE ON FUNCTION
 {emitter_role}
 GRANT USAGE ON SCHEMA {schema} TO {emitter};
 GRANT EXECUTE ON FUNCTION
-    {schema}.emit(text, text, jsonb, jsonb, text[], uuid, timestamptz),
-    {schema}.emit_batch(uuid[], text[], text[], jsonb[], jsonb[], jsonb[], timestamptz[]),
+    {schema}.emit(text, text, jsonb, jsonb, text[], uuid, timestamptz, text),
+    {schema}.emit_batch(uuid[], text[], text[], jsonb[], jsonb[], jsonb[], timestamptz[], text[]),
     {schema}.notify_inline(text)
     TO {emitter};
 "

@@ -17,6 +17,7 @@ use actix::{Actor, ActorContext, AsyncContext, Context, WrapFuture};
 use chrono::Utc;
 use eventrelay_wire::EventEnvelope;
 use eventrelay_wire::webhook::{WebhookSecret, sign};
+use opentelemetry::KeyValue;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use tokio::sync::mpsc;
 
@@ -349,8 +350,29 @@ impl Worker {
     async fn deliver(&self, claimed: Claimed) {
         let started_at = Utc::now();
         let clock = Instant::now();
-        let outcome = self.attempt(&claimed).await;
+        let trace = self.metrics.tracing.webhook_attempt(
+            claimed.traceparent.as_deref(),
+            vec![
+                KeyValue::new("eventrelay.subscription", claimed.subscription_id.clone()),
+                KeyValue::new("eventrelay.delivery", claimed.id),
+                KeyValue::new("eventrelay.attempt", i64::from(claimed.attempt)),
+                KeyValue::new("eventrelay.event_id", claimed.event_id.to_string()),
+            ],
+        );
+        let outcome = self.attempt(&claimed, trace.traceparent.as_deref()).await;
         let record = self.settle(&claimed, outcome, started_at, clock.elapsed());
+        let mut attributes = vec![KeyValue::new("eventrelay.outcome", record.outcome.as_str())];
+        if let Some(status) = record.status_code {
+            attributes.push(KeyValue::new(
+                "http.response.status_code",
+                i64::from(status),
+            ));
+        }
+        let failed = match record.outcome {
+            AttemptOutcome::Delivered => None,
+            _ => Some(record.error.as_deref().unwrap_or("the receiver refused it")),
+        };
+        trace.end(attributes, failed);
         self.metrics
             .webhook_deliveries
             .get_or_create(&OutcomeLabel {
@@ -391,8 +413,9 @@ impl Worker {
         }
     }
 
-    /// Sends one attempt and reports what the receiver said.
-    async fn attempt(&self, claimed: &Claimed) -> Sent {
+    /// Sends one attempt and reports what the receiver said. The request
+    /// carries `traceparent` when the event has a trace.
+    async fn attempt(&self, claimed: &Claimed, traceparent: Option<&str>) -> Sent {
         let subscription = match self.db.get().await {
             Ok(conn) => {
                 self.store
@@ -421,16 +444,17 @@ impl Worker {
         {
             return Sent::Failed(refusal);
         }
-        let response = self
+        let mut request = self
             .http
             .post(&subscription.url)
             .header(CONTENT_TYPE, "application/json")
             .header("webhook-id", &msg_id)
             .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signatures.join(" "))
-            .body(body)
-            .send()
-            .await;
+            .header("webhook-signature", signatures.join(" "));
+        if let Some(traceparent) = traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        let response = request.body(body).send().await;
         match response {
             Ok(response) => {
                 let status = response.status().as_u16();

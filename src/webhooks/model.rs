@@ -591,6 +591,8 @@ pub struct Claimed {
     /// Its first attempt, taken while an older delivery of its key was
     /// still pending, past the subscription's `orderingMaxBlockSecs`.
     pub skipped_ahead: bool,
+    /// The event's trace context as stored with it.
+    pub traceparent: Option<String>,
 }
 
 /// When a subscription whose receiver keeps failing pauses itself, and

@@ -441,7 +441,8 @@ impl WebhookStore {
                                            AND e.event_seq < d.event_seq))
                      FROM due WHERE d.id = due.id
                      RETURNING d.id, d.subscription_id, d.event_id, d.payload, d.attempts,
-                               d.order_skipped AND d.attempts = 1 AND d.ordering_key IS NOT NULL",
+                               d.order_skipped AND d.attempts = 1 AND d.ordering_key IS NOT NULL,
+                               d.traceparent",
                     pending = pending_literal(),
                     in_its_turn = in_its_turn(),
                 ),
@@ -455,6 +456,7 @@ impl WebhookStore {
             payload: row.get(3),
             attempt: row.get(4),
             skipped_ahead: row.get(5),
+            traceparent: row.get(6),
         }))
     }
 

@@ -24,7 +24,9 @@
 //!   transaction, through any [`PgExecutor`] (tokio-postgres, deadpool,
 //!   sqlx behind the `sqlx` feature), and `emit_batch_committed`, a batch in
 //!   its own pipelined transaction; [`SchemaRegistry`] validates data
-//!   against per-type JSON Schemas.
+//!   against per-type JSON Schemas. An event continues the trace of its
+//!   W3C `traceparent`, or of the current `tracing` span behind the
+//!   `tracing-opentelemetry` feature.
 //! - [`connect`]: connections from a URL with libpq's TLS settings and TCP
 //!   keepalive; [`listen`]: the one LISTEN driver (bounded start-up, health
 //!   check after silence), used by the service and by [`broadcast`].
@@ -42,6 +44,8 @@ mod publisher;
 mod registry;
 #[cfg(feature = "sqlx")]
 mod sqlx_support;
+#[cfg(feature = "tracing-opentelemetry")]
+mod trace_context;
 
 pub use backoff::Backoff;
 pub use broadcast::BroadcastChannel;

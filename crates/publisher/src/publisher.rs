@@ -101,30 +101,32 @@ impl Publisher {
         // ordered webhook delivery relies on.
         let insert = format!(
             "INSERT INTO {schema}.outbox (id, type, scope_key, data, audience, resources, occurred_at,
-                                          announced)
+                                          traceparent, announced)
              SELECT e.id, e.type, e.scope_key, e.data, e.audience,
-                    ARRAY(SELECT jsonb_array_elements_text(e.resources)), e.occurred_at, true
+                    ARRAY(SELECT jsonb_array_elements_text(e.resources)), e.occurred_at,
+                    e.traceparent, true
              FROM (SELECT pg_current_xact_id()) AS id_first,
                   unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[],
-                         $6::jsonb[], $7::timestamptz[])
-                  WITH ORDINALITY AS e(id, type, scope_key, data, audience, resources, occurred_at, n)
+                         $6::jsonb[], $7::timestamptz[], $8::text[])
+                  WITH ORDINALITY AS e(id, type, scope_key, data, audience, resources, occurred_at,
+                                       traceparent, n)
              ORDER BY e.n"
         );
         Ok(Publisher {
-            emit_sql: format!("SELECT {schema}.emit($1, $2, $3, $4, $5, $6, $7)").into(),
+            emit_sql: format!("SELECT {schema}.emit($1, $2, $3, $4, $5, $6, $7, $8)").into(),
             emit_batch_sql: format!(
-                "SELECT id, seq FROM {schema}.emit_batch($1, $2, $3, $4, $5, $6, $7)"
+                "SELECT id, seq FROM {schema}.emit_batch($1, $2, $3, $4, $5, $6, $7, $8)"
             )
             .into(),
             announce_rows: false,
             // The same INSERT, its rows announced by the statement itself
-            // from envelope parts built here ($8 to $10); the database
+            // from envelope parts built here ($9 to $11); the database
             // only joins them around the seqs (see `outbox_announce_rows`).
             emit_batch_announced_sql: format!(
                 "WITH written AS ({insert} RETURNING id, seq),
                  announced AS MATERIALIZED (
                      SELECT {schema}.outbox_announce_rows(array_agg(id), array_agg(seq),
-                                                          $1, $3, $8, $9, $10)
+                                                          $1, $3, $9, $10, $11)
                      FROM written)
                  SELECT written.id, written.seq FROM written, announced"
             )
@@ -142,7 +144,7 @@ impl Publisher {
             #[cfg(feature = "sqlx")]
             sqlx_emit_sql: format!(
                 "SELECT {schema}.emit($1, $2, $3::text::jsonb, $4::text::jsonb, $5, \
-                 $6::text::uuid, $7::text::timestamptz)"
+                 $6::text::uuid, $7::text::timestamptz, $8)"
             )
             .into(),
             schema,
@@ -380,7 +382,9 @@ impl Publisher {
             .map(|e| serde_json::Value::from(e.resources.clone()))
             .collect();
         let times: Vec<chrono::DateTime<Utc>> = durable.iter().map(|e| e.occurred_at).collect();
-        let insert_params: [(&(dyn ToSql + Sync), Type); 7] = [
+        let traceparents: Vec<Option<&str>> =
+            durable.iter().map(|e| e.traceparent.as_deref()).collect();
+        let insert_params: [(&(dyn ToSql + Sync), Type); 8] = [
             (&ids, Type::UUID_ARRAY),
             (&types, Type::TEXT_ARRAY),
             (&scopes, Type::TEXT_ARRAY),
@@ -388,6 +392,7 @@ impl Publisher {
             (&audiences, Type::JSONB_ARRAY),
             (&resources, Type::JSONB_ARRAY),
             (&times, Type::TIMESTAMPTZ_ARRAY),
+            (&traceparents, Type::TEXT_ARRAY),
         ];
         let notify_params: Vec<[(&(dyn ToSql + Sync), Type); 1]> = payloads
             .iter()
@@ -453,6 +458,8 @@ impl Publisher {
         if let Some(registry) = &self.registry {
             registry.check(&event.event_type, &event.data)?;
         }
+        #[cfg(feature = "tracing-opentelemetry")]
+        let event = crate::trace_context::from_current_span(event);
         let envelope = event.into_envelope(Utc::now());
         if envelope.lane == Lane::Ephemeral {
             // Size-check before touching the database.
@@ -562,7 +569,7 @@ impl<'a> DurableRow<'a> {
         DurableRow { envelope, audience }
     }
 
-    fn params(&self) -> [(&(dyn ToSql + Sync), Type); 7] {
+    fn params(&self) -> [(&(dyn ToSql + Sync), Type); 8] {
         let e = self.envelope;
         [
             (&e.event_type, Type::TEXT),
@@ -572,6 +579,7 @@ impl<'a> DurableRow<'a> {
             (&e.resources, Type::TEXT_ARRAY),
             (&e.id, Type::UUID),
             (&e.occurred_at, Type::TIMESTAMPTZ),
+            (&e.traceparent, Type::TEXT),
         ]
     }
 }

@@ -30,6 +30,7 @@ impl Publisher {
                     .bind(&envelope.resources)
                     .bind(envelope.id.to_string())
                     .bind(envelope.occurred_at.to_rfc3339())
+                    .bind(&envelope.traceparent)
                     .fetch_one(conn)
                     .await?;
                 envelope.seq = Some(seq);

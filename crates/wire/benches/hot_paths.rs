@@ -35,6 +35,7 @@ fn envelope(audience: Option<Audience>) -> EventEnvelope {
         audience,
         resources: vec!["order:8f2a".into()],
         occurred_at: Utc.timestamp_micros(1_765_000_000_000_000).unwrap(),
+        traceparent: None,
     }
 }
 

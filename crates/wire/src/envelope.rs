@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::trace::TraceParent;
+
 /// Longest accepted event type, in bytes.
 pub const MAX_EVENT_TYPE_BYTES: usize = 200;
 /// Longest accepted scope key, in bytes.
@@ -142,6 +144,12 @@ pub struct EventEnvelope {
     pub resources: Vec<String>,
     /// When the event was emitted (RFC 3339, UTC).
     pub occurred_at: DateTime<Utc>,
+    /// The W3C trace context given at publish, as the notification channel
+    /// carries it to relays. A relay takes it out before it frames the
+    /// event, and webhook bodies leave it out: it travels as the webhook
+    /// request's `traceparent` header instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// Why an envelope or a new event is not acceptable.
@@ -253,6 +261,10 @@ pub struct NewEvent {
     pub audience: Option<Audience>,
     #[serde(default)]
     pub resources: Vec<String>,
+    /// The W3C `traceparent` of the trace the event continues. A malformed
+    /// value is dropped when the event is built, never an error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl NewEvent {
@@ -288,6 +300,7 @@ impl NewEvent {
             data,
             audience: None,
             resources: Vec::new(),
+            traceparent: None,
         }
     }
 
@@ -304,6 +317,13 @@ impl NewEvent {
         S: Into<String>,
     {
         self.resources = resources.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Continues the trace of a W3C `traceparent`; a malformed value is
+    /// ignored.
+    pub fn with_traceparent(mut self, traceparent: &str) -> Self {
+        self.traceparent = TraceParent::parse(traceparent).map(|parent| parent.to_string());
         self
     }
 
@@ -334,6 +354,8 @@ impl NewEvent {
             audience: self.audience.filter(|a| !a.is_empty()),
             resources: self.resources,
             occurred_at: now.trunc_subsecs(6),
+            traceparent: TraceParent::parse_optional(self.traceparent.as_deref())
+                .map(|parent| parent.to_string()),
         }
     }
 }

@@ -9,10 +9,11 @@
 //! [`envelope`] (the event and its rules), [`notification`] (the `NOTIFY`
 //! payloads: pointers, inline events and batches), [`seal`] (how those
 //! payloads are sealed on the channel), [`cursor`] (a frame's `id:`, the
-//! `Last-Event-ID` a stream resumes from), [`carrying`]
-//! (pointers a writer builds itself before the seqs exist), [`sse`] (frames),
-//! [`audience`] (the one predicate every delivery path applies), [`webhook`]
-//! (Standard Webhooks signing and verifying), and `schema` (the JSON
+//! `Last-Event-ID` a stream resumes from), [`carrying`] (pointers a writer
+//! builds itself before the seqs exist), [`sse`] (frames), [`trace`] (the
+//! W3C `traceparent` an event carries), [`audience`] (the one predicate
+//! every delivery path applies), [`webhook`] (Standard Webhooks signing and
+//! verifying), and `schema` (the JSON
 //! Schemas, behind the `json-schema` feature).
 
 pub mod audience;
@@ -24,6 +25,7 @@ pub mod notification;
 pub mod schema;
 pub mod seal;
 pub mod sse;
+pub mod trace;
 pub mod webhook;
 
 pub use audience::{PermissionEvaluator, Subscriber, is_envelope_permitted, is_permitted};
@@ -42,3 +44,4 @@ pub use notification::{
     encode_pointer, encode_pointer_carrying,
 };
 pub use seal::{MAX_SEALED_PLAINTEXT_BYTES, Origin, SealError, SealKey, sealed_len};
+pub use trace::{TRACEPARENT_LEN, TraceParent};

@@ -71,6 +71,7 @@ prop_compose! {
             audience,
             resources,
             occurred_at: Utc.timestamp_micros(micros).unwrap(),
+            traceparent: None,
         }
     }
 }

@@ -186,7 +186,7 @@ struct Link<'a> {
 
 /// One change of the transaction being read.
 enum Pending {
-    Row(StoredEvent),
+    Row(Box<StoredEvent>),
     Message(Bytes),
 }
 
@@ -289,7 +289,7 @@ impl Link<'_> {
                     match decoder.decode(&data)? {
                         Change::Insert(row) => {
                             if let Some(stored) = row.into_stored() {
-                                open.changes.push(Pending::Row(stored));
+                                open.changes.push(Pending::Row(Box::new(stored)));
                             }
                         }
                         Change::DeliveryQueued => open.deliveries_queued = true,
@@ -351,7 +351,7 @@ impl Link<'_> {
         let mut rows = Vec::new();
         for change in changes {
             match change {
-                Pending::Row(row) => rows.push(row),
+                Pending::Row(row) => rows.push(*row),
                 Pending::Message(content) => {
                     self.send_rows(std::mem::take(&mut rows), false);
                     if !self.forward_ephemeral(&content) {
