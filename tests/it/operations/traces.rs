@@ -119,6 +119,38 @@ async fn wait_for_spans(otlp: &Receiver, names: &[&str]) -> HashMap<String, Vec<
     .await
 }
 
+/// Prints the spans as a trace viewer lists them, each with its start
+/// after the trace's first and its length, for the reader.
+fn print_trace(spans: &HashMap<String, Vec<Span>>) {
+    let all: Vec<&Span> = spans.values().flatten().collect();
+    let depth = |span: &Span| {
+        let mut depth = 0;
+        let mut parent = &span.parent_span_id;
+        while let Some(up) = all.iter().find(|s| &s.span_id == parent) {
+            depth += 1;
+            parent = &up.parent_span_id;
+        }
+        depth
+    };
+    let mut listed: Vec<(u64, usize, &Span)> = all
+        .iter()
+        .map(|span| (span.start_time_unix_nano, depth(span), *span))
+        .collect();
+    listed.sort_by_key(|(start, depth, _)| (*start, *depth));
+    let first = listed.first().map_or(0, |(start, _, _)| *start);
+    let ms = |nanos: u64| nanos as f64 / 1e6;
+    for (start, depth, span) in listed {
+        println!(
+            "{:indent$}{:<32} +{:>8.3} ms {:>8.3} ms",
+            "",
+            span.name,
+            ms(start - first),
+            ms(span.end_time_unix_nano - start),
+            indent = depth * 2
+        );
+    }
+}
+
 fn one<'a>(spans: &'a HashMap<String, Vec<Span>>, name: &str) -> &'a Span {
     let found = &spans[name];
     assert_eq!(found.len(), 1, "one {name} span: {found:?}");
@@ -226,6 +258,7 @@ async fn one_trace_goes_from_an_http_publish_to_the_webhook_receiver(mode: Wakeu
         ],
     )
     .await;
+    print_trace(&spans);
     let trace_id = trace_id_of(CALLER);
     let publish = one(&spans, "eventrelay.publish");
     assert_eq!(publish.trace_id, trace_id);
@@ -336,6 +369,22 @@ async fn a_malformed_traceparent_is_ignored_never_an_error() {
     let relays_own = TraceParent::parse(stored[0].as_deref().unwrap()).unwrap();
     assert!(!relays_own.sampled());
     assert_eq!(stored[1..], [None, None], "nothing malformed is stored");
+    let batch = format!(
+        "SELECT seq FROM {}.emit_batch(ARRAY[NULL, NULL]::uuid[], ARRAY['t.a', 't.b'],
+                 ARRAY['org-1', 'org-1'], ARRAY['{{}}', '{{}}']::jsonb[], ARRAY[NULL, NULL]::jsonb[],
+                 ARRAY[NULL, NULL]::jsonb[], ARRAY[NULL, NULL]::timestamptz[],
+                 traceparents => ARRAY[$1, 'garbage'])",
+        db.schema
+    );
+    client.execute(&batch, &[&CALLER]).await.unwrap();
+    let batched: Vec<Option<String>> = db
+        .column("SELECT traceparent FROM {schema}.outbox WHERE type LIKE 't.%' ORDER BY seq")
+        .await;
+    assert_eq!(
+        batched,
+        [Some(CALLER.to_owned()), None],
+        "emit_batch keeps the valid one"
+    );
     let requests = hooks.wait_for(3).await;
     for request in &requests {
         // Each attempt carries its own span's context, as any traced HTTP
