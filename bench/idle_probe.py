@@ -143,24 +143,13 @@ def main():
     work = tempfile.mkdtemp(prefix="eventrelay-probe.")
     config = os.path.join(work, "relay.toml")
     with open(config, "w") as file:
-        file.write(f"""[database]
-url = "{args.database_url}"
-schema = "{schema}"
-channel = "{schema}"
-[http]
-bind = "127.0.0.1:{args.port}"
-workers = 2
-inspector = false
-[sse]
-max_age_secs = 3600
-[hub]
-arbiters = 2
-[auth]
-mode = "jwt"
-algorithm = "HS256"
-secret = "{SECRET.decode()}"
-[log]
-level = "warn"
+        file.write(f"""\
+database = {{ url = "{args.database_url}", schema = "{schema}", channel = "{schema}" }}
+http = {{ bind = "127.0.0.1:{args.port}", workers = 2, inspector = false }}
+sse = {{ max_age_secs = 3600 }}
+hub = {{ arbiters = 2 }}
+auth = {{ mode = "jwt", algorithm = "HS256", secret = "{SECRET.decode()}" }}
+log = {{ level = "warn" }}
 """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTRELAY_")}
     env.pop("DATABASE_URL", None)

@@ -28,6 +28,7 @@ const SCENARIOS: &[Scenario] = &[
     scenario("memory", rows!(connection_heap::rows)),
     scenario("storm", rows!(streams::storm_rows)),
     scenario("streams", rows!(streams::rows)),
+    scenario("webhooks", rows!(webhooks::rows)),
     // 100,000 streams over 6 relays: only when named.
     Scenario {
         name: "box",

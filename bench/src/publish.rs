@@ -4,6 +4,7 @@
 //! time on the shared clock: after COMMIT returned for an emit, just before
 //! the request for HTTP publishing (the commit happens inside the server).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -50,6 +51,16 @@ impl Source {
         }
     }
 
+    pub fn http(base: &str, lane: &'static str) -> Source {
+        let base = base.to_owned();
+        Source::HttpPublish { base, lane }
+    }
+
+    pub fn nchan(address: SocketAddr) -> Source {
+        let url = format!("http://{address}/pub");
+        Source::Nchan { url }
+    }
+
     pub fn label(&self) -> &'static str {
         match self {
             Source::Emit { .. } => "emit (Postgres commit)",
@@ -80,6 +91,11 @@ pub enum Pace {
 
 pub fn event_data(number: usize) -> Value {
     json!({ "bn": number, "pad": PAD })
+}
+
+/// Bench event `number`, durable, in `scope`.
+pub fn tick(scope: &str, number: usize) -> NewEvent {
+    NewEvent::durable(TICK_TYPE, scope, event_data(number))
 }
 
 /// Publishes numbered events for `duration` with `writers` concurrent
@@ -123,11 +139,8 @@ pub async fn publish_for(
             BenchResult::Ok(published)
         }));
     }
-    let mut total = 0;
-    for task in tasks {
-        total += task.await??;
-    }
-    Ok(total)
+    let counts = futures_util::future::join_all(tasks).await;
+    counts.into_iter().map(|t| -> BenchResult<_> { t? }).sum()
 }
 
 enum Writer {
@@ -168,17 +181,16 @@ impl Writer {
                 client: Box::new(eventrelay::connect(database_url).await?),
                 publisher: Publisher::new(schema)?,
             },
-            Source::HttpPublish { base, lane } => Writer::Http {
-                client: reqwest::Client::new(),
-                url: format!("{base}/v1/events"),
-                lane: Some(*lane),
-            },
-            Source::Nchan { url } => Writer::Http {
-                client: reqwest::Client::new(),
-                url: url.clone(),
-                lane: None,
-            },
+            Source::HttpPublish { base, lane } => {
+                Writer::http(format!("{base}/v1/events"), Some(*lane))
+            }
+            Source::Nchan { url } => Writer::http(url.clone(), None),
         })
+    }
+
+    fn http(url: String, lane: Option<&'static str>) -> Writer {
+        let client = reqwest::Client::new();
+        Writer::Http { client, url, lane }
     }
 
     async fn publish(&mut self, number: usize, scope: &str, log: &CommitLog) -> BenchResult<()> {
@@ -189,37 +201,25 @@ impl Writer {
             }
             Writer::Emit { client, publisher } => {
                 let transaction = client.transaction().await?;
-                publisher
-                    .emit(
-                        &transaction,
-                        NewEvent::durable(TICK_TYPE, scope, event_data(number)),
-                    )
-                    .await?;
+                publisher.emit(&transaction, tick(scope, number)).await?;
                 transaction.commit().await?;
                 log.record(number, log.now());
             }
             Writer::Http { client, url, lane } => {
+                let post = client.post(url.as_str());
                 let request = match lane {
                     // The same bytes a browser would get from eventrelay.
                     None => {
-                        let mut envelope = NewEvent::durable(TICK_TYPE, scope, event_data(number))
-                            .into_envelope(chrono::Utc::now());
+                        let mut envelope = tick(scope, number).into_envelope(chrono::Utc::now());
                         envelope.seq = Some(number as i64);
-                        client
-                            .post(url.as_str())
-                            .body(serde_json::to_vec(&envelope)?)
+                        post.body(serde_json::to_vec(&envelope)?)
                     }
-                    Some(lane) => {
-                        client
-                            .post(url.as_str())
-                            .bearer_auth(PUBLISH_TOKEN)
-                            .json(&json!({
-                                "type": TICK_TYPE,
-                                "scopeKey": scope,
-                                "lane": *lane,
-                                "data": event_data(number),
-                            }))
-                    }
+                    Some(lane) => post.bearer_auth(PUBLISH_TOKEN).json(&json!({
+                        "type": TICK_TYPE,
+                        "scopeKey": scope,
+                        "lane": *lane,
+                        "data": event_data(number),
+                    })),
                 };
                 log.record(number, log.now());
                 let response = request.send().await?;

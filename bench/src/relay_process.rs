@@ -3,6 +3,7 @@
 //! The scenarios and the fault campaign start their relays through it. Also
 //! the load tool's one reader of `/metrics` (the Prometheus text format).
 
+use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -11,6 +12,8 @@ use std::time::Duration;
 use crate::{BenchResult, PUBLISH_TOKEN, SUBSCRIBER_SECRET};
 
 pub const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// The event type the `webhook_url` subscription takes.
+pub const WEBHOOK_TYPE: &str = "bench.hook";
 
 #[derive(Clone, Debug)]
 pub struct RelaySettings {
@@ -18,6 +21,8 @@ pub struct RelaySettings {
     pub schema: String,
     pub queue_capacity: usize,
     pub webhook_url: Option<String>,
+    /// More lines of that subscription (`max_per_second = 50`).
+    pub webhook_options: String,
     pub group_commit_ms: u64,
     pub pool_size: usize,
     pub wakeup: &'static str,
@@ -45,6 +50,7 @@ impl RelaySettings {
             schema: schema.to_owned(),
             queue_capacity: 1024,
             webhook_url: None,
+            webhook_options: String::new(),
             group_commit_ms: 2,
             pool_size: 16,
             wakeup: "notify",
@@ -105,7 +111,8 @@ impl RelaySettings {
         if let Some(url) = &self.webhook_url {
             text.push_str(&format!(
                 "\n[[webhooks.subscriptions]]\nid = \"bench\"\nurl = \"{url}\"\n\
-                 secret = \"{WEBHOOK_SECRET}\"\ntypes = [\"bench.hook\"]\n"
+                 secret = \"{WEBHOOK_SECRET}\"\ntypes = [\"{WEBHOOK_TYPE}\"]\n{}\n",
+                self.webhook_options
             ));
         }
         text
@@ -135,10 +142,8 @@ impl RelayProcess {
     ) -> BenchResult<RelayProcess> {
         let config_path: PathBuf = work_dir.join(format!("relay-{port}.toml"));
         std::fs::write(&config_path, settings.toml(port))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(work_dir.join(format!("relay-{port}.log")))?;
+        let log_path = work_dir.join(format!("relay-{port}.log"));
+        let log = File::options().create(true).append(true).open(log_path)?;
         let mut command = Command::new(binary);
         command
             .arg("serve")
@@ -209,12 +214,10 @@ impl RelayProcess {
         let client = reqwest::Client::new();
         for _ in 0..600 {
             if let Some(status) = self.child.try_wait()? {
-                return Err(format!(
-                    "the relay exited with {status}; see {}/relay-{}.log",
-                    work_dir.display(),
-                    self.port
-                )
-                .into());
+                let log = work_dir.join(format!("relay-{}.log", self.port));
+                return Err(
+                    format!("the relay exited with {status}; see {}", log.display()).into(),
+                );
             }
             if ready(&client, &self.base).await {
                 return Ok(());
@@ -229,11 +232,8 @@ impl RelayProcess {
     }
 
     pub async fn metrics(&self) -> Metrics {
-        let Ok(response) = reqwest::Client::new()
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-        else {
+        let url = format!("{}/metrics", self.base);
+        let Ok(response) = reqwest::Client::new().get(url).send().await else {
             return Metrics::default();
         };
         Metrics::parse(&response.text().await.unwrap_or_default())
@@ -269,11 +269,9 @@ pub fn test_relay_binary() -> BenchResult<PathBuf> {
         .ok_or("a test binary lives in target/<profile>/deps")?
         .join("eventrelay");
     if !binary.exists() {
-        return Err(format!(
-            "no relay binary at {}: build the workspace's tests (`cargo nextest run --workspace`) or set EVENTRELAY_BIN",
-            binary.display()
-        )
-        .into());
+        let hint =
+            "build the workspace's tests (`cargo nextest run --workspace`) or set EVENTRELAY_BIN";
+        return Err(format!("no relay binary at {}: {hint}", binary.display()).into());
     }
     Ok(binary)
 }

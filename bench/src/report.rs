@@ -25,6 +25,11 @@ impl Table {
         self.rows.push(row);
     }
 
+    /// A row with no target.
+    pub fn note(&mut self, scenario: impl Into<String>, result: impl Into<String>) {
+        self.add(scenario, result, "–");
+    }
+
     pub fn render(&self) -> String {
         let mut text = String::from("| scenario | measured | target |\n|---|---|---|\n");
         for row in &self.rows {
@@ -67,21 +72,24 @@ pub fn size(bytes: f64) -> String {
     }
 }
 
+/// `values` with `decimals` decimals, between `separator`s.
+pub fn joined(values: &[f64], decimals: usize, separator: &str) -> String {
+    let shown: Vec<String> = values.iter().map(|v| format!("{v:.decimals$}")).collect();
+    shown.join(separator)
+}
+
 pub fn verdict(met: bool) -> &'static str {
     if met { "**met**" } else { "**missed**" }
 }
 
 pub fn median(values: &[f64]) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let middle = sorted.len() / 2;
-    if sorted.len() % 2 == 0 {
-        (sorted[middle - 1] + sorted[middle]) / 2.0
-    } else {
-        sorted[middle]
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 0 => (sorted[middle - 1] + sorted[middle]) / 2.0,
+        _ => sorted[middle],
     }
 }
 
@@ -142,12 +150,11 @@ pub struct Percentiles {
 
 impl Percentiles {
     pub fn summary(&self) -> String {
-        format!(
-            "p50 {} · p99 {} · max {}",
-            ms(self.p50),
-            ms(self.p99),
-            ms(self.max)
-        )
+        format!("{} · max {}", self.p50_p99(), ms(self.max))
+    }
+
+    pub fn p50_p99(&self) -> String {
+        format!("p50 {} · p99 {}", ms(self.p50), ms(self.p99))
     }
 
     pub fn of(samples: &mut [u64]) -> Percentiles {

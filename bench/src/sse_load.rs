@@ -19,9 +19,10 @@ use crate::report::{CommitLog, Receipt};
 const NUMBER_MARKER: &[u8] = b"\"bn\":";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub enum ReadyWhen {
     /// eventrelay: after its `event: ready` frame (replay is done).
+    #[default]
     ReadyEvent,
     /// nchan: once the response headers are in.
     HeadersEnd,
@@ -107,13 +108,8 @@ impl Subscribers {
 
     pub async fn finish(self) -> Vec<StreamOutcome> {
         let _ = self.stop.send(true);
-        let mut outcomes = Vec::with_capacity(self.tasks.len());
-        for task in self.tasks {
-            if let Ok(Ok(outcome)) = task.await {
-                outcomes.push(outcome);
-            }
-        }
-        outcomes
+        let outcomes = futures_util::future::join_all(self.tasks).await;
+        outcomes.into_iter().flatten().flatten().collect()
     }
 }
 
@@ -207,10 +203,11 @@ pub(crate) fn request_head(
     request
 }
 
+#[derive(Default)]
 pub(crate) struct FrameParser {
     ready_when: ReadyWhen,
     pending: Vec<u8>,
-    in_headers: bool,
+    in_body: bool,
     status_seen: bool,
     ready: bool,
     pub(crate) status: Option<u16>,
@@ -223,15 +220,10 @@ pub(crate) struct FrameParser {
 
 impl FrameParser {
     pub(crate) fn new(ready_when: ReadyWhen) -> Self {
+        let parser = FrameParser::default();
         FrameParser {
             ready_when,
-            pending: Vec::new(),
-            in_headers: true,
-            status_seen: false,
-            ready: false,
-            status: None,
-            last_id: None,
-            ended: false,
+            ..parser
         }
     }
 
@@ -261,7 +253,7 @@ impl FrameParser {
 
     fn line(&mut self, line: &[u8], now: u64, receipts: &mut Vec<Receipt>) -> Result<(), String> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if self.in_headers {
+        if !self.in_body {
             if !self.status_seen {
                 self.status_seen = true;
                 self.status = std::str::from_utf8(line)
@@ -271,7 +263,7 @@ impl FrameParser {
                     return Err(format!("refused: {}", String::from_utf8_lossy(line)));
                 }
             } else if line.is_empty() {
-                self.in_headers = false;
+                self.in_body = true;
                 if self.ready_when == ReadyWhen::HeadersEnd {
                     self.ready = true;
                 }
@@ -299,11 +291,12 @@ impl FrameParser {
     }
 }
 
-fn event_number(line: &[u8]) -> Option<u32> {
-    let at = line
-        .windows(NUMBER_MARKER.len())
-        .position(|w| w == NUMBER_MARKER)?;
-    let digits = &line[at + NUMBER_MARKER.len()..];
+/// The bench event number in `text` (`"bn":<n>`, JSON as any encoder
+/// writes it).
+pub(crate) fn event_number(text: &[u8]) -> Option<u32> {
+    let marker = NUMBER_MARKER.len();
+    let at = text.windows(marker).position(|w| w == NUMBER_MARKER)?;
+    let digits = text[at + marker..].trim_ascii_start();
     let mut number: u32 = 0;
     let mut any = false;
     for byte in digits.iter().take_while(|b| b.is_ascii_digit()) {

@@ -117,9 +117,8 @@ pub fn scope_name(prefix: &str, index: usize) -> String {
 /// Nanoseconds since the epoch on `CLOCK_REALTIME`: the clock every process
 /// on the machine reads alike.
 pub fn realtime_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_nanos() as u64)
+    let since = SystemTime::now().duration_since(UNIX_EPOCH);
+    since.map_or(0, |elapsed| elapsed.as_nanos() as u64)
 }
 
 struct Shared {
@@ -138,6 +137,10 @@ struct Shared {
 impl Shared {
     fn phases(&self) -> MutexGuard<'_, Vec<PhaseFigures>> {
         self.phases.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn arrivals(&self) -> MutexGuard<'_, Vec<Arrival>> {
+        self.arrivals.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn phase(&self) -> usize {
@@ -234,12 +237,9 @@ impl Stream {
     }
 
     async fn connect(&self) -> Result<TcpStream, Ended> {
-        let socket = TcpSocket::new_v4().map_err(|error| {
-            if error.raw_os_error() == Some(EMFILE) {
-                Ended::NoDescriptor
-            } else {
-                Ended::Broken(format!("socket: {}", error.kind()))
-            }
+        let socket = TcpSocket::new_v4().map_err(|error| match error.raw_os_error() {
+            Some(EMFILE) => Ended::NoDescriptor,
+            _ => Ended::Broken(format!("socket: {}", error.kind())),
         })?;
         socket
             .bind(SocketAddr::new(self.source, 0))
@@ -274,12 +274,8 @@ impl Stream {
             Ok(stream) => stream,
             Err(ended) => return ended,
         };
-        let request = request_head(
-            self.address,
-            "/v1/events",
-            Some(&self.authorization),
-            self.last_event_id,
-        );
+        let (authorization, last) = (Some(self.authorization.as_str()), self.last_event_id);
+        let request = request_head(self.address, "/v1/events", authorization, last);
         if stream.write_all(request.as_bytes()).await.is_err() {
             return Ended::Broken("sending the request".to_owned());
         }
@@ -299,19 +295,16 @@ impl Stream {
             let mut became_ready = false;
             let outcome = BUFFER.with_borrow_mut(|buffer| {
                 loop {
+                    let live = streaming || became_ready;
                     let read = match stream.try_read(buffer) {
-                        Ok(0) if streaming || became_ready => return Some(Ended::ByServer),
+                        Ok(0) if live => return Some(Ended::ByServer),
                         Ok(0) => return Some(Ended::Broken("closed before ready".to_owned())),
                         Ok(read) => read,
                         Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
                             return None;
                         }
                         Err(error) => {
-                            let when = if streaming || became_ready {
-                                "streaming"
-                            } else {
-                                "before ready"
-                            };
+                            let when = if live { "streaming" } else { "before ready" };
                             return Some(Ended::Broken(format!("read {when}: {}", error.kind())));
                         }
                     };
@@ -336,14 +329,9 @@ impl Stream {
                 if self.received[word] & bit == 0 {
                     self.received[word] |= bit;
                     shared.received.fetch_add(1, Ordering::Relaxed);
+                    let (number, relay, at) = (receipt.number, self.relay as u32, receipt.at);
                     if shared.timing.load(Ordering::Relaxed) {
-                        if let Ok(mut arrivals) = shared.arrivals.lock() {
-                            arrivals.push(Arrival {
-                                number: receipt.number,
-                                relay: self.relay as u32,
-                                at: receipt.at,
-                            });
-                        }
+                        shared.arrivals().push(Arrival { number, relay, at });
                     }
                 }
             }
@@ -445,8 +433,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
 
     let (commands_tx, mut commands) = mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
             if commands_tx.send(line).is_err() {
                 break;
             }
@@ -475,11 +462,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
                 reported = false;
             }
             ["report"] => {
-                let arrivals = shared
-                    .arrivals
-                    .lock()
-                    .map(|mut arrivals| std::mem::take(&mut *arrivals))
-                    .unwrap_or_default();
+                let arrivals = std::mem::take(&mut *shared.arrivals());
                 let mut file =
                     std::io::BufWriter::new(std::fs::File::create(spec.receipts_path())?);
                 for arrival in &arrivals {
@@ -499,10 +482,8 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
                 "received": shared.received.load(Ordering::Relaxed),
             })),
             ["finish", emitted, patience_ms] => {
-                break Some((
-                    emitted.parse::<usize>()?,
-                    Duration::from_millis(patience_ms.parse()?),
-                ));
+                let patience = Duration::from_millis(patience_ms.parse()?);
+                break Some((emitted.parse::<usize>()?, patience));
             }
             _ => say(&json!({"event": "error", "unknown": command})),
         }
@@ -518,8 +499,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     shared.stop.send_replace(true);
-    let mut missing = 0u64;
-    let mut missing_streams = 0u64;
+    let (mut missing, mut missing_streams) = (0u64, 0u64);
     for task in tasks {
         let Ok(stream) = task.await else { continue };
         let gap = stream.missing(emitted, spec.scopes);
@@ -563,12 +543,13 @@ impl ClientProcess {
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let (lines_tx, lines) = mpsc::unbounded_channel();
         std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let Ok(value) = serde_json::from_str::<Value>(&line) else {
-                    continue;
-                };
-                if lines_tx.send(value).is_err() {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Ok(value) = serde_json::from_str::<Value>(&line)
+                    && lines_tx.send(value).is_err()
+                {
                     break;
                 }
             }
@@ -692,14 +673,14 @@ impl PhaseFigures {
             && self.resets == 0
     }
 
-    pub fn merge(tallies: &[&Value], relays: usize) -> PhaseFigures {
+    pub fn merge<'a>(tallies: impl Iterator<Item = &'a Value>, relays: usize) -> PhaseFigures {
         let mut phase = PhaseFigures {
             first_attempt: u64::MAX,
             ..PhaseFigures::new(relays)
         };
         let mut connect = Vec::new();
         for tally in tallies {
-            let Ok(counts) = PhaseFigures::deserialize(*tally) else {
+            let Ok(counts) = PhaseFigures::deserialize(tally) else {
                 continue;
             };
             phase.timeouts += counts.timeouts;

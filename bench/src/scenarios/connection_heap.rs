@@ -45,7 +45,7 @@ async fn warm_relay(database_url: &str, schema: &str) -> BenchResult<(InProcessR
 }
 
 /// Stops a relay: that joins its thread, so off the runtime's workers.
-async fn stop(relay: InProcessRelay) -> BenchResult<()> {
+pub async fn stop(relay: InProcessRelay) -> BenchResult<()> {
     Ok(tokio::task::spawn_blocking(move || drop(relay)).await?)
 }
 
@@ -239,38 +239,30 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let bare_socket = bare_sockets(n).await?;
     let (stream, by_size) = idle_streams(db, schema, n).await?;
     // The client's half of each connection is a bare socket's half.
-    let relay_side = stream - bare_socket / 2.0;
-    table.add(
+    let [relay_side, bare_socket] = [stream - bare_socket / 2.0, bare_socket].map(size);
+    table.note(
         format!("heap per idle stream, relay side ({n} streams, in-process, counted allocator)"),
         format!(
-            "{} allocated per stream (a bare TCP connection's two ends: {}); actix-http's read and write buffers are 8 KiB each of it",
-            size(relay_side),
-            size(bare_socket)
+            "{relay_side} allocated per stream (a bare TCP connection's two ends: {bare_socket}); actix-http's read and write buffers are 8 KiB each of it"
         ),
-        "–",
     );
-    table.add(
-        "heap per idle stream, by block size (both ends, in-process)",
-        by_size,
-        "–",
-    );
+    let by_block = "heap per idle stream, by block size (both ends, in-process)";
+    table.note(by_block, by_size);
     let (carrying, events) = (100, 20_000);
     eprintln!("heap per stream carrying {events} durable events: {carrying} streams");
     let growth = carried(db, schema, carrying, events).await?;
-    table.add(
+    table.note(
         format!(
             "heap a live stream adds carrying {events} durable events ({carrying} streams, in-process, after a warm-up)"
         ),
         format!("{} per stream", size(growth)),
-        "–",
     );
     let (transient, by_size) = surge(db, schema, n).await?;
-    table.add(
+    table.note(
         format!(
             "heap per stream at the peak of {n} connecting at once, beyond what they hold idle"
         ),
         format!("{} per stream: {by_size}", size(transient)),
-        "–",
     );
     Ok(())
 }

@@ -67,38 +67,27 @@ async fn write_until(
     kind: WriteKind,
     stop: &AtomicBool,
 ) -> BenchResult<u64> {
-    let insert = client
-        .prepare(&format!(
-            "INSERT INTO {schema}.bench_writes (amount, note) VALUES ($1, $2)"
-        ))
-        .await?;
-    let sql_emit = client
-        .prepare(&format!(
-            "SELECT {schema}.emit('bench.write'::text, 'emit-cost'::text, $1::jsonb)"
-        ))
-        .await?;
-    let publisher = Publisher::new(schema)?;
+    let insert = format!("INSERT INTO {schema}.bench_writes (amount, note) VALUES ($1, $2)");
+    let insert = client.prepare(&insert).await?;
+    let sql_emit =
+        format!("SELECT {schema}.emit('bench.write'::text, 'emit-cost'::text, $1::jsonb)");
+    let sql_emit = client.prepare(&sql_emit).await?;
+    let (publisher, note) = (Publisher::new(schema)?, "a small write");
     let mut committed = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let amount = committed as i32;
         let transaction = client.transaction().await?;
-        transaction
-            .execute(&insert, &[&amount, &"a small write"])
-            .await?;
+        transaction.execute(&insert, &[&amount, &note]).await?;
         match kind {
             WriteKind::Plain => {}
             WriteKind::WithPublisherEmit => {
-                publisher
-                    .emit(
-                        &transaction,
-                        NewEvent::durable("bench.write", "emit-cost", json!({ "amount": amount })),
-                    )
-                    .await?;
+                let data = json!({ "amount": amount });
+                let event = NewEvent::durable("bench.write", "emit-cost", data);
+                publisher.emit(&transaction, event).await?;
             }
             WriteKind::WithSqlEmit => {
-                transaction
-                    .execute(&sql_emit, &[&json!({ "amount": amount })])
-                    .await?;
+                let data = json!({ "amount": amount });
+                transaction.execute(&sql_emit, &[&data]).await?;
             }
         }
         transaction.commit().await?;

@@ -43,14 +43,12 @@ impl Server {
     }
 
     pub(crate) fn target(&self, subscriber: usize, scope: &str) -> StreamTarget {
+        let token = || crate::subscriber_token(&format!("s{subscriber}"), scope, Null);
         match self {
             Server::Eventrelay { address, .. } => StreamTarget {
                 address: *address,
                 path: "/v1/events".to_owned(),
-                authorization: Some(format!(
-                    "Bearer {}",
-                    crate::subscriber_token(&format!("s{subscriber}"), scope, Null)
-                )),
+                authorization: Some(format!("Bearer {}", token())),
                 ready_when: ReadyWhen::ReadyEvent,
             },
             Server::Nchan { address, .. } => StreamTarget {
@@ -97,12 +95,11 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
         Pace::Unthrottled => UNTHROTTLED_CAPACITY,
     };
     let log = CommitLog::new(capacity);
-    let targets = (0..plan.subscribers)
-        .map(|i| server.target(i, &plan.scope))
-        .collect();
+    let targets = (0..plan.subscribers).map(|i| server.target(i, &plan.scope));
 
     let before_connect = proc_stats::usage(server.pids());
-    let subscribers = Subscribers::open(targets, Arc::clone(&log), CONNECT_CONCURRENCY).await?;
+    let subscribers =
+        Subscribers::open(targets.collect(), Arc::clone(&log), CONNECT_CONCURRENCY).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = proc_stats::usage(server.pids());
 
@@ -127,17 +124,13 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
     }
     let mut first_arrivals: Vec<u64> = first_arrivals.into_values().collect();
     let delivered = latencies.len() as u64;
-    let first_commit = log.first_commit();
-    let span = last_receipt.saturating_sub(first_commit.unwrap_or(0)) as f64 / 1e9;
+    let span = last_receipt.saturating_sub(log.first_commit().unwrap_or(0)) as f64 / 1e9;
+    let rate = delivered as f64 / span;
     Ok(FanoutFigures {
         published,
         expected,
         delivered,
-        deliveries_per_second: if span > 0.0 {
-            delivered as f64 / span
-        } else {
-            0.0
-        },
+        deliveries_per_second: if span > 0.0 { rate } else { 0.0 },
         latency: Percentiles::of(&mut latencies),
         first_arrival: Percentiles::of(&mut first_arrivals),
         cpu_seconds_per_1000: cpu_per_1000(idle, after, delivered),
@@ -188,31 +181,18 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
             source,
         };
         let mut ours = Vec::new();
-        for lane in ["emit", "http", "ephemeral"] {
-            if lane == "ephemeral" && nchan.is_none() {
+        // SQL emit, then HTTP publish on each lane.
+        for lane in [None, Some("durable"), Some("ephemeral")] {
+            if lane == Some("ephemeral") && nchan.is_none() {
                 break;
             }
             let relay = cx.start_relay(cx.settings().in_own_session()).await?;
-            let base = relay.base.clone();
-            let source = match lane {
-                "emit" => cx.emit_source(),
-                "http" => Source::HttpPublish {
-                    base,
-                    lane: "durable",
-                },
-                _ => Source::HttpPublish {
-                    base,
-                    lane: "ephemeral",
-                },
-            };
+            let source = lane.map_or_else(|| cx.emit_source(), |l| Source::http(&relay.base, l));
             eprintln!("fan-out {subscribers}, {pace_label}, {}", source.label());
-            let f = self::run(&plan(lane, source.clone()), &Server::of(&relay)).await?;
-            let http = lane != "emit";
-            let clock = if http {
-                "send-to-receive"
-            } else {
-                "commit-to-receive"
-            };
+            let scope = lane.unwrap_or("emit");
+            let f = self::run(&plan(scope, source.clone()), &Server::of(&relay)).await?;
+            let http = lane.is_some();
+            let clock = ["commit-to-receive", "send-to-receive"][usize::from(http)];
             table.add(
                 format!(
                     "eventrelay fan-out {subscribers} subs, 1 scope, {pace_label}, {} ({clock})",
@@ -239,10 +219,7 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
             continue;
         };
         eprintln!("fan-out {subscribers}, {pace_label}, nchan");
-        let source = Source::Nchan {
-            url: format!("http://{address}/pub"),
-        };
-        let f = self::run(&plan("nchan", source), server).await?;
+        let f = self::run(&plan("nchan", Source::nchan(*address)), server).await?;
         table.add(
             format!("nchan fan-out {subscribers} subs, 1 channel, {pace_label}, HTTP publish (send-to-receive)"),
             fanout_summary(&f),

@@ -11,16 +11,17 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use eventrelay::latency::Stage;
 use eventrelay::publisher::{
-    Identifier, ListenConnection, NewEvent, PgConnectOptions, Publisher, TcpSettings,
+    Identifier, ListenConnection, PgConnectOptions, Publisher, TcpSettings,
 };
 use eventrelay::store::Database;
 
 use crate::BenchResult;
 use crate::context::Context;
-use crate::publish::{Pace, Source, TICK_TYPE, event_data};
+use crate::publish::{Pace, Source, tick};
 use crate::relay_process::Metrics;
-use crate::report::{Percentiles, Table, median, ms, verdict};
+use crate::report::{Percentiles, Table, joined, median, ms, verdict};
 use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
 
 const COMMITS: usize = 400;
@@ -56,6 +57,15 @@ impl Side {
             Side::NchanAgain => "nchan again",
         }
     }
+
+    /// The relay's lane this side publishes on; none for nchan.
+    fn lane(self) -> Option<&'static str> {
+        match self {
+            Side::Durable => Some("durable"),
+            Side::Ephemeral => Some("ephemeral"),
+            Side::Nchan | Side::NchanAgain => None,
+        }
+    }
 }
 
 /// The sides of round `round`, each round starting one later (N D E,
@@ -70,19 +80,18 @@ pub fn round_order(round: usize, control: bool) -> Vec<Side> {
         order.rotate_left(round % 3);
         return order;
     }
-    let lanes = if round % 2 == 0 {
-        [Durable, Ephemeral]
-    } else {
-        [Ephemeral, Durable]
-    };
-    let nchan = if round % 4 < 2 {
-        [Nchan, NchanAgain]
-    } else {
-        [NchanAgain, Nchan]
-    };
+    let mut lanes = [Durable, Ephemeral];
+    let mut nchan = [Nchan, NchanAgain];
+    if round % 2 == 1 {
+        lanes.reverse();
+    }
+    if round % 4 >= 2 {
+        nchan.reverse();
+    }
     vec![lanes[0], nchan[0], lanes[1], nchan[1]]
 }
 
+#[derive(Default)]
 pub struct LoadFigures {
     pub subscribers: usize,
     pub per_second: f64,
@@ -96,10 +105,8 @@ pub struct LoadFigures {
 
 impl LoadFigures {
     pub fn of(&self, side: Side) -> Vec<&FanoutFigures> {
-        self.runs
-            .iter()
-            .filter(|(s, _)| *s == side)
-            .map(|(_, f)| f)
+        let runs = self.runs.iter();
+        runs.filter_map(|(s, f)| (*s == side).then_some(f))
             .collect()
     }
 }
@@ -137,7 +144,7 @@ async fn run_load(
     per_second: f64,
 ) -> BenchResult<LoadFigures> {
     let (db, schema, commits) = (cx.db(), cx.schema.as_str(), paced_commits(per_second));
-    let paced_commit = paced_commit_time(db, schema, per_second, commits).await?;
+    let paced_commit = timed_commits(db, schema, "on", commits, Some(per_second)).await?;
     let announced = announced_commit_time(db, schema, per_second, commits).await?;
     // One relay serves both lanes; the stage histograms are read around
     // each run, so each lane's stages are its own.
@@ -151,33 +158,13 @@ async fn run_load(
     ];
     for round in 0..cx.args.floor_rounds {
         for side in round_order(round, cx.args.floor_control) {
-            let base = relay.base.clone();
-            let (server, source) = match (side, &nchan) {
-                (Side::Nchan | Side::NchanAgain, None) => continue,
-                (Side::Nchan | Side::NchanAgain, Some((address, server))) => {
-                    let url = format!("http://{address}/pub");
-                    (server, Source::Nchan { url })
-                }
-                (Side::Durable, _) => (
-                    &ours,
-                    Source::HttpPublish {
-                        base,
-                        lane: "durable",
-                    },
-                ),
-                (Side::Ephemeral, _) => (
-                    &ours,
-                    Source::HttpPublish {
-                        base,
-                        lane: "ephemeral",
-                    },
-                ),
+            let (server, source) = match (side.lane(), &nchan) {
+                (Some(lane), _) => (&ours, Source::http(&relay.base, lane)),
+                (None, Some((address, server))) => (server, Source::nchan(*address)),
+                (None, None) => continue,
             };
-            eprintln!(
-                "floor: {subscribers} subs × {per_second} ev/s, round {}, {}",
-                round + 1,
-                side.label()
-            );
+            let (number, label) = (round + 1, side.label());
+            eprintln!("floor: {subscribers} subs × {per_second} ev/s, round {number}, {label}");
             let before = Stages::parse(&relay.metrics().await);
             let plan = FanoutPlan {
                 subscribers,
@@ -207,53 +194,34 @@ async fn run_load(
 
 fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
     let [before, after] = commit;
-    table.add(
+    let both =
+        |of: fn(&CommitTime) -> Duration| format!("{} / {}", ms(of(&before)), ms(of(&after)));
+    let (flushed50, flushed99) = (both(|c| c.flushed.p50), both(|c| c.flushed.p99));
+    let (unflushed50, flush50) = (both(|c| c.unflushed.p50), both(CommitTime::flush_p50));
+    table.note(
         "floor: one-row commit on this machine, before / after the loads",
         format!(
-            "flushed p50 {} / {} · p99 {} / {} · without the flush p50 {} / {} · the flush p50 {} / {}",
-            ms(before.flushed.p50),
-            ms(after.flushed.p50),
-            ms(before.flushed.p99),
-            ms(after.flushed.p99),
-            ms(before.unflushed.p50),
-            ms(after.unflushed.p50),
-            ms(before.flush_p50()),
-            ms(after.flush_p50()),
+            "flushed p50 {flushed50} · p99 {flushed99} · without the flush p50 {unflushed50} · the flush p50 {flush50}"
         ),
-        "–",
     );
     // The smaller of the two measurements: the stricter target.
     let commit_p50 = before.flushed.p50.min(after.flushed.p50);
     let commit_p99 = before.flushed.p99.min(after.flushed.p99);
     for load in loads {
-        let name = format!(
-            "{} subs × {:.0} ev/s",
-            thousands(load.subscribers),
-            load.per_second
-        );
-        table.add(
+        let (subscribers, per_second) = (thousands(load.subscribers), load.per_second);
+        let name = format!("{subscribers} subs × {per_second:.0} ev/s");
+        let (paced, commits) = (load.paced_commit.p50_p99(), paced_commits(per_second));
+        table.note(
             format!("floor {name}: one-row commit at this load's pace"),
-            format!(
-                "p50 {} · p99 {}, {} commits {:.0} a second",
-                ms(load.paced_commit.p50),
-                ms(load.paced_commit.p99),
-                paced_commits(load.per_second),
-                load.per_second
-            ),
-            "–",
+            format!("{paced}, {commits} commits {per_second:.0} a second"),
         );
-        table.add(
+        let (committed, heard) = (&load.announced.committed, &load.announced.heard);
+        let (committed, heard) = (committed.p50_p99(), heard.p50_p99());
+        table.note(
             format!("floor {name}: the relay's publishing statement at this load's pace, no relay running"),
             format!(
-                "committed p50 {} · p99 {} · heard through LISTEN p50 {} · p99 {}, {} transactions {:.0} a second",
-                ms(load.announced.committed.p50),
-                ms(load.announced.committed.p99),
-                ms(load.announced.heard.p50),
-                ms(load.announced.heard.p99),
-                paced_commits(load.per_second),
-                load.per_second
+                "committed {committed} · heard through LISTEN {heard}, {commits} transactions {per_second:.0} a second"
             ),
-            "–",
         );
         let mut medians = Vec::new();
         for side in Side::ALL {
@@ -276,9 +244,9 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
                 format!("floor {name}, {} (send-to-receive), {} rounds", side.label(), runs.len()),
                 format!(
                     "p50 {} ms (median {p50:.2}) · p99 {} ms (median {p99:.2}) · first subscriber p50 {} ms · CPU per delivery {:.2} µs, of it in the kernel {:.2} · {}",
-                    joined(&p50s),
-                    joined(&p99s),
-                    joined(&firsts),
+                    joined(&p50s, 2, ", "),
+                    joined(&p99s, 2, ", "),
+                    joined(&firsts, 2, ", "),
                     median(&cpu),
                     median(&system),
                     if all { "all received" } else { "some not received" }
@@ -331,18 +299,14 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
         ];
         for (what, row) in quotients {
             if let Some(row) = row {
-                table.add(format!("floor {name}: {what}"), row, "–");
+                table.note(format!("floor {name}: {what}"), row);
             }
         }
         for (side, stages) in &load.stages {
-            table.add(
-                format!(
-                    "floor {name}, {}: where the time goes (relay stages, p50 / mean)",
-                    side.label()
-                ),
-                breakdown(stages),
-                "–",
-            );
+            let label = side.label();
+            let what =
+                format!("floor {name}, {label}: where the time goes (relay stages, p50 / mean)");
+            table.note(what, breakdown(stages));
         }
     }
 }
@@ -364,9 +328,9 @@ fn against_nchan_by_round(load: &LoadFigures) -> Option<String> {
             format!(
                 "{} p50 × {} (median {:.2}) · p99 × {} (median {:.2})",
                 side.label(),
-                joined(&p50),
+                joined(&p50, 2, ", "),
                 median(&p50),
-                joined(&p99),
+                joined(&p99, 2, ", "),
                 median(&p99)
             )
         })
@@ -433,9 +397,10 @@ fn quotients(
 }
 
 fn breakdown(stages: &Stages) -> String {
-    let parts: Vec<String> = STAGE_ORDER
+    let parts: Vec<String> = Stage::ALL
         .iter()
-        .filter_map(|name| {
+        .filter_map(|stage| {
+            let name = stage.label();
             let stage = stages.stage(name)?;
             Some(format!(
                 "{name} {:.3} / {:.3}",
@@ -454,11 +419,6 @@ fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
 
-fn joined(values: &[f64]) -> String {
-    let shown: Vec<String> = values.iter().map(|v| format!("{v:.2}")).collect();
-    shown.join(", ")
-}
-
 fn thousands(n: usize) -> String {
     if n >= 1000 && n % 1000 == 0 {
         format!("{},000", n / 1000)
@@ -468,23 +428,9 @@ fn thousands(n: usize) -> String {
 }
 
 pub async fn commit_time(database_url: &str, schema: &str) -> BenchResult<CommitTime> {
-    let client = commit_client(database_url, schema).await?;
-    let flushed = timed_commits(&client, schema, "on", COMMITS, None).await?;
-    let unflushed = timed_commits(&client, schema, "off", COMMITS, None).await?;
+    let flushed = timed_commits(database_url, schema, "on", COMMITS, None).await?;
+    let unflushed = timed_commits(database_url, schema, "off", COMMITS, None).await?;
     Ok(CommitTime { flushed, unflushed })
-}
-
-/// Times `commits` one-row commits with the flush, `per_second` of them a
-/// second: a commit as seldom as a load's events.
-pub async fn paced_commit_time(
-    database_url: &str,
-    schema: &str,
-    per_second: f64,
-    commits: usize,
-) -> BenchResult<Percentiles> {
-    let client = commit_client(database_url, schema).await?;
-    let every = Duration::from_secs_f64(1.0 / per_second.max(0.001));
-    timed_commits(&client, schema, "on", commits, Some(every)).await
 }
 
 /// The relay's publishing statement at a load's pace: until its `COMMIT`
@@ -511,29 +457,20 @@ pub async fn announced_commit_time(
     let db = Database::pool(&options, 1, STARTUP)?.with_prepared_statements(true);
     let publisher = Publisher::new(schema)?.announcing_rows();
     let mut listener = ListenConnection::connect_options(&options, STARTUP).await?;
-    listener
-        .listen(&Identifier::new(schema)?, Some(STARTUP))
-        .await?;
+    let channel = Identifier::new(schema)?;
+    listener.listen(&channel, Some(STARTUP)).await?;
     let connection = db.get().await?;
-    let event = |number: usize| {
-        publisher.prepare_batch(vec![NewEvent::durable(
-            TICK_TYPE,
-            "floor-announced",
-            event_data(number),
-        )])
-    };
+    let event = |number| publisher.prepare_batch(vec![tick("floor-announced", number)]);
     // A first write teaches the pipeline its statements, prepared from
     // then on, as the relay's committers learn them.
     let pipeline = connection.pipeline(&[]).await?;
-    publisher
-        .emit_prepared_committed(&pipeline, event(0)?)
-        .await?;
+    let first = event(0)?;
+    publisher.emit_prepared_committed(&pipeline, first).await?;
     let known = pipeline.unprepared();
     drop(pipeline);
     tokio::time::timeout(STARTUP, listener.next(None)).await??;
 
-    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second.max(0.001)));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = pacer(per_second);
     let mut committed = Vec::with_capacity(commits);
     let mut heard = Vec::with_capacity(commits);
     for number in 1..=commits {
@@ -559,37 +496,28 @@ pub async fn announced_commit_time(
     })
 }
 
-/// A connection with the commits' table in `schema`. Not a temporary
-/// table: its changes are not written to the WAL, so its commits would
-/// have nothing to flush.
-async fn commit_client(database_url: &str, schema: &str) -> BenchResult<tokio_postgres::Client> {
-    let client = eventrelay::connect(database_url).await?;
-    client
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {schema}.floor_commits (n int)"
-        ))
-        .await?;
-    Ok(client)
-}
-
-async fn timed_commits(
-    client: &tokio_postgres::Client,
+/// Times `commits` one-row commits with `synchronous_commit = setting`,
+/// back to back or `per_second` of them a second (as seldom as a load's
+/// events). The table is in `schema`: a temporary table's changes are not
+/// written to the WAL, so its commits would have nothing to flush.
+pub async fn timed_commits(
+    database_url: &str,
     schema: &str,
     setting: &str,
     commits: usize,
-    every: Option<Duration>,
+    per_second: Option<f64>,
 ) -> BenchResult<Percentiles> {
+    let client = eventrelay::connect(database_url).await?;
+    let table = format!("{schema}.floor_commits");
     client
-        .batch_execute(&format!("SET synchronous_commit = {setting}"))
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {table} (n int); SET synchronous_commit = {setting}"
+        ))
         .await?;
     let statement = client
-        .prepare(&format!("INSERT INTO {schema}.floor_commits VALUES ($1)"))
+        .prepare(&format!("INSERT INTO {table} VALUES ($1)"))
         .await?;
-    let mut ticks = every.map(|period| {
-        let mut ticks = tokio::time::interval(period);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticks
-    });
+    let mut ticks = per_second.map(pacer);
     let mut samples = Vec::with_capacity(commits);
     for n in 0..commits as i32 {
         if let Some(ticks) = &mut ticks {
@@ -600,6 +528,13 @@ async fn timed_commits(
         samples.push(started.elapsed().as_nanos() as u64);
     }
     Ok(Percentiles::of(&mut samples))
+}
+
+/// Ticks `per_second` times a second, a late tick delaying the rest.
+fn pacer(per_second: f64) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second.max(0.001)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
 }
 
 /// The relay's stage histograms as `/metrics` serves them (cumulative
@@ -614,16 +549,6 @@ pub struct StageHistogram {
     sum: f64,
     count: f64,
 }
-
-const STAGE_ORDER: [&str; 7] = [
-    "parse",
-    "group_wait",
-    "commit",
-    "notify",
-    "relay",
-    "fan_out",
-    "session",
-];
 
 impl Stages {
     pub fn parse(metrics: &Metrics) -> Stages {
@@ -742,10 +667,8 @@ eventrelay_events_delivered_total 5
     fn rounds_turn_and_the_control_never_runs_nchan_twice_in_a_row() {
         use Side::*;
         let (n, again, d, e) = (Nchan, NchanAgain, Durable, Ephemeral);
-        for (round, order) in [[n, d, e], [d, e, n], [e, n, d], [n, d, e]]
-            .iter()
-            .enumerate()
-        {
+        let plain = [[n, d, e], [d, e, n], [e, n, d], [n, d, e]];
+        for (round, order) in plain.iter().enumerate() {
             assert_eq!(round_order(round, false), order);
         }
         let controlled = [[d, n, e, again], [e, n, d, again], [d, again, e, n]];
@@ -761,11 +684,8 @@ eventrelay_events_delivered_total 5
     }
 
     fn figures(p50_ms: u64, p99_ms: u64) -> FanoutFigures {
-        let latency = Percentiles {
-            p50: Duration::from_millis(p50_ms),
-            p99: Duration::from_millis(p99_ms),
-            max: Duration::from_millis(p99_ms),
-        };
+        let [p50, p99] = [p50_ms, p99_ms].map(Duration::from_millis);
+        let latency = Percentiles { p50, p99, max: p99 };
         FanoutFigures {
             latency,
             ..FanoutFigures::default()
@@ -774,12 +694,8 @@ eventrelay_events_delivered_total 5
 
     fn load_of(runs: Vec<(Side, FanoutFigures)>) -> LoadFigures {
         LoadFigures {
-            subscribers: 1000,
-            per_second: 100.0,
             runs,
-            stages: Vec::new(),
-            paced_commit: Percentiles::default(),
-            announced: AnnouncedCommit::default(),
+            ..LoadFigures::default()
         }
     }
 
@@ -808,13 +724,8 @@ eventrelay_events_delivered_total 5
              · eventrelay durable p50 1.75 (above) · p99 2.50 (above)"
         );
         let without = |side: Side| {
-            load_of(
-                load.runs
-                    .iter()
-                    .filter(|(s, _)| *s != side)
-                    .cloned()
-                    .collect(),
-            )
+            let runs = load.runs.iter().filter(|(s, _)| *s != side);
+            load_of(runs.cloned().collect())
         };
         assert!(against_nchan_by_round(&without(Side::Nchan)).is_none());
         assert!(against_nchan_spread(&without(Side::NchanAgain)).is_none());

@@ -10,3 +10,4 @@ pub mod seal_cost;
 pub mod streams;
 pub mod tail;
 pub mod wakeup;
+pub mod webhooks;

@@ -24,7 +24,6 @@ use crate::{BenchResult, PUBLISH_TOKEN};
 
 #[derive(Debug, Clone)]
 pub struct PublishFigures {
-    pub publishers: usize,
     pub events_per_second: f64,
     pub latency: Percentiles,
     pub failed: usize,
@@ -85,7 +84,6 @@ pub async fn http_publish(
     }
     let elapsed = started.elapsed().as_secs_f64();
     Ok(PublishFigures {
-        publishers,
         events_per_second: samples.len() as f64 / elapsed,
         latency: Percentiles::of(&mut samples),
         failed,
@@ -167,23 +165,21 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     }
     let count = if cx.args.quick { 1_000 } else { 5_000 };
     let (one_by_one, batched) = emit_versus_batch(db, schema, count).await?;
-    table.add(
+    table.note(
         format!("publisher: {count} durable events in one transaction, emit each vs emit_batch"),
         format!(
             "emit: {one_by_one:.0} events/s · emit_batch: {batched:.0} events/s ({:.1}×)",
             batched / one_by_one
         ),
-        "–".to_owned(),
     );
     Ok(())
 }
 
 fn publish_figures(f: &PublishFigures) -> String {
     format!(
-        "{:.0} events/s · publish latency p50 {} · p99 {} · {} failed",
+        "{:.0} events/s · publish latency {} · {} failed",
         f.events_per_second,
-        ms(f.latency.p50),
-        ms(f.latency.p99),
+        f.latency.p50_p99(),
         f.failed
     )
 }
@@ -204,13 +200,12 @@ async fn baseline_publish_row(cx: &Context, binary: &Path, table: &mut Table) ->
             eprintln!("HTTP publish, {publishers} publishers, earlier release");
             let f = http_publish(relay.address(), publishers, cx.scale.emit_run * 2).await?;
             at_64 = f.events_per_second;
-            table.add(
+            table.note(
                 format!(
                     "HTTP publish, durable, {publishers} concurrent publisher(s), earlier release ({})",
                     binary.display()
                 ),
                 publish_figures(&f),
-                "–",
             );
         }
         BenchResult::Ok(at_64)
@@ -288,13 +283,6 @@ pub struct RawPublisher {
     answer: Vec<u8>,
 }
 
-/// A complete response: its status and how many bytes it took.
-#[derive(Debug, PartialEq, Eq)]
-struct Answer {
-    status: u16,
-    length: usize,
-}
-
 impl RawPublisher {
     pub async fn connect(address: SocketAddr, bearer: &str) -> BenchResult<RawPublisher> {
         let stream = TcpStream::connect(address).await?;
@@ -321,8 +309,8 @@ impl RawPublisher {
         loop {
             // Keep-alive: nothing of a next answer can follow this one, since
             // the next request is not sent yet.
-            if let Some(answer) = complete_answer(&self.answer)? {
-                return Ok(answer.status);
+            if message_length(&self.answer)?.is_some() {
+                return status(&self.answer);
             }
             if self.stream.read_buf(&mut self.answer).await? == 0 {
                 return Err("the relay closed the connection".into());
@@ -331,26 +319,29 @@ impl RawPublisher {
     }
 }
 
-/// The answer at the start of `bytes` once all of it has arrived.
-fn complete_answer(bytes: &[u8]) -> BenchResult<Option<Answer>> {
+/// The length of the HTTP message (request or answer) at the start of
+/// `bytes` once all of it has arrived, by its `Content-Length`.
+pub(crate) fn message_length(bytes: &[u8]) -> BenchResult<Option<usize>> {
     let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") else {
         return Ok(None);
     };
     let head = std::str::from_utf8(&bytes[..end])?;
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|line| line.split(' ').nth(1))
-        .and_then(|code| code.parse().ok())
-        .ok_or("an answer without a status line")?;
-    let body = lines
+    let body = head
+        .split("\r\n")
         .filter_map(|line| line.split_once(':'))
         .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
         .map(|(_, value)| value.trim().parse::<usize>())
         .transpose()?
-        .ok_or("an answer without Content-Length")?;
-    let length = end + 4 + body;
-    Ok((bytes.len() >= length).then_some(Answer { status, length }))
+        .ok_or("a message without Content-Length")?;
+    Ok((bytes.len() >= end + 4 + body).then_some(end + 4 + body))
+}
+
+/// The status of the answer in `bytes` (`HTTP/1.1 200 OK`).
+fn status(bytes: &[u8]) -> BenchResult<u16> {
+    let code = bytes
+        .get(9..12)
+        .and_then(|code| std::str::from_utf8(code).ok());
+    Ok(code.ok_or("an answer without a status line")?.parse()?)
 }
 
 #[cfg(test)]
@@ -358,19 +349,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_answer_is_complete_only_with_its_whole_body() {
+    fn a_message_is_complete_only_with_its_whole_body() {
         let whole = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
-        assert_eq!(
-            complete_answer(whole).unwrap(),
-            Some(Answer {
-                status: 200,
-                length: whole.len()
-            })
-        );
-        assert_eq!(complete_answer(&whole[..whole.len() - 1]).unwrap(), None);
-        assert_eq!(complete_answer(b"HTTP/1.1 503 Serv").unwrap(), None);
+        assert_eq!(message_length(whole).unwrap(), Some(whole.len()));
+        assert_eq!(status(whole).unwrap(), 200);
+        assert_eq!(message_length(&whole[..whole.len() - 1]).unwrap(), None);
+        assert_eq!(message_length(b"HTTP/1.1 503 Serv").unwrap(), None);
+        let request = b"POST /hook HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
+        assert_eq!(message_length(request).unwrap(), Some(request.len()));
         let refused = b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n";
-        assert_eq!(complete_answer(refused).unwrap().unwrap().status, 401);
-        assert!(complete_answer(b"HTTP/1.1 200 OK\r\n\r\n").is_err());
+        assert_eq!(status(refused).unwrap(), 401);
+        assert!(message_length(b"HTTP/1.1 200 OK\r\n\r\n").is_err());
     }
 }

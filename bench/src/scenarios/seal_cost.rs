@@ -8,23 +8,18 @@
 //! of opening one.
 
 use crate::context::Context;
-use crate::report::{Percentiles, Table, alternating, median, ms, verdict};
+use crate::report::{Percentiles, Table, alternating, joined, median, verdict};
 use std::time::{Duration, Instant};
 
-use eventrelay_publisher::Identifier;
+use eventrelay_publisher::{Identifier, ListenConnection, PgConnectOptions};
 use eventrelay_wire::{Origin, SealKey};
-use futures_util::StreamExt as _;
 use serde_json::json;
-use tokio_postgres::AsyncMessage;
 
 use crate::BenchResult;
 use crate::scenarios::emit_cost::{self, WriteKind};
 use crate::scenarios::publish_throughput::http_publish;
 
-fn rates_of(rounds: &[f64], decimals: usize) -> String {
-    let shown: Vec<String> = rounds.iter().map(|r| format!("{r:.decimals$}")).collect();
-    shown.join(" / ")
-}
+const PATIENCE: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
@@ -56,27 +51,21 @@ async fn switch(
     variant: Variant,
     sealing_sql: &str,
 ) -> BenchResult<()> {
+    let max = eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES;
     let (seal, max_payload) = match variant {
-        Variant::Sealed => (
-            sealing_sql.to_owned(),
-            eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES,
-        ),
+        Variant::Sealed => (sealing_sql.to_owned(), max),
         Variant::SealedBare => (sealing_sql.to_owned(), 100),
         Variant::Open => (
             format!(
                 "CREATE OR REPLACE FUNCTION {schema}.seal(origin text, payload text) RETURNS text
                  LANGUAGE sql IMMUTABLE AS $seal$ SELECT payload $seal$"
             ),
-            eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES,
+            max,
         ),
     };
     client.batch_execute(&seal).await?;
-    client
-        .execute(
-            &format!("UPDATE {schema}.settings SET max_notify_payload = $1"),
-            &[&(max_payload as i32)],
-        )
-        .await?;
+    let update = format!("UPDATE {schema}.settings SET max_notify_payload = $1");
+    client.execute(&update, &[&(max_payload as i32)]).await?;
     Ok(())
 }
 
@@ -135,28 +124,10 @@ async fn latency(
     let emitter = eventrelay::connect(database_url).await?;
     let key = eventrelay::store::sealing::notification_key(&emitter, &name).await?;
     let reader = eventrelay::connect(database_url).await?;
-    let (listener, mut connection) =
-        tokio_postgres::connect(database_url, tokio_postgres::NoTls).await?;
-    let (sender, mut heard) = tokio::sync::mpsc::unbounded_channel();
-    let pump = tokio::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(Ok(message)) = messages.next().await {
-            if let AsyncMessage::Notification(n) = message
-                && sender
-                    .send((Instant::now(), n.payload().to_owned()))
-                    .is_err()
-            {
-                break;
-            }
-        }
-    });
-    let channel: String = emitter
-        .query_one(&format!("SELECT channel FROM {schema}.settings"), &[])
-        .await?
-        .get(0);
-    listener
-        .batch_execute(&format!("LISTEN \"{channel}\""))
-        .await?;
+    let options = PgConnectOptions::parse(database_url)?;
+    let mut listener = ListenConnection::connect_options(&options, PATIENCE).await?;
+    // The bench schema's channel has the schema's name.
+    listener.listen(&name, Some(PATIENCE)).await?;
     let emit = emitter
         .prepare(&format!(
             "SELECT {schema}.emit('bench.seal'::text, 'seal-cost'::text, $1::jsonb)"
@@ -173,12 +144,10 @@ async fn latency(
         emitter
             .execute(&emit, &[&json!({"n": n, "pad": "p".repeat(200)})])
             .await?;
-        let (_, payload) = tokio::time::timeout(Duration::from_secs(10), heard.recv())
-            .await?
-            .ok_or("the listener ended")?;
+        let heard = tokio::time::timeout(PATIENCE, listener.next(None)).await??;
         let text = match variant {
-            Variant::Open => payload,
-            _ => key.open(&payload)?.1,
+            Variant::Open => heard.payload().to_owned(),
+            _ => key.open(heard.payload())?.1,
         };
         if variant == Variant::SealedBare {
             let seq = serde_json::from_str::<serde_json::Value>(&text)?["q"]
@@ -191,7 +160,6 @@ async fn latency(
         }
         latencies.push(sent.elapsed().as_nanos() as u64);
     }
-    pump.abort();
     Ok(latencies)
 }
 
@@ -215,9 +183,8 @@ async fn http_rounds(
         .await?
         .get(0);
     let set_channel = format!("UPDATE {schema}.settings SET channel = $1");
-    client
-        .execute(&set_channel, &[&format!("{channel}_unheard")])
-        .await?;
+    let unheard = format!("{channel}_unheard");
+    client.execute(&set_channel, &[&unheard]).await?;
     let outcome = async {
         let rates = alternating(rounds, 2, async |round, index| {
             let variant = Variant::ALL[index];
@@ -229,10 +196,9 @@ async fn http_rounds(
         })
         .await?;
         let metrics = relay.metrics().await;
-        let group = metrics.value("eventrelay_publish_group_requests_sum")
-            / metrics
-                .value("eventrelay_publish_group_requests_count")
-                .max(1.0);
+        let [sum, count] =
+            ["sum", "count"].map(|k| metrics.value(&format!("publish_group_requests_{k}")));
+        let group = sum / count.max(1.0);
         // The envelopes' size as the relay writes them into its pointers.
         let written = eventrelay::store::Outbox::new(&Identifier::new(schema)?)
             .read_since(&client, "publish-bench", 0, 200)
@@ -353,18 +319,15 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
             .collect();
         // Each round's sealed rate over its open one: neighbours in time
         // share the machine's state, which drifts by a tenth over a run.
-        let paired: Vec<f64> = tps(0, w)
-            .iter()
-            .zip(tps(1, w))
-            .map(|(s, o)| s / o)
-            .collect();
+        let (sealed, open) = (tps(0, w), tps(1, w));
+        let paired: Vec<f64> = sealed.iter().zip(&open).map(|(s, o)| s / o).collect();
         let ratio = median(&paired);
         table.add(
             format!("sealing: SQL emit(), {writers} writer(s), medians of {rounds} rounds"),
             format!(
                 "{} · sealed over open per round {} (median {ratio:.3}×)",
                 cells.join(" · "),
-                rates_of(&paired, 3)
+                joined(&paired, 3, " / ")
             ),
             format!("sealed ≥ 0.95× open: {}", verdict(ratio >= 0.95)),
         );
@@ -375,16 +338,13 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         .map(|(variant, rounds)| {
             let mut samples: Vec<u64> = rounds.iter().flat_map(|(_, l)| l.clone()).collect();
             let p = Percentiles::of(&mut samples);
-            format!("{} p50 {} · p99 {}", variant.name(), ms(p.p50), ms(p.p99))
+            format!("{} {}", variant.name(), p.p50_p99())
         })
         .collect();
-    table.add(
-        format!(
-            "sealing: emit+commit to rows in hand, 1 writer, {} events each",
-            samples * rounds
-        ),
+    let events = samples * rounds;
+    table.note(
+        format!("sealing: emit+commit to rows in hand, 1 writer, {events} events each"),
         cells.join(" · "),
-        "–",
     );
     let publishers = 64;
     // Throughput at saturation swings by a tenth from run to run here:
@@ -406,9 +366,9 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         ),
         format!(
             "sealed {sealed_rate:.0} · open {open_rate:.0} events/s (medians) · sealed over open per round {} (median {ratio:.3}×) · rounds sealed {} · open {}",
-            rates_of(&paired, 3),
-            rates_of(&sealed, 0),
-            rates_of(&open, 0)
+            joined(&paired, 3, " / "),
+            joined(&sealed, 0, " / "),
+            joined(&open, 0, " / ")
         ),
         format!("sealed ≥ 0.95× open: {}", verdict(ratio >= 0.95)),
     );
@@ -424,13 +384,12 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
             .into_iter()
             .map(|(step, micros)| format!("{step} {micros:.1} µs"))
             .collect();
-        table.add(
+        table.note(
             format!("sealing: the steps of {label} ({bytes}-byte pointer)"),
             cells.join(" · "),
-            "–",
         );
     }
-    table.add(
+    table.note(
         "sealing: the relay opening one payload",
         format!(
             "{:.1} µs for a 300-byte pointer · {:.1} µs at the {}-byte limit",
@@ -438,7 +397,6 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
             open_micros(eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES)?,
             eventrelay_wire::MAX_NOTIFY_PAYLOAD_BYTES
         ),
-        "–",
     );
     Ok(())
 }

@@ -9,7 +9,7 @@
 //! more waves arrive, each while the previous one hangs up.
 
 use crate::context::Context;
-use crate::report::{Percentiles, Table, ms, size, verdict};
+use crate::report::{Percentiles, Table, size, verdict};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use crate::BenchResult;
 use crate::database::max_seq;
-use crate::proc_stats::{self, Usage};
+use crate::proc_stats::{self, Usage, usage};
 use crate::publish::{TICK_TYPE, event_data};
 use crate::relay_process::{RelayProcess, RelaySettings};
 use crate::stream_client::{
@@ -116,39 +116,23 @@ impl BoxPlan {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct PoolBudget {
-    pub max_connections: usize,
-    pub reserved: usize,
-    pub in_use: usize,
-    pub pool_size: usize,
-}
-
 /// Picks `database.pool_size` so that `relays × (pool_size + 1)` (each relay
 /// also holds its LISTEN connection) fits in what Postgres allows, less the
-/// superuser reserve, the connections open now and [`HEADROOM`].
-pub async fn pool_budget(database_url: &str, relays: usize) -> BenchResult<PoolBudget> {
+/// superuser reserve, the connections open now and [`HEADROOM`]; answers it
+/// with `max_connections`, the reserve and the connections in use.
+pub async fn pool_budget(database_url: &str, relays: usize) -> BenchResult<(usize, [usize; 3])> {
     let client = eventrelay::connect(database_url).await?;
-    let row = client
-        .query_one(
-            "SELECT current_setting('max_connections')::int,
-                    current_setting('superuser_reserved_connections')::int,
-                    (SELECT count(*)::int FROM pg_stat_activity
-                     WHERE backend_type = 'client backend')",
-            &[],
-        )
-        .await?;
+    let settings = "SELECT current_setting('max_connections')::int,
+                           current_setting('superuser_reserved_connections')::int,
+                           (SELECT count(*)::int FROM pg_stat_activity
+                            WHERE backend_type = 'client backend')";
+    let row = client.query_one(settings, &[]).await?;
     let [max_connections, reserved, in_use] = [0, 1, 2].map(|i| row.get::<_, i32>(i) as usize);
     let budget = max_connections.saturating_sub(reserved + in_use + HEADROOM);
     let pool_size = (budget / relays.max(1))
         .saturating_sub(1)
         .clamp(1, POOL_CEILING);
-    Ok(PoolBudget {
-        max_connections,
-        reserved,
-        in_use,
-        pool_size,
-    })
+    Ok((pool_size, [max_connections, reserved, in_use]))
 }
 
 #[derive(Clone)]
@@ -186,13 +170,9 @@ impl Emitter {
             }
             let number = first + offset;
             let scope = stream_client::scope_name(&self.scope_prefix, number % self.scopes);
+            let event = NewEvent::durable(TICK_TYPE, &scope, event_data(number));
             let transaction = client.transaction().await?;
-            publisher
-                .emit(
-                    &transaction,
-                    NewEvent::durable(TICK_TYPE, &scope, event_data(number)),
-                )
-                .await?;
+            publisher.emit(&transaction, event).await?;
             transaction.commit().await?;
             committed.push(realtime_ns());
         }
@@ -204,15 +184,12 @@ async fn count_connections(database_url: String, mut stop: watch::Receiver<bool>
     let Ok(client) = eventrelay::connect(&database_url).await else {
         return -1;
     };
-    let mut most = 0;
+    let (count, mut most) = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+        0,
+    );
     loop {
-        if let Ok(row) = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-                &[&APPLICATION_NAME],
-            )
-            .await
-        {
+        if let Ok(row) = client.query_one(count, &[&APPLICATION_NAME]).await {
             most = most.max(row.get::<_, i64>(0));
         }
         tokio::select! {
@@ -233,16 +210,14 @@ fn with_application_name(url: &str) -> String {
 async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()> {
     let (relay_bin, work_dir) = (&cx.args.relay_bin, &cx.args.work_dir);
     let (database_url, schema) = (cx.db(), cx.schema.as_str());
-    let relays_n = plan.relays;
-    let n = plan.streams_total();
-    let label = plan.label;
-    let budget = pool_budget(database_url, relays_n).await?;
+    let (relays_n, n, label) = (plan.relays, plan.streams_total(), plan.label);
+    let (pool, [most, reserved, in_use]) = pool_budget(database_url, relays_n).await?;
     eprintln!(
         "{label}: {n} streams over {relays_n} relays (pool_size {}) and {} client processes",
-        budget.pool_size, plan.clients
+        pool, plan.clients
     );
     let mut settings = RelaySettings::new(&with_application_name(database_url), schema);
-    settings.pool_size = budget.pool_size;
+    settings.pool_size = pool;
     settings.header_timeout_secs = Some(HEADER_TIMEOUT_SECS);
 
     let (sampling, sampler_stop) = watch::channel(false);
@@ -253,20 +228,15 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     )
     .await?;
     let ports: Vec<u16> = relays.iter().map(|relay| relay.port).collect();
-    let usage = |relays: &[RelayProcess]| -> Vec<Usage> {
-        relays
-            .iter()
-            .map(|relay| proc_stats::usage(&[relay.pid()]))
-            .collect()
+    let usages = |relays: &[RelayProcess]| -> Vec<Usage> {
+        relays.iter().map(|r| usage(&[r.pid()])).collect()
     };
-    let before = usage(&relays);
+    let before = usages(&relays);
     let start_after = max_seq(database_url, schema).await?;
 
     let scope_prefix = format!("{label}-{}", std::process::id());
-    let mut clients = Clients(Vec::new());
-    let mut opened = 0;
-    let mut connecting = Duration::ZERO;
-    let mut at_step = Vec::new();
+    let (mut clients, mut at_step) = (Clients(Vec::new()), Vec::new());
+    let (mut opened, mut connecting) = (0, Duration::ZERO);
     for &step in &plan.steps {
         let started = Instant::now();
         let from = clients.0.len();
@@ -281,9 +251,8 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
             reconnect: Reconnect::Jittered,
             work_dir: work_dir.to_owned(),
         };
-        clients
-            .0
-            .extend(spec.spawn(&std::env::current_exe()?, plan.clients)?);
+        let spawned = spec.spawn(&std::env::current_exe()?, plan.clients)?;
+        clients.0.extend(spawned);
         for client in &mut clients.0[from..] {
             client.expect("all_streaming", PATIENCE).await?;
         }
@@ -291,9 +260,9 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         opened = step;
         eprintln!("{label}: {step} streaming");
         tokio::time::sleep(plan.settle).await;
-        at_step.push((step, usage(&relays)));
+        at_step.push((step, usages(&relays)));
     }
-    let idle = usage(&relays);
+    let idle = usages(&relays);
     let client_pids: Vec<u32> = clients.0.iter().map(ClientProcess::pid).collect();
     let clients_idle_rss = proc_stats::rss_bytes(&client_pids);
 
@@ -319,7 +288,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let after_run = usage(&relays);
+    let after_run = usages(&relays);
     let clients_rss = proc_stats::rss_bytes(&client_pids);
     clients.send("report")?;
     let reports = clients.expect("report", Duration::from_secs(60)).await?;
@@ -327,10 +296,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     for report in &reports {
         arrivals.extend(ClientProcess::arrivals(report)?);
     }
-    let first = PhaseFigures::merge(
-        &reports.iter().map(|r| &r["tally"]).collect::<Vec<_>>(),
-        relays_n,
-    );
+    let first = PhaseFigures::merge(reports.iter().map(|r| &r["tally"]), relays_n);
 
     let mut per_relay_latency = vec![Vec::new(); relays_n];
     let mut all_latency = Vec::with_capacity(arrivals.len());
@@ -356,44 +322,32 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let connect_all = connecting.as_secs_f64().max(1e-9);
     let run_secs = plan.run.as_secs_f64();
 
-    table.add(
+    let (processes, scopes) = (clients.0.len(), plan.scopes);
+    let (last_source, per_relay, all_relays) =
+        (1 + processes.min(8), pool + 1, relays_n * (pool + 1));
+    table.note(
         format!(
-            "{label}: {n} streams, {relays_n} relays × pool_size {} on one Postgres (http.header_timeout_secs {}), {} client processes on 127.0.0.2–.{}, {} scopes shared by every relay",
-            budget.pool_size,
-            HEADER_TIMEOUT_SECS,
-            clients.0.len(),
-            1 + clients.0.len().min(8),
-            plan.scopes
+            "{label}: {n} streams, {relays_n} relays × pool_size {pool} on one Postgres (http.header_timeout_secs {HEADER_TIMEOUT_SECS}), {processes} client processes on 127.0.0.2–.{last_source}, {scopes} scopes shared by every relay"
         ),
         format!(
-            "max_connections {} − {} reserved − {} in use − {HEADROOM} headroom → pool_size {} ({relays_n} × {} = {} for the relays)",
-            budget.max_connections,
-            budget.reserved,
-            budget.in_use,
-            budget.pool_size,
-            budget.pool_size + 1,
-            relays_n * (budget.pool_size + 1)
+            "max_connections {most} − {reserved} reserved − {in_use} in use − {HEADROOM} headroom → pool_size {pool} ({relays_n} × {per_relay} = {all_relays} for the relays)"
         ),
-        "–",
     );
     for r in 0..relays_n {
         let streams = plan.streams_on(r);
         let cpu = after_run[r].cpu_seconds - idle[r].cpu_seconds;
         let mut samples = std::mem::take(&mut per_relay_latency[r]);
-        let relay_delivered = samples.len();
-        let p = Percentiles::of(&mut samples);
-        table.add(
+        let (relay_delivered, p) = (samples.len(), Percentiles::of(&mut samples).summary());
+        let [before_rss, idle_rss, after_rss] =
+            [&before, &idle, &after_run].map(|u| u[r].rss_bytes);
+        let per_connection = size((idle_rss as f64 - before_rss as f64) / streams as f64);
+        let (idle_rss, after_rss) = (size(idle_rss as f64), size(after_rss as f64));
+        let (connect, share) = (streams as f64 / connect_secs(r), cpu / run_secs * 100.0);
+        table.note(
             format!("{label}: relay {} ({streams} streams)", r + 1),
             format!(
-                "connect {:.0} streams/s · idle RSS per connection {} · RSS idle {} · after the run {} · CPU {cpu:.1} s over the {run_secs:.0} s run ({:.0}% of a core) · {relay_delivered} deliveries, {}",
-                streams as f64 / connect_secs(r),
-                size((idle[r].rss_bytes as f64 - before[r].rss_bytes as f64) / streams as f64),
-                size(idle[r].rss_bytes as f64),
-                size(after_run[r].rss_bytes as f64),
-                cpu / run_secs * 100.0,
-                p.summary(),
+                "connect {connect:.0} streams/s · idle RSS per connection {per_connection} · RSS idle {idle_rss} · after the run {after_rss} · CPU {cpu:.1} s over the {run_secs:.0} s run ({share:.0}% of a core) · {relay_delivered} deliveries, {p}"
             ),
-            "–",
         );
     }
     let sum_rss = |usages: &[Usage]| usages.iter().map(|u| u.rss_bytes).sum::<u64>() as f64;
@@ -420,54 +374,45 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
             }
             _ => "–".to_owned(),
         };
+        let all = size(per_stream(usages, *step));
+        let (per_relay, settle) = (per_relay.join(" / "), plan.settle.as_secs());
         table.add(
             format!(
-                "{label}: RSS per idle stream at {step}, {relays_n} relay(s), {} s after the step",
-                plan.settle.as_secs()
+                "{label}: RSS per idle stream at {step}, {relays_n} relay(s), {settle} s after the step"
             ),
-            format!(
-                "{} over all relays · per relay {}",
-                size(per_stream(usages, *step)),
-                per_relay.join(" / ")
-            ),
+            format!("{all} over all relays · per relay {per_relay}"),
             target,
         );
     }
     let cpu_run: f64 = (0..relays_n)
         .map(|r| after_run[r].cpu_seconds - idle[r].cpu_seconds)
         .sum();
+    let (opened, concurrency) = (first.streams_opened, plan.connect_concurrency);
+    let (connect_rate, connect, errors) = (n as f64 / connect_all, first.connect, first.errors());
+    let connect = connect.p50_p99();
+    let per_connection = size((sum_rss(&idle) - sum_rss(&before)) / n as f64);
+    let (relays_idle, clients_idle) = (size(sum_rss(&idle)), clients_idle_rss as f64);
+    let (clients_idle, clients_per_stream) = (size(clients_idle), size(clients_idle / n as f64));
     table.add(
         format!(
-            "{label}: all {relays_n} relays, first connect ({} handshakes in flight per client process)",
-            plan.connect_concurrency
+            "{label}: all {relays_n} relays, first connect ({concurrency} handshakes in flight per client process)"
         ),
         format!(
-            "{} streams ready in {:.1} s ({:.0} streams/s) · connect p50 {} · p99 {} · {} · idle RSS per connection {} · relays' RSS idle {} · clients' RSS idle {} ({} per stream), after the run {}",
-            first.streams_opened,
-            connect_all,
-            n as f64 / connect_all,
-            ms(first.connect.p50),
-            ms(first.connect.p99),
-            first.errors(),
-            size((sum_rss(&idle) - sum_rss(&before)) / n as f64),
-            size(sum_rss(&idle)),
-            size(clients_idle_rss as f64),
-            size(clients_idle_rss as f64 / n as f64),
+            "{opened} streams ready in {connect_all:.1} s ({connect_rate:.0} streams/s) · connect {connect} · {errors} · idle RSS per connection {per_connection} · relays' RSS idle {relays_idle} · clients' RSS idle {clients_idle} ({clients_per_stream} per stream), after the run {}",
             size(clients_rss as f64),
         ),
         format!("no 408, 5xx or reset: {}", verdict(first.clean())),
     );
+    let missing = expected_run.saturating_sub(delivered);
+    let share = cpu_run / run_secs * 100.0;
+    let (latency, rss_after) = (latency.summary(), size(sum_rss(&after_run)));
     table.add(
         format!(
             "{label}: one event per second to each of {n} streams for {run_secs:.0} s ({rate:.0} durable emits/s, commit-to-receive)"
         ),
         format!(
-            "{:.0} deliveries/s · {} · {delivered} of {expected_run} delivered ({} missing) · relays' CPU {cpu_run:.1} s over {run_secs:.0} s ({:.0}% of one core), RSS after {}",
+            "{:.0} deliveries/s · {latency} · {delivered} of {expected_run} delivered ({missing} missing) · relays' CPU {cpu_run:.1} s over {run_secs:.0} s ({share:.0}% of one core), RSS after {rss_after}",
             delivered as f64 / span.max(1e-9),
-            latency.summary(),
-            expected_run.saturating_sub(delivered),
-            cpu_run / run_secs * 100.0,
-            size(sum_rss(&after_run)),
         ),
         format!("every delivery made: {}", verdict(delivered == expected_run && received_run >= expected_run)),
     );
@@ -518,10 +463,8 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let mut all_back = failures.is_empty();
     for client in &mut clients.0 {
         let left = storm_deadline.saturating_duration_since(tokio::time::Instant::now());
-        match client
-            .expect("all_streaming", left.max(Duration::from_millis(1)))
-            .await
-        {
+        let left = left.max(Duration::from_millis(1));
+        match client.expect("all_streaming", left).await {
             Ok(line) => all_back_at = all_back_at.max(line["at"].as_u64().unwrap_or(0)),
             Err(error) => {
                 failures.push(error.to_string());
@@ -533,33 +476,22 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     stop_storm.send_replace(true);
     committed.extend(storm_emitter.await??);
     let emitted = committed.len();
-    let after_storm = usage(&relays);
-    let pool_waiting = futures_util::future::join_all(
-        relays
-            .iter()
-            .map(|relay| relay.metric("database_pool_waiting")),
-    )
-    .await;
+    let after_storm = usages(&relays);
+    let waiting = relays
+        .iter()
+        .map(|relay| relay.metric("database_pool_waiting"));
+    let pool_waiting = futures_util::future::join_all(waiting).await;
     let most_connections = {
         sampling.send_replace(true);
         sampler.await.unwrap_or(-1)
     };
-    let finish_patience = if all_back {
-        DRAIN
-    } else {
-        Duration::from_secs(5)
-    };
-    clients.send(&format!("finish {emitted} {}", finish_patience.as_millis()))?;
-    let finished = clients
-        .expect("finished", finish_patience + PATIENCE)
-        .await?;
+    let patience = if all_back { DRAIN } else { DRAIN / 4 };
+    clients.send(&format!("finish {emitted} {}", patience.as_millis()))?;
+    let finished = clients.expect("finished", patience + PATIENCE).await?;
     drop(clients);
     let total = |key| stream_client::sum(&finished, key);
     let (missing, missing_streams) = (total("missing"), total("missing_streams"));
-    let storm = PhaseFigures::merge(
-        &finished.iter().map(|f| &f["phases"][1]).collect::<Vec<_>>(),
-        relays_n,
-    );
+    let storm = PhaseFigures::merge(finished.iter().map(|f| &f["phases"][1]), relays_n);
     let from_sigterm = all_back_at.saturating_sub(sigterm_at) as f64 / 1e9;
     let from_last_relay = all_back_at.saturating_sub(last_ready_relay) as f64 / 1e9;
     let slowest_stop = stopped_in.iter().max().copied().unwrap_or_default();
@@ -585,30 +517,21 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
             storm.streams_opened,
             size(sum_rss(&after_storm)),
             pool_waiting,
-            if failures.is_empty() {
-                String::new()
-            } else {
-                format!(" · {}", failures.join(" · "))
-            }
+            failures.iter().map(|f| format!(" · {f}")).collect::<String>()
         ),
         format!(
             "all back, no 408, 5xx or reset, none missed: {}",
             verdict(all_back && storm.clean() && missing == 0)
         ),
     );
-    let load_limits = first.out_of_descriptors
-        + first.out_of_ports
-        + storm.out_of_descriptors
-        + storm.out_of_ports;
-    if load_limits > 0 {
-        table.add(
+    let descriptors = first.out_of_descriptors + storm.out_of_descriptors;
+    let ports = first.out_of_ports + storm.out_of_ports;
+    if descriptors + ports > 0 {
+        table.note(
             format!("{label}: the load's own limits"),
             format!(
-                "attempts without a file descriptor: {} · without an ephemeral port: {}",
-                first.out_of_descriptors + storm.out_of_descriptors,
-                first.out_of_ports + storm.out_of_ports
+                "attempts without a file descriptor: {descriptors} · without an ephemeral port: {ports}"
             ),
-            "–",
         );
     }
     Ok(())
@@ -696,12 +619,8 @@ async fn hang_up(wave: &mut Clients, emitted: usize) -> BenchResult<(Vec<PhaseFi
     wave.send(&format!("finish {emitted} 0"))?;
     let lines = wave.expect("finished", WAVE_PATIENCE).await?;
     let phases = lines[0]["phases"].as_array().map_or(0, Vec::len);
-    let figures = (0..phases)
-        .map(|phase| {
-            let tallies: Vec<_> = lines.iter().map(|line| &line["phases"][phase]).collect();
-            PhaseFigures::merge(&tallies, 1)
-        })
-        .collect();
+    let merge = |phase| PhaseFigures::merge(lines.iter().map(|l| &l["phases"][phase]), 1);
+    let figures = (0..phases).map(merge).collect();
     Ok((figures, stream_client::sum(&lines, "missing")))
 }
 
@@ -753,10 +672,8 @@ pub async fn run_storm(
     }
     let mut rss_streaming_kib = vec![rss_kib(&relay)];
 
-    let mut leaving = storm;
-    let mut leaving_emitted = emitted;
-    let mut left = Vec::new();
-    let mut waves = Vec::new();
+    let (mut leaving, mut leaving_emitted) = (storm, emitted);
+    let (mut left, mut waves) = (Vec::new(), Vec::new());
     for number in 0..plan.extra_waves {
         let arriving = realtime_ns();
         let name = format!("wave{number}");
@@ -817,13 +734,12 @@ pub async fn storm_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let f = run_storm(&plan, relay_bin, &client_bin, work_dir, &cx.settings()).await?;
     let phase = |p: &Phase| {
         format!(
-            "{} · connect p50 {} · p99 {} · {}",
+            "{} · connect {} · {}",
             p.all_streaming_after.map_or_else(
                 || format!("not all {n} streaming"),
                 |d| format!("all {n} streaming after {:.2} s", d.as_secs_f64())
             ),
-            ms(p.figures.connect.p50),
-            ms(p.figures.connect.p99),
+            p.figures.connect.p50_p99(),
             p.figures.errors()
         )
     };
@@ -832,14 +748,13 @@ pub async fn storm_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         phase(&f.first),
         format!("no 408, 5xx or reset: {}", verdict(f.first.clean())),
     );
+    let (stopped, restart) = (f.stopped_in.as_secs_f64(), phase(&f.restart));
     table.add(
         format!(
             "reconnect storm: SIGTERM and restart under {n} subscribers, 20 ev/s emitted throughout"
         ),
         format!(
-            "old process exited {:.2} s after SIGTERM · from the new process's start, {} · {} events, {} missed",
-            f.stopped_in.as_secs_f64(),
-            phase(&f.restart),
+            "old process exited {stopped:.2} s after SIGTERM · from the new process's start, {restart} · {} events, {} missed",
             f.emitted,
             f.missed
         ),
@@ -849,12 +764,9 @@ pub async fn storm_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         ),
     );
     for (index, wave) in f.waves.iter().enumerate() {
+        let (number, previous) = (index + 2, index + 1);
         table.add(
-            format!(
-                "reconnect storm: wave {} of {n} arrives while wave {} hangs up",
-                index + 2,
-                index + 1
-            ),
+            format!("reconnect storm: wave {number} of {n} arrives while wave {previous} hangs up"),
             phase(wave),
             format!("no 408, 5xx or reset: {}", verdict(wave.clean())),
         );

@@ -117,18 +117,15 @@ fn tails_budget_row(table: &mut Table, scopes: usize) {
         }
         let (held, heap) = (budget.used(), live_bytes() - before);
         let seconds = started.elapsed().as_secs_f64();
+        let [event, budget_size] = [EVENT_BYTES as f64, budget_bytes as f64].map(size);
+        let bytes = [unbounded as f64, held as f64, peak as f64, heap as f64];
+        let [unbounded, held, at_most, heap] = bytes.map(size);
         table.add(
             format!(
-                "tail budget: {scopes} active scopes × {EVENTS_PER_SCOPE} events of {} into 4 MiB tails, hub.tails_max_bytes {}",
-                size(EVENT_BYTES as f64),
-                size(budget_bytes as f64)
+                "tail budget: {scopes} active scopes × {EVENTS_PER_SCOPE} events of {event} into 4 MiB tails, hub.tails_max_bytes {budget_size}"
             ),
             format!(
-                "{} without a budget · {} held at the end, {} at most after any round · {} heap · {} tails emptied · {seconds:.1} s",
-                size(unbounded as f64),
-                size(held as f64),
-                size(peak as f64),
-                size(heap as f64),
+                "{unbounded} without a budget · {held} held at the end, {at_most} at most after any round · {heap} heap · {} tails emptied · {seconds:.1} s",
                 metrics.tails_shrunk.get(),
             ),
             format!("≤ budget: {}", verdict(peak <= budget_bytes)),

@@ -111,10 +111,8 @@ async fn wakeup_emit_cost(
     })
     .await?;
     let medians = |case: usize| -> Vec<f64> {
-        let per_writers = |index: usize| rounds[case].iter().map(|r| r[index]).collect::<Vec<_>>();
-        (0..WRITERS.len())
-            .map(|index| median(&per_writers(index)))
-            .collect()
+        let of = |index: usize| median(&rounds[case].iter().map(|r| r[index]).collect::<Vec<_>>());
+        (0..WRITERS.len()).map(of).collect()
     };
     let (floor, notify, logical) = (medians(0), medians(1), medians(2));
     for (index, writers) in WRITERS.into_iter().enumerate() {
@@ -125,15 +123,12 @@ async fn wakeup_emit_cost(
         } else {
             format!("logical ≥ 0.85× the floor: {}", verdict(ratio >= 0.85))
         };
+        let (plain, floor, logical) = (plain[index], floor[index], logical[index]);
+        let (notify, notify_ratio) = (notify[index], of_floor(notify[index]));
         table.add(
             format!("emit cost by wake-up mode, {writers} writer(s)"),
             format!(
-                "plain {:.0} tx/s · outbox row, no wake-up (floor) {:.0} · notify {:.0} ({:.2}× floor) · logical {:.0} ({ratio:.2}× floor) · medians of {ROUNDS} rounds",
-                plain[index],
-                floor[index],
-                notify[index],
-                of_floor(notify[index]),
-                logical[index],
+                "plain {plain:.0} tx/s · outbox row, no wake-up (floor) {floor:.0} · notify {notify:.0} ({notify_ratio:.2}× floor) · logical {logical:.0} ({ratio:.2}× floor) · medians of {ROUNDS} rounds"
             ),
             target,
         );
@@ -156,10 +151,8 @@ async fn wakeup_latency(
     let servers: Vec<Server> = relays.iter().map(Server::of).collect();
     let mut outcome = Ok(());
     // The fan-out as long as three rounds of each mode would take.
-    for (subscribers, duration) in [
-        (1, cx.scale.fixed_run * 2),
-        (cx.scale.small_fanout, cx.scale.fixed_run * 6),
-    ] {
+    let (fixed, small) = (cx.scale.fixed_run, cx.scale.small_fanout);
+    for (subscribers, duration) in [(1, fixed * 2), (small, fixed * 6)] {
         outcome = wakeup_pair_row(table, db, schemas, &servers, subscribers, duration).await;
         if outcome.is_err() {
             break;
@@ -191,13 +184,8 @@ async fn wakeup_pair_row(
         opened.push(Subscribers::open(targets, Arc::clone(&log), CONNECT_CONCURRENCY).await?);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let usage = || {
-        servers
-            .iter()
-            .map(|s| proc_stats::usage(s.pids()))
-            .collect::<Vec<_>>()
-    };
-    let idle = usage();
+    let usage = || servers.iter().map(|s| proc_stats::usage(s.pids()));
+    let idle: Vec<_> = usage().collect();
     let scope_of = Arc::new(move |number: usize| scopes[slice_side(number, SLICE)].clone());
     let source = Source::Alternating {
         sources: Box::new(schemas.map(|schema| Source::emit(db, schema))),
@@ -213,7 +201,7 @@ async fn wakeup_pair_row(
         open.wait_for((count * subscribers) as u64, DRAIN_PATIENCE)
             .await;
     }
-    let after = usage();
+    let after: Vec<_> = usage().collect();
 
     let mut by_slice: Vec<Vec<u64>> = vec![Vec::new(); published.div_ceil(SLICE)];
     let mut p50s = Vec::new();
@@ -256,7 +244,7 @@ async fn wakeup_pair_row(
         );
     }
     let differences = pair_differences(&mut by_slice, SLICE);
-    table.add(
+    table.note(
         format!("wake-up modes, {subscribers} sub(s): slice pairs (one slice of each mode, back to back)"),
         format!(
             "logical's p50 ≤ notify's in {} of {} pairs · median difference (logical − notify) {:+.2} ms",
@@ -264,7 +252,6 @@ async fn wakeup_pair_row(
             differences.len(),
             median(&differences)
         ),
-        "–",
     );
     Ok(())
 }
