@@ -2,32 +2,26 @@
 //! relay's migrations before a run, dropped after it.
 
 use eventrelay::publisher::Identifier;
+use eventrelay::store::WakeupMode;
 
 use crate::BenchResult;
 
 pub async fn create_schema(database_url: &str, schema: &str) -> BenchResult<()> {
-    create_schema_for(database_url, schema, eventrelay::store::WakeupMode::Notify).await
+    create_schema_for(database_url, schema, WakeupMode::Notify).await
 }
 
-pub async fn create_schema_for(
-    database_url: &str,
-    schema: &str,
-    wakeup: eventrelay::store::WakeupMode,
-) -> BenchResult<()> {
-    let mut client = eventrelay::connect(database_url).await?;
+pub async fn create_schema_for(url: &str, schema: &str, wakeup: WakeupMode) -> BenchResult<()> {
+    let mut client = eventrelay::connect(url).await?;
     let name = Identifier::new(schema)?;
     eventrelay::store::migrate_for(&mut client, &name, &name, wakeup).await?;
     Ok(())
 }
 
 pub async fn drop_schema(database_url: &str, schema: &str) {
+    let sql =
+        format!("DROP SCHEMA IF EXISTS {schema} CASCADE; DROP PUBLICATION IF EXISTS {schema}");
     let dropped = match eventrelay::connect(database_url).await {
-        Ok(client) => client
-            .batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP PUBLICATION IF EXISTS {schema}"
-            ))
-            .await
-            .map_err(|e| e.to_string()),
+        Ok(client) => client.batch_execute(&sql).await.map_err(|e| e.to_string()),
         Err(error) => Err(error.to_string()),
     };
     if let Err(error) = dropped {
@@ -49,11 +43,6 @@ pub fn unique_schema(prefix: &str) -> String {
 
 pub async fn max_seq(database_url: &str, schema: &str) -> BenchResult<i64> {
     let client = eventrelay::connect(database_url).await?;
-    let row = client
-        .query_one(
-            &format!("SELECT coalesce(max(seq), 0) FROM {schema}.outbox"),
-            &[],
-        )
-        .await?;
-    Ok(row.get(0))
+    let max = format!("SELECT coalesce(max(seq), 0) FROM {schema}.outbox");
+    Ok(client.query_one(&max, &[]).await?.get(0))
 }

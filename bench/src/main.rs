@@ -52,11 +52,8 @@ fn main() -> BenchResult<()> {
         return stream_client::main(&argv[2..]);
     }
     let args = Args::parse();
-    let unknown: Vec<&String> = args
-        .only
-        .iter()
-        .filter(|only| !SCENARIOS.iter().any(|s| s.name == only.as_str()))
-        .collect();
+    let known = |only: &&String| SCENARIOS.iter().any(|s| s.name == only.as_str());
+    let unknown: Vec<&String> = args.only.iter().filter(|only| !known(only)).collect();
     if !unknown.is_empty() {
         return Err(format!("no scenario named {unknown:?}").into());
     }

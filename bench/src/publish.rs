@@ -165,12 +165,10 @@ impl Writer {
         Ok(match source {
             Source::Alternating { sources, slice } => {
                 let [first, second] = &**sources;
-                let writers = [
-                    Box::pin(Writer::open(first)).await?,
-                    Box::pin(Writer::open(second)).await?,
-                ];
+                let first = Box::pin(Writer::open(first)).await?;
+                let second = Box::pin(Writer::open(second)).await?;
                 Writer::Alternating {
-                    writers: Box::new(writers),
+                    writers: Box::new([first, second]),
                     slice: *slice,
                 }
             }

@@ -15,7 +15,7 @@ pub const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// The event type the `webhook_url` subscription takes.
 pub const WEBHOOK_TYPE: &str = "bench.hook";
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct RelaySettings {
     pub database_url: String,
     pub schema: String,
@@ -49,16 +49,10 @@ impl RelaySettings {
             database_url: database_url.to_owned(),
             schema: schema.to_owned(),
             queue_capacity: 1024,
-            webhook_url: None,
-            webhook_options: String::new(),
             group_commit_ms: 2,
             pool_size: 16,
             wakeup: "notify",
-            header_timeout_secs: None,
-            webhook_lease_ms: None,
-            dead_path_secs: None,
-            baseline: false,
-            own_session: false,
+            ..RelaySettings::default()
         }
     }
 
@@ -290,10 +284,8 @@ impl Sample {
             return None;
         }
         let (series, value) = line.rsplit_once(' ')?;
-        let value = match value {
-            "+Inf" => f64::INFINITY,
-            value => value.parse().ok()?,
-        };
+        // Rust reads Prometheus's `+Inf` as it is.
+        let value = value.parse().ok()?;
         let (name, labels) = match series.split_once('{') {
             None => (series, Vec::new()),
             Some((name, rest)) => (name, labels(rest.strip_suffix('}')?)?),
@@ -306,10 +298,8 @@ impl Sample {
     }
 
     pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(label, _)| label == name)
-            .map(|(_, value)| value.as_str())
+        let found = self.labels.iter().find(|(label, _)| label == name);
+        found.map(|(_, value)| value.as_str())
     }
 }
 
@@ -331,9 +321,8 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn parse(text: &str) -> Metrics {
-        Metrics {
-            samples: text.lines().filter_map(Sample::parse).collect(),
-        }
+        let samples = text.lines().filter_map(Sample::parse).collect();
+        Metrics { samples }
     }
 
     /// The first sample that `query` names, 0 when none does. A query is a
@@ -344,16 +333,11 @@ impl Metrics {
         let Some(wanted) = Sample::parse(&format!("{query} 0")) else {
             return 0.0;
         };
-        self.samples
-            .iter()
-            .find(|sample| {
-                (sample.name == wanted.name || sample.name.ends_with(&format!("_{}", wanted.name)))
-                    && wanted
-                        .labels
-                        .iter()
-                        .all(|(name, value)| sample.label(name) == Some(value))
-            })
-            .map_or(0.0, |sample| sample.value)
+        let (suffix, labels) = (format!("_{}", wanted.name), &wanted.labels);
+        let named = |s: &Sample| s.name == wanted.name || s.name.ends_with(&suffix);
+        let labelled = |s: &Sample| labels.iter().all(|(n, v)| s.label(n) == Some(v));
+        let found = self.samples.iter().find(|s| named(s) && labelled(s));
+        found.map_or(0.0, |sample| sample.value)
     }
 }
 

@@ -129,8 +129,8 @@ impl CommitLog {
     }
 
     pub fn first_commit(&self) -> Option<u64> {
-        (0..self.committed.len())
-            .filter_map(|number| self.committed_at(number))
+        (0..self.capacity())
+            .filter_map(|n| self.committed_at(n))
             .min()
     }
 }

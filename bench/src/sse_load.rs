@@ -121,12 +121,9 @@ pub fn deliveries<'a>(
         .iter()
         .flat_map(|outcome| &outcome.receipts)
         .filter_map(|receipt| {
-            let committed = log.committed_at(receipt.number as usize)?;
-            Some((
-                receipt.number,
-                receipt.at,
-                receipt.at.saturating_sub(committed),
-            ))
+            let (number, at) = (receipt.number, receipt.at);
+            let committed = log.committed_at(number as usize)?;
+            Some((number, at, at.saturating_sub(committed)))
         })
 }
 
@@ -140,16 +137,13 @@ async fn subscribe(
 ) -> Result<StreamOutcome, String> {
     let mut outcome = StreamOutcome::default();
     let read = async {
-        let mut stream = TcpStream::connect(target.address)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
+        let connected = TcpStream::connect(target.address).await;
+        let mut stream = connected.map_err(|e| format!("connect: {e}"))?;
         stream.set_nodelay(true).ok();
         let authorization = target.authorization.as_deref();
         let request = request_head(target.address, &target.path, authorization, None);
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|e| format!("send: {e}"))?;
+        let sent = stream.write_all(request.as_bytes()).await;
+        sent.map_err(|e| format!("send: {e}"))?;
         let mut parser = FrameParser::new(target.ready_when);
         let mut buffer = vec![0u8; 16 * 1024];
         loop {

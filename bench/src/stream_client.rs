@@ -153,10 +153,6 @@ impl Shared {
         }
     }
 
-    fn counts(&self, phase: usize) -> Value {
-        serde_json::to_value(self.phases().get(phase)).unwrap_or_default()
-    }
-
     fn next_phase(&self) -> usize {
         let mut phases = self.phases();
         phases.push(PhaseFigures::new(self.relays));
@@ -473,7 +469,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
                 file.flush()?;
                 say(&json!({
                     "event": "report",
-                    "tally": shared.counts(phase),
+                    "tally": serde_json::to_value(shared.phases().get(phase))?,
                     "receipts": spec.receipts_path().display().to_string(),
                 }));
             }
@@ -543,10 +539,8 @@ impl ClientProcess {
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let (lines_tx, lines) = mpsc::unbounded_channel();
         std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
+            let lines = std::io::BufReader::new(stdout).lines();
+            for line in lines.map_while(Result::ok) {
                 if let Ok(value) = serde_json::from_str::<Value>(&line)
                     && lines_tx.send(value).is_err()
                 {
@@ -667,10 +661,7 @@ impl PhaseFigures {
     }
 
     pub fn clean(&self) -> bool {
-        self.timeouts == 0
-            && self.server_errors == 0
-            && self.other_refusals == 0
-            && self.resets == 0
+        self.timeouts + self.server_errors + self.other_refusals + self.resets == 0
     }
 
     pub fn merge<'a>(tallies: impl Iterator<Item = &'a Value>, relays: usize) -> PhaseFigures {
@@ -707,17 +698,14 @@ impl PhaseFigures {
     }
 
     pub fn errors(&self) -> String {
-        format!(
-            "408: {} · 5xx: {} · other refusals: {} · resets: {}{}",
-            self.timeouts,
-            self.server_errors,
-            self.other_refusals,
-            self.resets,
-            if self.reset_reasons.is_empty() {
-                String::new()
-            } else {
-                format!(" ({:?})", self.reset_reasons)
-            }
-        )
+        let (timeouts, errors, resets) = (self.timeouts, self.server_errors, self.resets);
+        let others = self.other_refusals;
+        let mut text = format!(
+            "408: {timeouts} · 5xx: {errors} · other refusals: {others} · resets: {resets}"
+        );
+        if !self.reset_reasons.is_empty() {
+            text.push_str(&format!(" ({:?})", self.reset_reasons));
+        }
+        text
     }
 }

@@ -174,10 +174,8 @@ async fn carried(database_url: &str, schema: &str, n: usize, events: usize) -> B
 async fn every_stream_has(received: &[Arc<AtomicUsize>], events: usize) -> BenchResult<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let behind = || {
-        received
-            .iter()
-            .filter(|count| count.load(Ordering::Relaxed) < events)
-            .count()
+        let counts = received.iter().map(|count| count.load(Ordering::Relaxed));
+        counts.filter(|count| *count < events).count()
     };
     while behind() > 0 {
         if Instant::now() > deadline {
@@ -202,10 +200,8 @@ async fn count_events(mut socket: TcpStream, count: Arc<AtomicUsize>) -> BenchRe
             return Ok(());
         }
         carried.extend_from_slice(&buffer[..read]);
-        let found = carried
-            .windows(pattern.len())
-            .filter(|window| *window == pattern.as_slice())
-            .count();
+        let size = pattern.len();
+        let found = carried.windows(size).filter(|w| *w == pattern).count();
         count.fetch_add(found, Ordering::Relaxed);
         let keep = carried.len().min(pattern.len() - 1);
         carried.drain(..carried.len() - keep);
@@ -297,12 +293,9 @@ impl InProcessRelay {
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             actix_rt::System::new().block_on(async move {
-                let shutdown = async move {
-                    let _ = stopped.await;
-                };
-                if let Err(error) =
-                    eventrelay::server::run(config, resolver, listener, shutdown).await
-                {
+                let shutdown = async move { stopped.await.unwrap_or(()) };
+                let served = eventrelay::server::run(config, resolver, listener, shutdown).await;
+                if let Err(error) = served {
                     eprintln!("in-process relay failed: {error}");
                 }
             });

@@ -325,13 +325,10 @@ fn against_nchan_by_round(load: &LoadFigures) -> Option<String> {
             let runs = load.of(side);
             let p50 = quotients(&runs, &nchan, |f| f.latency.p50);
             let p99 = quotients(&runs, &nchan, |f| f.latency.p99);
+            let [each50, each99] = [&p50, &p99].map(|q| joined(q, 2, ", "));
+            let (label, median50, median99) = (side.label(), median(&p50), median(&p99));
             format!(
-                "{} p50 × {} (median {:.2}) · p99 × {} (median {:.2})",
-                side.label(),
-                joined(&p50, 2, ", "),
-                median(&p50),
-                joined(&p99, 2, ", "),
-                median(&p99)
+                "{label} p50 × {each50} (median {median50:.2}) · p99 × {each99} (median {median99:.2})"
             )
         })
         .collect();

@@ -49,9 +49,7 @@ pub async fn http_publish(
         .map(|(publisher, mut connection)| {
             let stop = Arc::clone(&stop);
             tokio::spawn(async move {
-                let mut samples = Vec::new();
-                let mut failed = 0usize;
-                let mut n = 0u64;
+                let (mut samples, mut failed, mut n) = (Vec::new(), 0usize, 0u64);
                 while !stop.load(Ordering::Relaxed) {
                     let body = format!(
                         r#"{{"type":"bench.publish","scopeKey":"publish-bench","lane":"durable","data":{{"p":{publisher},"n":{n}}}}}"#
@@ -75,8 +73,7 @@ pub async fn http_publish(
         .collect();
     tokio::time::sleep(duration).await;
     stop.store(true, Ordering::Relaxed);
-    let mut samples = Vec::new();
-    let mut failed = 0;
+    let (mut samples, mut failed) = (Vec::new(), 0);
     for task in tasks {
         let (mine, lost) = task.await?;
         samples.extend(mine);
@@ -232,15 +229,12 @@ async fn alternating_publish_rounds(
         let current = cx.start_relay(cx.settings()).await?;
         let addresses = [baseline.address(), current.address()];
         let figures = alternating(PUBLISH_ROUNDS, 2, async |round, case| {
-            eprintln!(
-                "HTTP publish, 64 publishers, round {} of {PUBLISH_ROUNDS}",
-                round + 1
-            );
+            let round = round + 1;
+            eprintln!("HTTP publish, 64 publishers, round {round} of {PUBLISH_ROUNDS}");
             http_publish(addresses[case], 64, cx.scale.emit_run * 2).await
         })
         .await?;
-        let mut shown = Vec::new();
-        let mut ratios = Vec::new();
+        let (mut shown, mut ratios) = (Vec::new(), Vec::new());
         for (earlier, now) in figures[0].iter().zip(&figures[1]) {
             let ratio = now.events_per_second / earlier.events_per_second;
             shown.push(format!(

@@ -57,17 +57,13 @@ fn tail_rows(table: &mut Table) {
         } else {
             "–".to_owned()
         };
+        let (held, bound) = (tail.len(), size(TAIL_BYTES as f64));
+        let [counted, heap] = [tail.bytes() as f64, heap_bytes as f64].map(size);
         table.add(
             format!(
-                "tail memory: {TAIL_EVENTS} events of {label} (encoded), bound {TAIL_EVENTS} events / {}",
-                size(TAIL_BYTES as f64)
+                "tail memory: {TAIL_EVENTS} events of {label} (encoded), bound {TAIL_EVENTS} events / {bound}"
             ),
-            format!(
-                "{} events held · {} counted against the bound · {} heap really held",
-                tail.len(),
-                size(tail.bytes() as f64),
-                size(heap_bytes as f64)
-            ),
+            format!("{held} events held · {counted} counted against the bound · {heap} heap really held"),
             target,
         );
     }

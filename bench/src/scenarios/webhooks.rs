@@ -99,7 +99,8 @@ async fn stop(cx: &Context, relays: Vec<RelayProcess>) -> BenchResult<()> {
 /// A receiver on a port of its own, until dropped.
 struct Receiver {
     url: String,
-    receipts: Receipts,
+    /// What it received.
+    seen: Receipts,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -113,18 +114,14 @@ impl Receiver {
     async fn start() -> BenchResult<Receiver> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}/hook", listener.local_addr()?);
-        let receipts = Receipts::default();
-        let noted = receipts.clone();
+        let seen = Receipts::default();
+        let noted = seen.clone();
         let accept = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 tokio::spawn(answer(stream, noted.clone()));
             }
         });
-        Ok(Receiver {
-            url,
-            receipts,
-            accept,
-        })
+        Ok(Receiver { url, seen, accept })
     }
 
     /// A relay's settings with the bench subscription to this receiver,
@@ -148,9 +145,9 @@ impl Receiver {
         let options = format!("ordering = \"{ordering}\"");
         let relay = cx.start_relay(self.settings(cx, options)).await?;
         let committed = backlog(cx, events).await?;
-        self.receipts.wait_for(events).await?;
+        self.seen.wait_for(events).await?;
         stop(cx, vec![relay]).await?;
-        let receipts = std::mem::take(&mut *self.receipts.lock());
+        let receipts = std::mem::take(&mut *self.seen.lock());
         let last = receipts.last().map_or(committed, |(at, _)| *at);
         let (mut highest, mut early) = ([None; SCOPES], 0);
         for (_, number) in receipts {
@@ -202,8 +199,8 @@ impl Receiver {
             cx.start_relay(settings).await?,
         ];
         backlog(cx, events).await?;
-        self.receipts.wait_for(1).await?;
-        let start = self.receipts.lock()[0].0;
+        self.seen.wait_for(1).await?;
+        let start = self.seen.lock()[0].0;
         tokio::time::sleep_until((start + Duration::from_secs(window as u64)).into()).await;
         let (delivered, mut shares) = ("webhook_deliveries_total{outcome=\"delivered\"}", vec![]);
         for relay in &relays {
@@ -211,7 +208,7 @@ impl Receiver {
         }
         stop(cx, relays).await?;
         let mut seconds = vec![0; window];
-        for (at, _) in std::mem::take(&mut *self.receipts.lock()) {
+        for (at, _) in std::mem::take(&mut *self.seen.lock()) {
             if let Some(second) = seconds.get_mut(at.duration_since(start).as_secs() as usize) {
                 *second += 1;
             }
