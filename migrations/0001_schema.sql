@@ -724,3 +724,66 @@ $$;
 CREATE TRIGGER outbox_enqueue_webhooks AFTER INSERT ON outbox
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION outbox_enqueue_webhooks();
+
+
+-- ---------------------------------------------------------------------------
+-- The customer portal
+-- ---------------------------------------------------------------------------
+--
+-- A portal session lets one of the application's customers (one scope)
+-- manage that scope's webhook subscriptions from a page the relay serves.
+-- The application mints a session (portal_session(), or the admin API,
+-- which calls it) and hands the customer's browser a one-time code; the
+-- page exchanges the code with a relay for a bearer token. Only hashes
+-- are stored: a copy of this table lets no one in.
+CREATE TABLE portal_sessions (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    scope_key       text NOT NULL
+        CONSTRAINT portal_sessions_scope_valid
+        CHECK (scope_key <> '' AND octet_length(scope_key) <= 200),
+    -- SHA-256 of the one-time code, cleared when it is exchanged.
+    code_hash       bytea UNIQUE,
+    code_expires_at timestamptz NOT NULL,
+    -- SHA-256 of the bearer token the code was exchanged for.
+    token_hash      bytea UNIQUE,
+    expires_at      timestamptz NOT NULL,
+    -- CSS variables for the page: `accent` (a hex colour) and `font` (a
+    -- font-family list), nothing else, so no value can carry CSS of its own.
+    theme           jsonb
+        CONSTRAINT portal_sessions_theme_valid
+        CHECK (theme IS NULL OR (
+            jsonb_typeof(theme) = 'object'
+            AND theme - 'accent' - 'font' = '{}'::jsonb
+            AND (NOT theme ? 'accent' OR theme ->> 'accent' ~ '^#([0-9A-Fa-f]{3}|[0-9A-Fa-f]{6})$')
+            AND (NOT theme ? 'font' OR theme ->> 'font' ~ '^[A-Za-z0-9 ,''"-]{1,100}$')
+        )),
+    created_at      timestamptz NOT NULL DEFAULT now()
+);
+-- Pruning by age.
+CREATE INDEX portal_sessions_expires_idx ON portal_sessions (expires_at);
+
+-- Mints a portal session for `scope_key`, lasting `expires_in_secs` (at
+-- most a week), and returns its one-time code, which is good for five
+-- minutes or the session's life if shorter. The code is 244 random bits
+-- from two gen_random_uuid() (the server's strong random source).
+CREATE FUNCTION portal_session(
+    scope_key       text,
+    expires_in_secs integer,
+    theme           jsonb DEFAULT NULL
+) RETURNS TABLE (code text, expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    minted text := replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '');
+    ends timestamptz;
+BEGIN
+    IF expires_in_secs IS NULL OR expires_in_secs < 1 OR expires_in_secs > 604800 THEN
+        RAISE EXCEPTION 'expires_in_secs must be from 1 to 604800 (a week), not %', expires_in_secs
+            USING ERRCODE = '22023';
+    END IF;
+    ends := now() + make_interval(secs => expires_in_secs);
+    INSERT INTO portal_sessions (scope_key, code_hash, code_expires_at, expires_at, theme)
+    VALUES ($1, sha256(convert_to(minted, 'UTF8')), least(now() + interval '5 minutes', ends),
+            ends, $3);
+    RETURN QUERY SELECT minted, ends;
+END
+$$;

@@ -49,6 +49,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Traces over OTLP; see `docs/src/operations.md`.
     pub telemetry: TelemetryConfig,
+    /// The customer portal; see `docs/src/portal.md`.
+    pub portal: PortalConfig,
     /// The throwaway HMAC secret of development mode (no `[auth]`), which
     /// lets the inspector mint tokens. Never read from configuration.
     #[serde(skip)]
@@ -255,6 +257,29 @@ pub struct OutboxConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+pub struct PortalConfig {
+    /// The origins whose pages may frame `/portal` (its CSP's
+    /// `frame-ancestors`), such as `https://app.example.com`; empty: none.
+    pub allowed_frame_origins: Vec<String>,
+    /// The longest session the admin API mints.
+    pub max_session_secs: u32,
+    /// The relay's address as customers' browsers reach it, for the `url`
+    /// of a minted session; unset: the address the minting request used.
+    pub base_url: Option<String>,
+}
+
+impl Default for PortalConfig {
+    fn default() -> Self {
+        PortalConfig {
+            allowed_frame_origins: Vec::new(),
+            max_session_secs: 86_400,
+            base_url: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// `text` or `json`.
     pub format: String,
@@ -283,6 +308,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             log: LogConfig::default(),
             telemetry: TelemetryConfig::default(),
+            portal: PortalConfig::default(),
             development_secret: None,
         }
     }
@@ -650,6 +676,47 @@ impl Config {
         }
         if let Err((setting, message)) = self.telemetry.check() {
             return Err(invalid(setting, message));
+        }
+        self.validate_portal()?;
+        Ok(())
+    }
+
+    /// The `[portal]` checks: each frame origin is a bare origin (it goes
+    /// into a header), and the session bound is one the database takes.
+    fn validate_portal(&self) -> Result<(), ConfigError> {
+        let portal = &self.portal;
+        for origin in &portal.allowed_frame_origins {
+            let bare = reqwest::Url::parse(origin).ok().filter(|url| {
+                matches!(url.scheme(), "http" | "https")
+                    && url.host_str().is_some()
+                    && url.path() == "/"
+                    && url.query().is_none()
+                    && !origin.ends_with('/')
+            });
+            if bare.is_none() {
+                return Err(invalid(
+                    "portal.allowed_frame_origins",
+                    format!("{origin:?} is not an origin such as https://app.example.com"),
+                ));
+            }
+        }
+        if portal.max_session_secs == 0 || portal.max_session_secs > crate::portal::MAX_SESSION_SECS
+        {
+            return Err(invalid(
+                "portal.max_session_secs",
+                format!(
+                    "must be from 1 to {} (a week)",
+                    crate::portal::MAX_SESSION_SECS
+                ),
+            ));
+        }
+        if let Some(base) = &portal.base_url
+            && reqwest::Url::parse(base).is_err()
+        {
+            return Err(invalid(
+                "portal.base_url",
+                format!("{base:?} is not a URL such as https://relay.example.com"),
+            ));
         }
         Ok(())
     }

@@ -26,7 +26,8 @@
 //!   [`latency`]'s per-stage histograms;
 //!   [`memory`]: returning departed connections' memory to the system;
 //!   [`secret`]: values that never print; [`server`]: start and stop;
-//!   [`telemetry`]: traces over OTLP and the trace context events carry.
+//!   [`telemetry`]: traces over OTLP and the trace context events carry;
+//!   [`portal`]: the customer portal's sessions.
 //!
 //! Dependencies point one way: `config` knows the settings types of the
 //! domains it composes (`webhooks`), `sse` builds on `http`'s state and
@@ -44,6 +45,7 @@ pub mod http;
 pub mod latency;
 pub mod memory;
 pub mod metrics;
+pub mod portal;
 pub mod reload;
 pub mod secret;
 pub mod server;

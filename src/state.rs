@@ -54,6 +54,8 @@ pub struct AppState {
     pub relay_name: String,
     /// The event types of `publish.schemas_dir`, read at start.
     pub catalog: Arc<crate::catalog::EventCatalog>,
+    /// The customer portal's sessions.
+    pub portal: crate::portal::PortalStore,
 }
 
 /// What a shutdown waits for: each open stream holds a sender of one

@@ -78,6 +78,7 @@ pub async fn run(command: DeliveriesCommand) -> Result<(), CliError> {
                 until: None,
                 before: args.before,
                 limit: Some(args.limit),
+                subscriptions_of_scope: None,
             };
             let deliveries = store.list_deliveries(&client, &filter).await?;
             for delivery in &deliveries {

@@ -70,16 +70,16 @@ impl FromRequest for Admin {
     }
 }
 
-async fn connection(state: &AppState) -> Result<Connection, ApiError> {
+pub(super) async fn connection(state: &AppState) -> Result<Connection, ApiError> {
     state.db.get().await.map_err(|e| database_error(e.into()))
 }
 
-fn database_error(error: StoreError) -> ApiError {
+pub(super) fn database_error(error: StoreError) -> ApiError {
     ApiError::failed("the database did not answer", &error)
 }
 
 /// Reads the request body under the configured size limit and parses it.
-async fn json_body<T: DeserializeOwned>(
+pub(super) async fn json_body<T: DeserializeOwned>(
     payload: web::Payload,
     state: &AppState,
 ) -> Result<T, ApiError> {
@@ -88,7 +88,7 @@ async fn json_body<T: DeserializeOwned>(
         .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, format!("invalid body: {e}")))
 }
 
-fn not_found(what: &str, id: &str) -> ApiError {
+pub(super) fn not_found(what: &str, id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorCode::NotFound,
@@ -96,13 +96,13 @@ fn not_found(what: &str, id: &str) -> ApiError {
     )
 }
 
-fn conflict(message: impl Into<String>) -> ApiError {
+pub(super) fn conflict(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, message)
 }
 
 /// A subscription field that breaks a rule: 400 `invalid_body`, or
 /// `weak_secret` for a secret too short to sign with.
-fn invalid_subscription(error: InvalidSubscription) -> ApiError {
+pub(super) fn invalid_subscription(error: InvalidSubscription) -> ApiError {
     let code = match error.weak_secret {
         true => ErrorCode::WeakSecret,
         false => ErrorCode::InvalidBody,
@@ -110,7 +110,7 @@ fn invalid_subscription(error: InvalidSubscription) -> ApiError {
     ApiError::bad_request(code, error.to_string())
 }
 
-fn refuse_config_source(subscription: &Subscription) -> Result<(), ApiError> {
+pub(super) fn refuse_config_source(subscription: &Subscription) -> Result<(), ApiError> {
     ensure_changeable(subscription).map_err(|e| conflict(e.to_string()))
 }
 
@@ -175,16 +175,28 @@ pub async fn list_subscriptions(
 async fn set_paused(state: Admin, id: &str, paused: bool) -> Result<HttpResponse, ApiError> {
     let conn = connection(&state).await?;
     existing_subscription(&state, &conn, id).await?;
+    let answer = paused_or_resumed(&state, &conn, id, paused).await?;
+    tracing::info!(subscription = %id, paused, "webhook subscription paused or resumed by an operator");
+    Ok(answer)
+}
+
+/// Pauses or resumes an existing subscription (the caller checked it may),
+/// and answers it.
+pub(super) async fn paused_or_resumed(
+    state: &AppState,
+    conn: &Connection,
+    id: &str,
+    paused: bool,
+) -> Result<HttpResponse, ApiError> {
     let subscription = state
         .webhooks
-        .set_paused(&*conn, id, paused)
+        .set_paused(&**conn, id, paused)
         .await
         .map_err(database_error)?
         .ok_or_else(|| not_found("subscription", id))?;
     if !paused {
-        wake_dispatcher(&state);
+        wake_dispatcher(state);
     }
-    tracing::info!(subscription = %id, paused, "webhook subscription paused or resumed by an operator");
     Ok(HttpResponse::Ok().json(json!({ "subscription": subscription })))
 }
 
@@ -204,7 +216,7 @@ pub async fn resume_subscription(
 
 /// The dispatcher may be asleep until its next known due time; whatever
 /// was just put back in the queue is due now.
-fn wake_dispatcher(state: &AppState) {
+pub(super) fn wake_dispatcher(state: &AppState) {
     if let Some(dispatcher) = &state.dispatcher {
         dispatcher.do_send(DeliveriesDue);
     }
@@ -217,6 +229,22 @@ struct RedeliverFailed {
     since: String,
 }
 
+/// The `since` of a redeliver-failed body.
+pub(super) async fn failed_since(
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<DateTime<Utc>, ApiError> {
+    let request: RedeliverFailed = json_body(payload, state).await?;
+    DateTime::parse_from_rfc3339(&request.since)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            ApiError::bad_request(
+                ErrorCode::InvalidBody,
+                format!("since: not an RFC 3339 time: {e}"),
+            )
+        })
+}
+
 /// `POST /v1/admin/subscriptions/{id}/redeliver-failed`: every dead
 /// delivery of the subscription created since `since` is queued again.
 pub async fn redeliver_failed(
@@ -224,27 +252,30 @@ pub async fn redeliver_failed(
     id: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let request: RedeliverFailed = json_body(payload, &state).await?;
-    let since = DateTime::parse_from_rfc3339(&request.since)
-        .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| {
-            ApiError::bad_request(
-                ErrorCode::InvalidBody,
-                format!("since: not an RFC 3339 time: {e}"),
-            )
-        })?;
+    let since = failed_since(payload, &state).await?;
     let conn = connection(&state).await?;
     existing_subscription(&state, &conn, &id).await?;
+    let redelivered = requeue_failed(&state, &conn, &id, since).await?;
+    tracing::info!(subscription = %id, %since, redelivered, "failed webhook deliveries queued again by an operator");
+    Ok(HttpResponse::Ok().json(json!({ "redelivered": redelivered })))
+}
+
+/// Queues an existing subscription's dead deliveries since `since` again.
+pub(super) async fn requeue_failed(
+    state: &AppState,
+    conn: &Connection,
+    id: &str,
+    since: DateTime<Utc>,
+) -> Result<u64, ApiError> {
     let redelivered = state
         .webhooks
-        .redeliver_failed(&*conn, &id, since)
+        .redeliver_failed(&**conn, id, since)
         .await
         .map_err(database_error)?;
     if redelivered > 0 {
-        wake_dispatcher(&state);
+        wake_dispatcher(state);
     }
-    tracing::info!(subscription = %id, %since, redelivered, "failed webhook deliveries queued again by an operator");
-    Ok(HttpResponse::Ok().json(json!({ "redelivered": redelivered })))
+    Ok(redelivered)
 }
 
 async fn existing_subscription(
@@ -323,14 +354,24 @@ pub async fn delete_subscription(
 pub async fn rotate_secret(state: Admin, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let conn = connection(&state).await?;
     refuse_config_source(&existing_subscription(&state, &conn, &id).await?)?;
+    rotated(&state, &conn, &id).await
+}
+
+/// Gives an existing subscription (the caller checked it may be changed) a
+/// new secret, and answers it, shown this once.
+pub(super) async fn rotated(
+    state: &AppState,
+    conn: &Connection,
+    id: &str,
+) -> Result<HttpResponse, ApiError> {
     let secret = generate_secret();
     let grace = Duration::from_secs(state.config().webhooks.rotation_grace_secs);
     let rotated = state
         .webhooks
-        .rotate_secret(&*conn, &id, &secret, grace)
+        .rotate_secret(&**conn, id, &secret, grace)
         .await
         .map_err(database_error)?
-        .ok_or_else(|| not_found("subscription", &id))?;
+        .ok_or_else(|| not_found("subscription", id))?;
     Ok(HttpResponse::Ok().json(json!({
         "previousSecretExpiresAt": rotated.previous_secret_expires_at,
         "subscription": rotated,
@@ -358,7 +399,7 @@ struct DeliveryQuery {
 /// Default page size when `limit` is absent.
 const DEFAULT_PAGE: i64 = 100;
 
-fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
+pub(super) fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
     let invalid = |message: String| ApiError::bad_request(ErrorCode::InvalidQuery, message);
     let query = web::Query::<DeliveryQuery>::from_query(query_string)
         .map_err(|e| invalid(e.to_string()))?
@@ -416,15 +457,24 @@ fn delivery_filter(query_string: &str) -> Result<DeliveryFilter, ApiError> {
         until,
         before,
         limit: Some(limit),
+        subscriptions_of_scope: None,
     })
 }
 
 pub async fn list_deliveries(state: Admin, request: HttpRequest) -> Result<HttpResponse, ApiError> {
     let filter = delivery_filter(request.query_string())?;
-    let conn = connection(&state).await?;
+    deliveries_page(&state, &filter).await
+}
+
+/// One page of the delivery log, with the cursor of the next.
+pub(super) async fn deliveries_page(
+    state: &AppState,
+    filter: &DeliveryFilter,
+) -> Result<HttpResponse, ApiError> {
+    let conn = connection(state).await?;
     let deliveries = state
         .webhooks
-        .list_deliveries(&*conn, &filter)
+        .list_deliveries(&*conn, filter)
         .await
         .map_err(database_error)?;
     // A full page may have more behind it; a short one is the end.
@@ -435,13 +485,13 @@ pub async fn list_deliveries(state: Admin, request: HttpRequest) -> Result<HttpR
     Ok(HttpResponse::Ok().json(json!({"deliveries": deliveries, "nextBefore": next_before})))
 }
 
-fn delivery_id(id: &str) -> Result<i64, ApiError> {
+pub(super) fn delivery_id(id: &str) -> Result<i64, ApiError> {
     // No delivery has an id that is not an integer, so this is a miss, not
     // a malformed request.
     id.parse().map_err(|_| not_found("delivery", id))
 }
 
-async fn delivery_with_attempts(
+pub(super) async fn delivery_with_attempts(
     state: &AppState,
     conn: &Connection,
     id: &str,

@@ -15,6 +15,8 @@ use crate::state::AppState;
 const PAGE: &str = include_str!("console/index.html");
 const SCRIPT: &str = include_str!("console/console.js");
 const STYLE: &str = include_str!("console/console.css");
+/// What the console and the customer portal share (see `http::portal`).
+pub(super) const SHARED_SCRIPT: &str = include_str!("console/ui.js");
 
 /// Same-origin everything, nothing inline: the page's only way out is the
 /// relay's own API, and injected markup could run no script.
@@ -46,6 +48,10 @@ pub async fn page(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> 
 
 pub async fn script(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     asset(&state, "text/javascript; charset=utf-8", SCRIPT)
+}
+
+pub async fn shared_script(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    asset(&state, "text/javascript; charset=utf-8", SHARED_SCRIPT)
 }
 
 pub async fn style(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {

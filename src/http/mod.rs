@@ -11,6 +11,7 @@ pub mod deadline;
 pub mod inspector;
 pub mod json_numbers;
 pub mod ops;
+pub mod portal;
 pub mod publish;
 pub mod routes;
 pub mod serve;

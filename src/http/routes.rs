@@ -3,7 +3,7 @@
 
 use actix_web::web;
 
-use super::{admin, catalog, console, cors, inspector, ops, publish, subscribers};
+use super::{admin, catalog, console, cors, inspector, ops, portal, publish, subscribers};
 use crate::api_error::{ApiError, ErrorCode};
 
 /// The pages the relay serves besides its API, each behind a setting.
@@ -68,6 +68,7 @@ pub fn routes(config: &mut web::ServiceConfig, pages: Pages) {
                     web::post().to(admin::redeliver_failed),
                 )
                 .route("/reload", web::post().to(admin::reload))
+                .route("/portal-sessions", web::post().to(portal::mint_session))
                 .route("/subscribers", web::get().to(subscribers::list))
                 .route(
                     "/subscribers/{subscriber}/disconnect",
@@ -82,6 +83,64 @@ pub fn routes(config: &mut web::ServiceConfig, pages: Pages) {
                     web::post().to(admin::redeliver),
                 ),
         )
+        .service(
+            web::scope("/v1/portal")
+                .route("/exchange", web::post().to(portal::exchange))
+                .route("/session", web::get().to(portal::session))
+                .route("/event-types", web::get().to(portal::event_types))
+                .route("/subscriptions", web::get().to(portal::list_subscriptions))
+                .route(
+                    "/subscriptions",
+                    web::post().to(portal::create_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}",
+                    web::get().to(portal::get_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}",
+                    web::patch().to(portal::update_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}",
+                    web::delete().to(portal::delete_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}/rotate-secret",
+                    web::post().to(portal::rotate_secret),
+                )
+                .route(
+                    "/subscriptions/{id}/pause",
+                    web::post().to(portal::pause_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}/resume",
+                    web::post().to(portal::resume_subscription),
+                )
+                .route(
+                    "/subscriptions/{id}/redeliver-failed",
+                    web::post().to(portal::redeliver_failed),
+                )
+                .route(
+                    "/subscriptions/{id}/test",
+                    web::post().to(portal::send_test),
+                )
+                .route("/deliveries", web::get().to(portal::list_deliveries))
+                .route("/deliveries/{id}", web::get().to(portal::get_delivery))
+                .route(
+                    "/deliveries/{id}/redeliver",
+                    web::post().to(portal::redeliver),
+                ),
+        )
+        .route("/portal", web::get().to(portal::page::index))
+        .route("/portal/", web::get().to(portal::page::index))
+        .route("/portal/portal.js", web::get().to(portal::page::script))
+        .route("/portal/portal.css", web::get().to(portal::page::style))
+        .route("/portal/ui.js", web::get().to(portal::page::shared_script))
+        .route(
+            "/portal/console.css",
+            web::get().to(portal::page::console_style),
+        )
         .route("/v1/event-types", web::get().to(catalog::event_types))
         .route("/healthz", web::get().to(ops::healthz))
         .route("/readyz", web::get().to(ops::readyz))
@@ -92,6 +151,7 @@ pub fn routes(config: &mut web::ServiceConfig, pages: Pages) {
             .route("/console", web::get().to(console::page))
             .route("/console/", web::get().to(console::page))
             .route("/console/console.js", web::get().to(console::script))
+            .route("/console/ui.js", web::get().to(console::shared_script))
             .route("/console/console.css", web::get().to(console::style));
     }
     if pages.inspector {

@@ -1,4 +1,5 @@
-//! The static bearer tokens that guard the publish and admin APIs.
+//! The static bearer tokens that guard the publish and admin APIs, and
+//! reading a bearer token from a request.
 
 use actix_web::HttpRequest;
 use actix_web::http::{StatusCode, header};
@@ -27,17 +28,9 @@ impl Guard {
                 format!("this API is off: set {} to enable it", self.setting),
             ));
         };
-        let provided = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .ok_or_else(|| {
-                ApiError::unauthorized(format!("send `Authorization: Bearer <{}>`", self.name))
-            })?;
+        let provided = bearer(request).ok_or_else(|| {
+            ApiError::unauthorized(format!("send `Authorization: Bearer <{}>`", self.name))
+        })?;
         // Comparing digests keeps the comparison's timing independent of how
         // much of the token was right.
         if Sha256::digest(provided.trim().as_bytes()) != Sha256::digest(expected.as_bytes()) {
@@ -48,4 +41,16 @@ impl Guard {
         }
         Ok(())
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+pub fn bearer(request: &HttpRequest) -> Option<&str> {
+    request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
 }

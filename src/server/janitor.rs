@@ -1,7 +1,8 @@
 //! The janitor: prunes what has outlived its retention, on an interval:
 //! outbox rows past `outbox.retention_secs`, and finished webhook
 //! deliveries (with their attempts) past `webhooks.retention_secs`, or
-//! `webhooks.dead_retention_secs` for dead ones.
+//! `webhooks.dead_retention_secs` for dead ones, and portal sessions a day
+//! after they ended.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::metrics::Metrics;
+use crate::portal::PortalStore;
 use crate::store::{Database, Outbox, StoreError};
 use crate::webhooks::WebhookStore;
 
@@ -21,6 +23,7 @@ pub(super) struct Janitor {
     pub db: Database,
     pub outbox: Outbox,
     pub webhooks: WebhookStore,
+    pub portal: PortalStore,
     pub outbox_retention: Duration,
     /// Delivered and gone deliveries.
     pub finished_retention: Duration,
@@ -49,7 +52,17 @@ impl Janitor {
                 }
                 Err(error) => tracing::warn!(%error, "delivery pruning failed; will retry"),
             }
+            match self.prune_portal_sessions().await {
+                Ok(0) => {}
+                Ok(sessions) => tracing::info!(sessions, "pruned ended portal sessions"),
+                Err(error) => tracing::warn!(%error, "portal session pruning failed; will retry"),
+            }
         }
+    }
+
+    async fn prune_portal_sessions(&self) -> Result<u64, StoreError> {
+        let client = self.db.get().await?;
+        self.portal.prune(&*client).await
     }
 
     async fn prune_outbox(&self) -> Result<u64, StoreError> {

@@ -223,6 +223,7 @@ pub async fn run_with(
             db: db.clone(),
             outbox: outbox.clone(),
             webhooks: webhooks.clone(),
+            portal: crate::portal::PortalStore::new(&schema),
             outbox_retention: Duration::from_secs(config.outbox.retention_secs),
             finished_retention: Duration::from_secs(config.webhooks.retention_secs),
             dead_retention: Duration::from_secs(config.webhooks.dead_retention_secs),
@@ -294,6 +295,7 @@ pub async fn run_with(
         streams,
         disconnections,
         catalog: Arc::new(catalog),
+        portal: crate::portal::PortalStore::new(&schema),
         relay_name: relay_name(),
     });
     let pages = crate::http::Pages {

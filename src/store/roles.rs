@@ -54,22 +54,26 @@ GRANT SELECT, INSERT, UPDATE, DELETE
     ON {schema}.webhook_subscriptions, {schema}.webhook_deliveries, {schema}.webhook_attempts
     TO {relay};
 GRANT SELECT, INSERT, DELETE ON {schema}.subscriber_disconnections TO {relay};
+GRANT SELECT, UPDATE (code_hash, token_hash), DELETE ON {schema}.portal_sessions TO {relay};
 GRANT EXECUTE ON FUNCTION
     {schema}.outbox_announce_rows(uuid[], bigint[], uuid[], text[], integer[], text[], text[]),
     {schema}.notify_inline(text),
     {schema}.emit(text, text, jsonb, jsonb, text[], uuid, timestamptz, text),
-    {schema}.emit_batch(uuid[], text[], text[], jsonb[], jsonb[], jsonb[], timestamptz[], text[])
+    {schema}.emit_batch(uuid[], text[], text[], jsonb[], jsonb[], jsonb[], timestamptz[], text[]),
+    {schema}.portal_session(text, integer, jsonb)
     TO {relay};
 
 -- Emitters: applications that emit events in their own transactions. They
--- may call the emit functions (which run as the owner) and nothing else:
--- no table, no webhook secret, no notification key.
+-- may call the emit functions (which run as the owner), and mint portal
+-- sessions for their customers, and nothing else: no
+-- table, no webhook secret, no notification key.
 {emitter_role}
 GRANT USAGE ON SCHEMA {schema} TO {emitter};
 GRANT EXECUTE ON FUNCTION
     {schema}.emit(text, text, jsonb, jsonb, text[], uuid, timestamptz, text),
     {schema}.emit_batch(uuid[], text[], text[], jsonb[], jsonb[], jsonb[], timestamptz[], text[]),
-    {schema}.notify_inline(text)
+    {schema}.notify_inline(text),
+    {schema}.portal_session(text, integer, jsonb)
     TO {emitter};
 "
     )

@@ -569,12 +569,20 @@ pub struct DeliveryFilter {
     pub until: Option<DateTime<Utc>>,
     pub before: Option<i64>,
     pub limit: Option<i64>,
+    /// Only deliveries of subscriptions bound to this scope (`scopeKey` is
+    /// the event's scope, which a subscription for every scope shares).
+    #[serde(skip)]
+    pub subscriptions_of_scope: Option<String>,
 }
 
 /// How much of a receiver's answer an attempt keeps: enough to read an
 /// error page's message, little enough that a chatty receiver does not fill
 /// the log.
 pub const MAX_RESPONSE_BYTES: usize = 1024;
+
+/// The type of the test event a portal sends to one endpoint on request.
+/// It never passes through the outbox, so no stream sees it.
+pub const TEST_EVENT_TYPE: &str = "eventrelay.test";
 
 /// Most deliveries one listing returns.
 pub const MAX_PAGE: i64 = 500;

@@ -22,7 +22,7 @@ use tokio_postgres::types::{ToSql, Type};
 use super::model::{
     Attempt, AttemptOutcome, AttemptRecord, Claimed, Delivery, DeliveryFilter, DeliveryOrder,
     DeliveryStatus, MAX_PAGE, NewSubscription, PauseRule, Recorded, Subscription,
-    SubscriptionHealth, SubscriptionPatch, SubscriptionWithHealth,
+    SubscriptionHealth, SubscriptionPatch, SubscriptionWithHealth, TEST_EVENT_TYPE,
 };
 use crate::store::StoreError;
 
@@ -642,6 +642,9 @@ impl WebhookStore {
                        AND ($7::text IS NULL OR event_type = $7)
                        AND ($8::timestamptz IS NULL OR created_at >= $8)
                        AND ($9::timestamptz IS NULL OR created_at < $9)
+                       AND ($10::text IS NULL OR subscription_id IN (
+                           SELECT s.id FROM {{schema}}.webhook_subscriptions s
+                           WHERE s.scope_key = $10))
                      ORDER BY id DESC
                      LIMIT $6"
                 ),
@@ -655,6 +658,7 @@ impl WebhookStore {
                     (&filter.event_type, Type::TEXT),
                     (&filter.since, Type::TIMESTAMPTZ),
                     (&filter.until, Type::TIMESTAMPTZ),
+                    (&filter.subscriptions_of_scope, Type::TEXT),
                 ],
             )
             .await?;
@@ -704,6 +708,45 @@ impl WebhookStore {
             })
             .collect::<Result<_, tokio_postgres::Error>>()?;
         Ok(Some((delivery, attempts)))
+    }
+
+    /// Queues an `eventrelay.test` event to one subscription only: a
+    /// delivery of its own, with seq 0 (no outbox row stands behind it),
+    /// due now. Answers the delivery's id.
+    pub async fn send_test(
+        &self,
+        db: &impl PgExecutor,
+        subscription: &Subscription,
+        scope_key: &str,
+    ) -> Result<i64, StoreError> {
+        let event_id = uuid::Uuid::now_v7();
+        let payload = serde_json::json!({
+            "id": event_id,
+            "type": TEST_EVENT_TYPE,
+            "scopeKey": scope_key,
+            "lane": "ephemeral",
+            "data": {"message": "a test event, sent on request to this endpoint only"},
+            "resources": [],
+            "occurredAt": Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        });
+        let rows = self
+            .rows(
+                db,
+                "INSERT INTO {schema}.webhook_deliveries
+                     (subscription_id, event_seq, event_id, event_type, scope_key, payload)
+                 VALUES ($1, 0, $2, $3, $4, $5) RETURNING id",
+                &[
+                    (&subscription.id, Type::TEXT),
+                    (&event_id, Type::UUID),
+                    (&TEST_EVENT_TYPE, Type::TEXT),
+                    (&scope_key, Type::TEXT),
+                    (&payload, Type::JSONB),
+                ],
+            )
+            .await?;
+        rows.first()
+            .map(|row| row.get(0))
+            .ok_or(StoreError::NoRow("INSERT INTO webhook_deliveries"))
     }
 
     /// Puts a delivery back in the queue with a fresh schedule.

@@ -32,7 +32,8 @@
 //!   check after silence), used by the service and by [`broadcast`].
 //! - [`broadcast`]: typed channels over plain `NOTIFY`, with their own
 //!   reconnecting subscriptions; [`backoff`]: full-jitter backoff.
-//! - Webhook [`verify`], re-exported from the wire crate.
+//! - Webhook [`verify`], re-exported from the wire crate; customer portal
+//!   sessions ([`Publisher::portal_session`]).
 
 pub mod backoff;
 pub mod broadcast;
@@ -40,6 +41,7 @@ pub mod connect;
 mod executor;
 mod identifier;
 pub mod listen;
+mod portal;
 mod publisher;
 mod registry;
 #[cfg(feature = "sqlx")]
@@ -55,5 +57,6 @@ pub use eventrelay_wire::{Audience, EventEnvelope, Lane, NewEvent};
 pub use executor::PgExecutor;
 pub use identifier::{Identifier, IdentifierError};
 pub use listen::{HealthCheck, ListenConnection, ListenError, ListenTls};
+pub use portal::{PortalSession, PortalTheme};
 pub use publisher::{BatchError, DEFAULT_SCHEMA, PreparedBatch, PublishError, Publisher};
 pub use registry::{SchemaError, SchemaRegistry};

@@ -49,6 +49,8 @@ pub enum PublishError {
     Sqlx(#[from] sqlx::Error),
     #[error("invalid schema name: {0}")]
     SchemaName(#[from] IdentifierError),
+    #[error("the database answered no row to {0}")]
+    NoRow(&'static str),
 }
 
 /// Why [`Publisher::emit_batch`] wrote nothing: the event at `index` was

@@ -2,6 +2,13 @@
 // admin API calls, hash routing between the Webhooks, Live and Streams
 // sections, and rendering their tables, forms and sparklines. Plain DOM:
 // data only ever goes in through textContent and attributes, never as markup.
+// The building blocks it shares with the customer portal are in ui.js.
+
+import {
+  $, act, api, authenticate, badge, button, cell, clearError, confirmFirst, element,
+  formatNumber, fromLocalInput, keepingFocus, localTime, query, relativeTime, report, say,
+  showEmpty, showError, timeNode, toLocalInput,
+} from './ui.js';
 
 const TOKEN_KEY = 'eventrelay.adminToken';
 const METRICS_EVERY_MS = 3000;
@@ -9,271 +16,22 @@ const SAMPLES = 40;
 const LOG_PAGE = 50;
 const STREAMS_PAGE = 100;
 const DELIVERY_POLL_MS = 1000;
-const CONFIRM_MS = 5000;
 const VIEWS = ['webhooks', 'live', 'streams'];
 const SVG = 'http://www.w3.org/2000/svg';
-
-const $ = (id) => document.getElementById(id);
-
-// ---------------------------------------------------------------------------
-// The admin token and the API
 
 function adminToken() {
   return sessionStorage.getItem(TOKEN_KEY);
 }
 
-/** An error answered by the relay (`status` set) or a failed request. */
-class ApiError extends Error {
-  constructor(message, { status = 0, code = null, requestId = null } = {}) {
-    super(message);
-    this.name = 'ApiError';
-    this.status = status;
-    this.code = code;
-    this.requestId = requestId;
-  }
-}
-
-/**
- * Calls the admin API with the bearer token; resolves with the parsed JSON
- * answer (null for an empty one) and throws an ApiError carrying the API's
- * own message otherwise. `token` overrides the stored one (for signing in).
- */
-async function api(method, path, body, { token = adminToken() } = {}) {
-  const headers = { accept: 'application/json', authorization: `Bearer ${token ?? ''}` };
-  const init = { method, headers, cache: 'no-store', credentials: 'omit' };
-  if (body !== undefined) {
-    headers['content-type'] = 'application/json';
-    init.body = JSON.stringify(body);
-  }
-  let response;
-  try {
-    response = await fetch(path, init);
-  } catch {
-    throw new ApiError('The relay could not be reached: check that it is running and that this network can reach it, then try again.');
-  }
-  const answer = await readJson(response);
-  if (!response.ok) {
-    const error = answer?.error;
-    const message = typeof error?.message === 'string' && error.message
-      ? error.message
-      : `The relay answered ${response.status} ${response.statusText}`.trim();
-    throw new ApiError(message, { status: response.status, code: error?.code ?? null, requestId: error?.requestId ?? null });
-  }
-  return answer;
-}
-
-async function readJson(response) {
-  const text = await response.text().catch(() => '');
-  if (!text) return null;
-  try {
-    return JSON.parse(text);
-  } catch {
-    return null;
-  }
-}
-
-/** `?a=1&b=2` from the entries whose value is neither empty nor null. */
-function query(entries) {
-  const params = new URLSearchParams();
-  for (const [name, value] of Object.entries(entries)) {
-    if (value !== null && value !== undefined && value !== '') params.set(name, String(value));
-  }
-  const text = params.toString();
-  return text ? `?${text}` : '';
-}
-
-// ---------------------------------------------------------------------------
-// Alerts and status
-
-let alertOwner = null;
-
-/** Shows `message` in the alert region; `owner` lets a poller clear only its own. */
-function showError(message, owner = 'action') {
-  alertOwner = owner;
-  // Rewriting the same text would have it announced again at every poll.
-  if ($('alert').classList.contains('shown') && $('alert-text').textContent === message) return;
-  $('alert-text').textContent = message;
-  $('alert-dismiss').hidden = false;
-  $('alert').classList.add('shown');
-}
-
-function clearError(owner) {
-  if (owner && owner !== alertOwner) return;
-  alertOwner = null;
-  $('alert-text').textContent = '';
-  $('alert-dismiss').hidden = true;
-  $('alert').classList.remove('shown');
-}
-
-function say(message) {
-  $('status').textContent = message;
-}
-
-/** What an error means to the page: a refused token signs out, anything else is shown. */
-function report(error, owner = 'action') {
-  if (error instanceof ApiError && error.status === 401 && adminToken()) {
+// A refused admin token signs out.
+authenticate({
+  token: adminToken,
+  refused(error, owner) {
     signOut();
     showError(`${error.message}. Sign in again.`, owner);
-    return;
-  }
-  showError(error.message || String(error), owner);
-}
-
-/**
- * Runs a user's action: clears the last error, marks `button` busy (a
- * second click meanwhile does nothing) and reports a failure.
- */
-async function act(button, action) {
-  if (button?.dataset.busy === 'true') return;
-  if (button) {
-    button.dataset.busy = 'true';
-    button.setAttribute('aria-busy', 'true');
-  }
-  clearError();
-  try {
-    await action();
-  } catch (error) {
-    report(error);
-  } finally {
-    if (button) {
-      delete button.dataset.busy;
-      button.removeAttribute('aria-busy');
-    }
-  }
-}
-
-/**
- * A button that asks for a second click before it acts: the first turns it
- * into "Confirm …" for a few seconds.
- */
-function confirmFirst(button, confirmLabel, action) {
-  if (button.dataset.confirming !== 'true') {
-    const label = button.textContent;
-    button.dataset.confirming = 'true';
-    button.classList.add('confirming');
-    button.textContent = confirmLabel;
-    say(`Press “${confirmLabel}” again within ${CONFIRM_MS / 1000} seconds to confirm.`);
-    const reset = () => {
-      button.dataset.confirming = 'false';
-      button.classList.remove('confirming');
-      button.textContent = label;
-    };
-    button.confirmTimer = setTimeout(reset, CONFIRM_MS);
-    button.resetConfirm = reset;
-    return;
-  }
-  clearTimeout(button.confirmTimer);
-  button.resetConfirm?.();
-  return act(button, action);
-}
-
-// ---------------------------------------------------------------------------
-// Formatting
-
-const relativeFormat = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto' });
-const dateFormat = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'medium' });
-const clockFormat = new Intl.DateTimeFormat(undefined, { timeStyle: 'medium' });
-const dayFormat = new Intl.DateTimeFormat(undefined, { month: 'short', day: 'numeric', hour: '2-digit', minute: '2-digit' });
-const numberFormat = new Intl.NumberFormat(undefined, { maximumFractionDigits: 2 });
-
-function localTime(iso) {
-  const date = new Date(iso);
-  return Number.isNaN(date.getTime()) ? String(iso) : dateFormat.format(date);
-}
-
-/** For tables: the time alone today, else the day and the minute. */
-function shortTime(iso) {
-  const date = new Date(iso);
-  if (Number.isNaN(date.getTime())) return String(iso);
-  return date.toDateString() === new Date().toDateString() ? clockFormat.format(date) : dayFormat.format(date);
-}
-
-/** "3 minutes ago", "in 5 seconds". */
-function relativeTime(iso, now = Date.now()) {
-  const seconds = Math.round((new Date(iso).getTime() - now) / 1000);
-  const size = Math.abs(seconds);
-  if (Number.isNaN(seconds)) return '';
-  if (size < 45) return relativeFormat.format(seconds, 'second');
-  if (size < 45 * 60) return relativeFormat.format(Math.round(seconds / 60), 'minute');
-  if (size < 22 * 3600) return relativeFormat.format(Math.round(seconds / 3600), 'hour');
-  return relativeFormat.format(Math.round(seconds / 86400), 'day');
-}
-
-function formatNumber(value) {
-  return value === null || value === undefined || Number.isNaN(value) ? '—' : numberFormat.format(value);
-}
-
-/** A `datetime-local` value (local time, to the second) for `date`. */
-function toLocalInput(date) {
-  const shifted = new Date(date.getTime() - date.getTimezoneOffset() * 60000);
-  return shifted.toISOString().slice(0, 19);
-}
-
-/** RFC 3339 (UTC) for a `datetime-local` value, or null when empty or unreadable. */
-function fromLocalInput(value) {
-  if (!value) return null;
-  const date = new Date(value);
-  return Number.isNaN(date.getTime()) ? null : date.toISOString();
-}
-
-// ---------------------------------------------------------------------------
-// DOM building blocks
-
-function element(tag, { className, text, attrs } = {}, children = []) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  for (const [name, value] of Object.entries(attrs ?? {})) node.setAttribute(name, value);
-  node.append(...children);
-  return node;
-}
-
-function cell(content, className) {
-  const td = element('td', { className });
-  if (content instanceof Node) td.append(content);
-  else td.textContent = content === null || content === undefined || content === '' ? '—' : String(content);
-  return td;
-}
-
-/** A local time with its relative form beneath, or `empty`; `short` for tables. */
-function timeNode(iso, empty = '—', { short = true } = {}) {
-  if (!iso) return document.createTextNode(empty);
-  const time = element('time', { text: short ? shortTime(iso) : localTime(iso), attrs: { datetime: iso, title: localTime(iso) } });
-  const ago = element('span', { className: 'relative', text: relativeTime(iso) });
-  return element('span', { className: 'when' }, [time, ago]);
-}
-
-function badge(text, kind) {
-  return element('span', { className: `badge badge-${kind}`, text });
-}
-
-/**
- * A button for a table row. `slot` names its place when its action changes
- * between renders (pause and resume), so focus can come back to it.
- */
-function button(label, { action, id, ariaLabel, className, slot = action } = {}) {
-  const node = element('button', { className, text: label, attrs: { type: 'button' } });
-  if (action) node.dataset.action = action;
-  if (id !== undefined) node.dataset.id = String(id);
-  if (slot) node.dataset.focusKey = `${slot}:${id ?? ''}`;
-  if (ariaLabel) node.setAttribute('aria-label', ariaLabel);
-  return node;
-}
-
-/**
- * Re-renders `container` with `render` and gives focus back to the element
- * that had it, found again by its focus key.
- */
-function keepingFocus(container, render) {
-  const active = document.activeElement;
-  const key = container.contains(active) ? active.dataset.focusKey : undefined;
-  render();
-  if (key !== undefined) container.querySelector(`[data-focus-key="${CSS.escape(key)}"]`)?.focus();
-}
-
-function showEmpty(id, empty) {
-  $(id).hidden = !empty;
-}
+    return true;
+  },
+});
 
 // ---------------------------------------------------------------------------
 // Webhooks: subscriptions
