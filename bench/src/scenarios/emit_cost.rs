@@ -102,11 +102,8 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     for writers in [1, 8, 32] {
         eprintln!("emit cost, {writers} writers");
         let mut tps = Vec::new();
-        for kind in [
-            WriteKind::Plain,
-            WriteKind::WithPublisherEmit,
-            WriteKind::WithSqlEmit,
-        ] {
+        use WriteKind::*;
+        for kind in [Plain, WithPublisherEmit, WithSqlEmit] {
             tps.push(measure(db, schema, kind, writers, cx.scale.emit_run).await?);
         }
         let (plain, publisher, sql) = (tps[0], tps[1], tps[2]);
