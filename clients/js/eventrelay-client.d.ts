@@ -11,6 +11,46 @@ export interface EventEnvelope<Data = unknown> {
   occurredAt: string;
 }
 
+/** A member of a scope with presence: a subscriber with at least one open stream. */
+export interface PresenceMember {
+  id: string;
+  /** Its open streams, on every relay together (two tabs that do not share: 2). */
+  streams: number;
+  /** The `presence_info` its token carries (a display name, an avatar URL), when it carries one. */
+  info?: Record<string, unknown>;
+}
+
+/**
+ * Who is connected to the stream's scope, from the relay's `presence`
+ * frames. A new object whenever it changes (a member that did not change
+ * keeps its object); treat it, and its map, as read-only.
+ */
+export interface Presence {
+  scopeKey: string;
+  /** The number of members: exact, also when `countsOnly`. */
+  count: number;
+  /**
+   * The scope is past the relay's `presence.max_members`: `members` is empty
+   * and only `count` is known, until a snapshot (the next connection) lists
+   * everyone again.
+   */
+  countsOnly: boolean;
+  /** The members by id (subscribers with `presence: false` are never listed). */
+  members: ReadonlyMap<string, PresenceMember>;
+}
+
+/** What one presence frame changed in `Presence.members`. */
+export interface PresenceChange {
+  /** The frame was a snapshot (the first of a connection, or one passed on to a tab that joined): it replaced the list. */
+  snapshot: boolean;
+  /** Members that were not in the list before. */
+  joined: PresenceMember[];
+  /** Members whose stream count or info changed. */
+  updated: PresenceMember[];
+  /** Members no longer in the list, as they were (also those a scope past the cap no longer lists). */
+  left: PresenceMember[];
+}
+
 export type ConnectionState = 'connecting' | 'connected' | 'reconnecting' | 'degraded' | 'stopped';
 
 export interface StreamRequest {
@@ -38,6 +78,13 @@ interface CommonOptions {
   /** The relay says events may have been missed: re-read what the page shows. */
   onResync?: () => void;
   /**
+   * In a scope with presence (`presence.scopes`): who is connected changed.
+   * Called at the first snapshot, then whenever the members or the count
+   * change. `presence` is also `client.presence`. Presence frames never
+   * reach `onEvent` and never move `lastEventId`.
+   */
+  onPresence?: (presence: Presence, change: PresenceChange) => void;
+  /**
    * 401/403 (after `getToken`, if given, had its try): return true after
    * refreshing credentials to retry; otherwise the client stops.
    */
@@ -45,7 +92,8 @@ interface CommonOptions {
   /**
    * The client stopped on refused credentials (`code` `unauthorized`), or
    * dropped a frame it must not deliver (`reserved_event_type`,
-   * `malformed_ready`). Without this hook, dropped frames go to `console.warn`.
+   * `malformed_ready`, `malformed_presence`). Without this hook, dropped
+   * frames go to `console.warn`.
    */
   onError?: (error: EventRelayError | Error) => void;
   /** Resume after this seq (a watermark saved earlier). */
@@ -70,15 +118,15 @@ interface CommonOptions {
   /**
    * Tabs of one origin that open the same stream share one connection: one
    * tab holds it (a Web Lock) and passes events, the watermark, state
-   * changes and resyncs to the others (a BroadcastChannel); when it closes,
-   * another takes over from the shared watermark. Default true where
+   * changes, resyncs and presence to the others (a BroadcastChannel); when
+   * it closes, another takes over from the shared watermark. Default true where
    * `navigator.locks` and `BroadcastChannel` exist, except under Node; false
    * forces a connection of this client's own.
    */
   shareAcrossTabs?: boolean;
   /**
    * The name tabs meet under (the lock and the channel are named
-   * `eventrelay-v1:<shareName>`). Default: a digest of the request's absolute
+   * `eventrelay-v2:<shareName>`). Default: a digest of the request's absolute
    * URL and headers, with a JWT bearer token reduced to its claims without
    * `exp`, `iat`, `nbf` and `jti`, so tabs holding different tokens for the
    * same subscriber still share. Set it when a header differs per tab.
@@ -108,6 +156,13 @@ export interface EventStreamClient {
   readonly lastEventId: string | undefined;
   /** True while this client holds the connection (always, once started, when it does not share). */
   readonly isLeader: boolean;
+  /**
+   * Who is connected to the scope, once the relay sent a presence snapshot
+   * (with tabs sharing a stream, passed on by the tab holding it). Undefined
+   * in a scope without presence, before the snapshot, and after `stop()`.
+   * Kept through a reconnect until the next snapshot replaces it.
+   */
+  readonly presence: Presence | undefined;
 }
 
 export function createEventStreamClient(options: ClientOptions): EventStreamClient;
@@ -118,6 +173,7 @@ export type EventRelayErrorCode =
   | 'ended_early'
   | 'not_event_stream'
   | 'malformed_ready'
+  | 'malformed_presence'
   | 'reserved_event_type'
   | 'revoked';
 
@@ -137,7 +193,7 @@ export class EventRelayError extends Error {
   readonly eventType?: string;
 }
 
-/** `ready`, `open`, `error`, `reauth`, `revoked` and every type starting with `eventrelay.` but the relay's own events (`eventrelay.subscription.paused`): never handed to the application. */
+/** `ready`, `open`, `error`, `reauth`, `revoked`, `presence` and every type starting with `eventrelay.` but the relay's own events (`eventrelay.subscription.paused`): never handed to the application. */
 export function isReservedEventType(type: string): boolean;
 
 /** A `Retry-After` value (seconds or an HTTP date) as milliseconds from `now`; undefined when unreadable. */

@@ -3,10 +3,12 @@
 // replays from a durable-only watermark, reconnects with full-jitter backoff,
 // and de-duplicates at-least-once delivery by envelope id. Given `getToken`,
 // it renews an expiring token without a gap: warned by the relay, it opens
-// the next stream with a fresh token before the old one ends. In a browser,
-// the tabs of one origin share one connection: one tab holds it (a Web Lock)
-// and passes what arrives to the others (a BroadcastChannel). No
-// dependencies; runs in browsers, workers and Node 20+.
+// the next stream with a fresh token before the old one ends. In a scope
+// with presence, it keeps the scope's member list from the relay's
+// `presence` frames. In a browser, the tabs of one origin share one
+// connection: one tab holds it (a Web Lock) and passes what arrives to the
+// others (a BroadcastChannel). No dependencies; runs in browsers, workers
+// and Node 20+.
 
 /** @typedef {'connecting'|'connected'|'reconnecting'|'degraded'|'stopped'} ConnectionState */
 
@@ -20,19 +22,20 @@ const DEFAULTS = {
 
 // Part of every lock and channel name, so that tabs running different
 // versions of this client (an old tab next to a reloaded one) never mix
-// messages they do not both understand.
-const SHARE_PREFIX = 'eventrelay-v1:';
+// messages they do not both understand. v2: presence, which a v1 tab
+// holding the connection would pass on as an event.
+const SHARE_PREFIX = 'eventrelay-v2:';
 
 // The states a tab takes over from the one holding the connection (which
 // never announces `stopped`: another tab takes over instead).
 const FOLLOWED_STATES = new Set(['connecting', 'reconnecting', 'degraded']);
 
-// Names the relay refuses for application events: `ready`, `reauth` and
-// `revoked` are its control frames, `open` and `error` are what EventSource
-// raises for the connection itself, and the prefix is the relay's: for
-// future control frames, and for the events it writes itself about itself
-// (SYSTEM_EVENT_TYPES), which streams carry like any event.
-const RESERVED_EVENT_TYPES = new Set(['ready', 'open', 'error', 'reauth', 'revoked']);
+// Names the relay refuses for application events: `ready`, `reauth`,
+// `revoked` and `presence` are its control frames, `open` and `error` are
+// what EventSource raises for the connection itself, and the prefix is the
+// relay's: for future control frames, and for the events it writes itself
+// about itself (SYSTEM_EVENT_TYPES), which streams carry like any event.
+const RESERVED_EVENT_TYPES = new Set(['ready', 'open', 'error', 'reauth', 'revoked', 'presence']);
 const RESERVED_EVENT_TYPE_PREFIX = 'eventrelay.';
 const SYSTEM_EVENT_TYPES = new Set(['eventrelay.subscription.paused']);
 
@@ -48,7 +51,7 @@ export function isReservedEventType(type) {
  * `code` keeps its meaning across versions: `unauthorized` (with `status`),
  * `http_status` (with `status`, and `retryAfterMs` when the relay sent a
  * usable Retry-After), `ended_early`, `not_event_stream`, `malformed_ready`,
- * `reserved_event_type` (with `eventType`).
+ * `malformed_presence`, `reserved_event_type` (with `eventType`), `revoked`.
  */
 export class EventRelayError extends Error {
   constructor(code, message, details = {}) {
@@ -234,6 +237,82 @@ function canonicalJson(value) {
   return JSON.stringify(sort(value));
 }
 
+// A member: its id, its open streams on every relay together, and the
+// `info` its token carries, when it carries one. The presence: the scope,
+// the member count, and the members by id (empty, with `countsOnly`, past
+// the relay's cap, where only the count is known).
+/** @typedef {{id: string, streams: number, info?: object}} PresenceMember */
+/** @typedef {{scopeKey: string, count: number, countsOnly: boolean, members: Map<string, PresenceMember>}} Presence */
+
+const isMember = (m) => isObject(m) && typeof m.id === 'string' && Number.isInteger(m.streams);
+const isIdList = (list) => Array.isArray(list) && list.every((id) => typeof id === 'string');
+
+/**
+ * A presence frame's data when it has the shape the relay writes, else
+ * undefined. Frames from other tabs pass through here too: a tab of
+ * another page of the origin could post anything.
+ */
+function readPresenceFrame(data) {
+  if (!isObject(data) || typeof data.snapshot !== 'boolean' || typeof data.scopeKey !== 'string') return undefined;
+  if (!Number.isInteger(data.count) || data.count < 0) return undefined;
+  // Past the relay's cap there is no member list, only the count (and a
+  // snapshot's `left` may still be an empty list).
+  if (data.members === null) return data.left === null || isIdList(data.left) ? data : undefined;
+  return Array.isArray(data.members) && data.members.every(isMember) && isIdList(data.left) ? data : undefined;
+}
+
+const sameMember = (a, b) => a.streams === b.streams && canonicalJson(a.info ?? null) === canonicalJson(b.info ?? null);
+
+/**
+ * The presence after `frame`, and what it changed: the members added to,
+ * changed in and removed from the list. Undefined for a change that has no
+ * snapshot to apply to. A snapshot replaces the list; the state and its
+ * members are new objects whenever they change (a member that did not
+ * change keeps its object), so the application may keep references.
+ */
+function applyPresence(previous, frame) {
+  if (!frame.snapshot && previous === undefined) return undefined;
+  const before = previous?.members ?? new Map();
+  // Once a scope is past the cap, its changes name only who moved, never
+  // everyone there: the list stays empty until a snapshot lists everyone.
+  const countsOnly = frame.members === null || (!frame.snapshot && previous.countsOnly);
+  let listed = [];
+  if (!countsOnly) {
+    const after = frame.snapshot ? new Map() : new Map(before);
+    for (const m of frame.members) after.set(m.id, m);
+    if (!frame.snapshot) for (const id of frame.left) after.delete(id);
+    listed = [...after.values()];
+  }
+  const members = new Map();
+  const change = { snapshot: frame.snapshot, joined: [], updated: [], left: [] };
+  for (const m of listed) {
+    const was = before.get(m.id);
+    if (was && sameMember(was, m)) {
+      members.set(m.id, was);
+      continue;
+    }
+    const member = Object.freeze({ id: m.id, streams: m.streams, ...(m.info == null ? {} : { info: m.info }) });
+    members.set(m.id, member);
+    (was ? change.updated : change.joined).push(member);
+  }
+  for (const [id, member] of before) if (!members.has(id)) change.left.push(member);
+  const changed =
+    previous === undefined ||
+    change.joined.length + change.updated.length + change.left.length > 0 ||
+    frame.count !== previous.count ||
+    countsOnly !== previous.countsOnly ||
+    frame.scopeKey !== previous.scopeKey;
+  if (!changed) return { presence: previous, change: undefined };
+  const presence = Object.freeze({ scopeKey: frame.scopeKey, count: frame.count, countsOnly, members });
+  return { presence, change: Object.freeze(change) };
+}
+
+/** A snapshot frame of `presence`: what the tab holding the connection tells a tab that joins. */
+function presenceSnapshot(presence) {
+  const members = presence.countsOnly ? null : [...presence.members.values()];
+  return { scopeKey: presence.scopeKey, snapshot: true, count: presence.count, members, left: presence.countsOnly ? null : [] };
+}
+
 // Tabs usually hold different tokens for the same subscriber (each fetched
 // its own, with its own expiry), so a JWT is identified by its claims minus
 // the time-dependent ones: those tabs still share. Anything else counts as
@@ -281,6 +360,8 @@ export function createEventStreamClient(options) {
   const seen = new SeenIds(settings.seenCapacity);
   let state = 'stopped';
   let lastEventId = settings.lastEventId;
+  /** @type {Presence|undefined} the scope's members, once a snapshot arrived */
+  let presence;
   // One run, from start() to stop(). Everything asynchronous checks that its
   // run is still active, so a stop() followed by a start() can never let
   // the old run call the application or touch the new one.
@@ -336,10 +417,27 @@ export function createEventStreamClient(options) {
     if (missed) call(settings.onResync);
   };
 
+  /**
+   * Applies a presence frame (from the connection, or from the tab holding
+   * it) and tells the application when anything changed: always at the
+   * first snapshot, then only when the list or the count moved, so the
+   * snapshot of a reconnect that finds everyone where they were, or one
+   * repeated for a tab that joins, is silent.
+   */
+  const updatePresence = (s, frame) => {
+    if (!s.active) return;
+    const next = applyPresence(presence, frame);
+    if (!next || !next.change) return;
+    presence = next.presence;
+    call(settings.onPresence, presence, next.change);
+  };
+
   const stopSession = (s) => {
     if (session !== s) return;
     session = undefined;
     s.active = false;
+    // A stopped client knows nothing current; the next run starts afresh.
+    presence = undefined;
     s.controller.abort(); // ends the attempt, the backoff wait, and a lock request
     s.channel?.close();
     if (state !== 'stopped') {
@@ -464,6 +562,20 @@ export function createEventStreamClient(options) {
     // or `onUnauthorized` says otherwise.
     if (frame.event === 'revoked' && !frame.ownId) {
       report(new EventRelayError('revoked', 'an operator disconnected this subscriber'));
+      return;
+    }
+    // Who is connected to the scope: never an event, and without an id, so
+    // the watermark stays. Only the stream the client is on counts: a
+    // stream that replaces it starts with a snapshot of its own.
+    if (frame.event === 'presence' && !frame.ownId) {
+      if (attempt !== s.current) return;
+      const data = readPresenceFrame(parseJson(frame.data));
+      if (!data) {
+        report(new EventRelayError('malformed_presence', 'skipped a malformed `presence` frame'));
+        return;
+      }
+      post(s, { kind: 'presence', frame: data });
+      updatePresence(s, data);
       return;
     }
     const envelope = parseJson(frame.data);
@@ -618,8 +730,17 @@ export function createEventStreamClient(options) {
   function onMessage(s, message) {
     if (!s.active || !isObject(message)) return;
     if (s.leader) {
-      // A tab that just opened asks where the stream stands.
-      if (message.kind === 'hello') post(s, { kind: 'state', state, lastEventId });
+      // A tab that just opened asks where the stream stands, and who is
+      // here: the changes it hears from now on apply to this snapshot.
+      if (message.kind === 'hello') {
+        post(s, { kind: 'state', state, lastEventId });
+        if (presence) post(s, { kind: 'presence', frame: presenceSnapshot(presence) });
+      }
+      return;
+    }
+    if (message.kind === 'presence') {
+      const frame = readPresenceFrame(message.frame);
+      if (frame) updatePresence(s, frame);
       return;
     }
     if (message.kind !== 'event' && message.kind !== 'state') return;
@@ -686,6 +807,7 @@ export function createEventStreamClient(options) {
         renewedAfterRefusal: false, // a refusal fetched a fresh token since the last `ready`
       };
       session = s;
+      presence = undefined;
       setState(s, 'connecting');
       (sharing ? share(s) : lead(s)).catch((error) => {
         if (s.active) report(error);
@@ -702,6 +824,10 @@ export function createEventStreamClient(options) {
     },
     get isLeader() {
       return session?.leader ?? false;
+    },
+    /** The scope's members, once the relay sent a snapshot; undefined in a scope without presence. */
+    get presence() {
+      return presence;
     },
   };
   return client;

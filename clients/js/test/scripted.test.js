@@ -325,7 +325,7 @@ test('without onError, a dropped frame is reported on console.warn', async () =>
 });
 
 test('the reserved rule matches the relay’s', () => {
-  for (const type of ['ready', 'open', 'error', 'reauth', 'revoked', 'eventrelay.', 'eventrelay.resync']) assert.ok(isReservedEventType(type), type);
+  for (const type of ['ready', 'open', 'error', 'reauth', 'revoked', 'presence', 'eventrelay.', 'eventrelay.resync']) assert.ok(isReservedEventType(type), type);
   for (const type of ['Ready', 'ready.changed', 'order.error', 'message', 'eventrelay', 'eventrelay.subscription.paused']) assert.ok(!isReservedEventType(type), type);
 });
 
@@ -632,6 +632,223 @@ test('a warning during the replay renews too: the new stream’s ready closes th
     assert.deepEqual(ids(seen.events), [1, 2]);
     assert.deepEqual(seen.states, ['connecting', 'connected']);
     assert.equal(issued.length, 2);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+// Presence: `event: presence` frames, without an id, after `ready`.
+
+/** A presence frame as the relay writes it; `members: null` is past the cap. */
+function presence({ snapshot = false, count, members = [], left = [] }) {
+  const listed = members === null ? null : members.map((m) => (typeof m === 'string' ? { id: m, streams: 1 } : m));
+  const data = { scopeKey: 'org-1', snapshot, count: count ?? listed?.length ?? 0, members: listed, left: members === null && !snapshot ? null : left };
+  return `event: presence\ndata: ${JSON.stringify(data)}\n\n`;
+}
+
+/** A client that also records what `onPresence` reports, as member ids. */
+function presenceClient(url, options = {}) {
+  const reported = [];
+  const ids = (members) => members.map((m) => m.id).sort();
+  const result = client(url, {
+    onPresence: (state, change) =>
+      reported.push({
+        state,
+        change,
+        snapshot: change.snapshot,
+        joined: ids(change.joined),
+        updated: ids(change.updated),
+        left: ids(change.left),
+      }),
+    ...options,
+  });
+  return { ...result, reported };
+}
+
+const memberIds = (state) => [...state.members.keys()].sort();
+
+test('presence: the snapshot sets the members, changes join, update and leave them, and none of it is an event', async () => {
+  const relay = await driven();
+  const { instance, seen, reported } = presenceClient(relay.url);
+  try {
+    await until(() => relay.connections.length === 1, 'the stream');
+    const [connection] = relay.connections;
+    assert.equal(instance.presence, undefined, 'nothing before a snapshot');
+    connection.response.write(
+      ready(true) +
+        frame(envelope(1)) +
+        presence({ snapshot: true, members: [{ id: 'ada', streams: 2, info: { name: 'Ada' } }, 'bob'] }),
+    );
+    await until(() => reported.length === 1, 'the snapshot');
+    let state = instance.presence;
+    assert.equal(reported[0].state, state);
+    assert.deepEqual(memberIds(state), ['ada', 'bob']);
+    assert.deepEqual(state.members.get('ada'), { id: 'ada', streams: 2, info: { name: 'Ada' } });
+    assert.deepEqual(state.members.get('bob'), { id: 'bob', streams: 1 }, 'no info key when the token carries none');
+    assert.deepEqual({ scopeKey: state.scopeKey, count: state.count, countsOnly: state.countsOnly }, { scopeKey: 'org-1', count: 2, countsOnly: false });
+    assert.deepEqual(reported[0], { ...reported[0], snapshot: true, joined: ['ada', 'bob'], updated: [], left: [] });
+    const bob = state.members.get('bob');
+
+    // Cyd joins and Ada opens a third tab; then Ada leaves; then a change
+    // that repeats what is known changes nothing and reports nothing.
+    connection.response.write(presence({ count: 3, members: ['cyd', { id: 'ada', streams: 3, info: { name: 'Ada' } }] }));
+    await until(() => reported.length === 2, 'the join');
+    assert.deepEqual(reported[1], { ...reported[1], snapshot: false, joined: ['cyd'], updated: ['ada'], left: [] });
+    assert.equal(instance.presence.members.get('bob'), bob, 'a member that did not change keeps its object');
+    assert.notEqual(instance.presence, state, 'a change is a new presence object');
+    state = instance.presence;
+    assert.equal(state.count, 3);
+    connection.response.write(presence({ count: 3, members: ['cyd'] }) + presence({ count: 2, left: ['ada'] }) + frame(envelope(2)));
+    await until(() => reported.length === 3 && seen.events.length === 2, 'the leave and the next event');
+    assert.deepEqual(reported[2], { ...reported[2], snapshot: false, joined: [], updated: [], left: ['ada'] });
+    assert.deepEqual(reported[2].change.left, [{ id: 'ada', streams: 3, info: { name: 'Ada' } }], 'who left, as they were');
+    assert.deepEqual(memberIds(instance.presence), ['bob', 'cyd']);
+    assert.equal(instance.presence.count, 2);
+
+    assert.deepEqual(ids(seen.events), [1, 2], 'presence frames never reach onEvent');
+    assert.equal(instance.lastEventId, '2');
+    assert.deepEqual(seen.errors, []);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+  assert.equal(instance.presence, undefined, 'a stopped client forgets who was there');
+});
+
+test('presence frames never move the watermark, and one with an id of its own is an event under a reserved name', async () => {
+  const relay = await driven();
+  const { instance, seen, reported } = presenceClient(relay.url);
+  try {
+    await until(() => relay.connections.length === 1, 'the stream');
+    relay.connections[0].response.write(
+      ready(true) +
+        frame(envelope(4)) +
+        presence({ snapshot: true, members: ['ada'] }) +
+        // Not the relay's: a control frame never carries an id.
+        `id: 9\nevent: presence\ndata: ${JSON.stringify({ scopeKey: 'org-1', snapshot: true, count: 0, members: [], left: [] })}\n\n` +
+        'event: presence\ndata: {"snapshot":"yes"}\n\n' +
+        frame(envelope(5, { lane: 'ephemeral' })),
+    );
+    await until(() => seen.events.length === 2, 'the events');
+    assert.deepEqual(
+      seen.errors.map((e) => [e.code, e.eventType]),
+      [
+        ['reserved_event_type', 'presence'],
+        ['malformed_presence', undefined],
+      ],
+    );
+    assert.deepEqual(reported.length, 1, 'only the relay’s frame counts');
+    assert.deepEqual(memberIds(instance.presence), ['ada']);
+    assert.deepEqual(seen.events.map((e) => e.id), [envelope(4).id, envelope(5, { lane: 'ephemeral' }).id]);
+    assert.equal(instance.lastEventId, '4');
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('presence: after a reconnect, the next snapshot replaces what was known', async () => {
+  const relay = await driven();
+  const { instance, seen, reported } = presenceClient(relay.url);
+  try {
+    await until(() => relay.connections.length === 1, 'the first stream');
+    relay.connections[0].response.write(ready(true) + frame(envelope(1)) + presence({ snapshot: true, members: ['ada', 'bob'] }));
+    await until(() => reported.length === 1, 'the first snapshot');
+    relay.connections[0].response.end();
+    await until(() => relay.connections.length === 2, 'the reconnect');
+    assert.equal(relay.requests[1].headers['last-event-id'], '1');
+    // Kept while reconnecting: the last known state until a new one arrives.
+    assert.deepEqual(memberIds(instance.presence), ['ada', 'bob']);
+
+    // While the client was away Bob left, Cyd came, and Ada's streams changed.
+    relay.connections[1].response.write(ready(false) + presence({ snapshot: true, members: [{ id: 'ada', streams: 2 }, 'cyd'] }));
+    await until(() => reported.length === 2, 'the second snapshot');
+    assert.deepEqual(reported[1], { ...reported[1], snapshot: true, joined: ['cyd'], updated: ['ada'], left: ['bob'] });
+    assert.deepEqual(memberIds(instance.presence), ['ada', 'cyd']);
+    assert.equal(instance.presence.count, 2);
+
+    // A third connection finds everyone where they were: nothing to report.
+    relay.connections[1].response.end();
+    await until(() => relay.connections.length === 3, 'the second reconnect');
+    relay.connections[2].response.write(ready(false) + presence({ snapshot: true, members: [{ id: 'ada', streams: 2 }, 'cyd'] }) + frame(envelope(2)));
+    await until(() => seen.events.length === 2, 'the event after it');
+    assert.equal(reported.length, 2);
+    assert.equal(instance.presence, reported[1].state);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('presence: past the relay’s cap only the count is known, until a snapshot lists everyone again', async () => {
+  const relay = await driven();
+  const { instance, reported } = presenceClient(relay.url);
+  try {
+    await until(() => relay.connections.length === 1, 'the first stream');
+    const [connection] = relay.connections;
+    connection.response.write(ready(true) + presence({ snapshot: true, members: ['ada', 'bob'] }));
+    await until(() => reported.length === 1, 'the snapshot');
+
+    connection.response.write(presence({ count: 3, members: null }));
+    await until(() => reported.length === 2, 'the counts-only change');
+    assert.deepEqual(
+      { count: instance.presence.count, countsOnly: instance.presence.countsOnly, members: instance.presence.members.size },
+      { count: 3, countsOnly: true, members: 0 },
+    );
+    assert.deepEqual(reported[1], { ...reported[1], joined: [], updated: [], left: ['ada', 'bob'] }, 'the list empties');
+
+    // Back under the cap, a change names only who moved: the list cannot
+    // be rebuilt from it, so it stays counts-only with the new count.
+    connection.response.write(presence({ count: 2, left: ['cyd'] }));
+    await until(() => reported.length === 3, 'the listed change');
+    assert.deepEqual(
+      { count: instance.presence.count, countsOnly: instance.presence.countsOnly, members: instance.presence.members.size },
+      { count: 2, countsOnly: true, members: 0 },
+    );
+
+    // A snapshot past the cap (`left` stays a list there), then one that lists everyone.
+    connection.response.end();
+    await until(() => relay.connections.length === 2, 'the reconnect');
+    relay.connections[1].response.write(
+      ready(false) + `event: presence\ndata: ${JSON.stringify({ scopeKey: 'org-1', snapshot: true, count: 4, members: null, left: [] })}\n\n`,
+    );
+    await until(() => reported.length === 4, 'the counts-only snapshot');
+    assert.deepEqual({ count: instance.presence.count, countsOnly: instance.presence.countsOnly }, { count: 4, countsOnly: true });
+    relay.connections[1].response.end();
+    await until(() => relay.connections.length === 3, 'the second reconnect');
+    relay.connections[2].response.write(ready(false) + presence({ snapshot: true, members: ['ada', 'cyd'] }));
+    await until(() => reported.length === 5, 'the listed snapshot');
+    assert.deepEqual(
+      { count: instance.presence.count, countsOnly: instance.presence.countsOnly, members: memberIds(instance.presence) },
+      { count: 2, countsOnly: false, members: ['ada', 'cyd'] },
+    );
+    assert.deepEqual(reported[4], { ...reported[4], snapshot: true, joined: ['ada', 'cyd'], updated: [], left: [] });
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('presence: while a renewal overlaps two streams, the new one’s snapshot takes over at its ready', async () => {
+  const relay = await driven();
+  const { getToken } = tokens();
+  const { instance, seen, reported } = presenceClient(relay.url, { getToken });
+  try {
+    await until(() => relay.connections.length === 1, 'the first stream');
+    const [old] = relay.connections;
+    old.response.write(ready(true) + presence({ snapshot: true, members: ['ada'] }) + reauth());
+    await until(() => relay.connections.length === 2, 'the next stream');
+    const next = relay.connections[1];
+    // The old stream still reports until the new one is ready.
+    old.response.write(presence({ count: 2, members: ['bob'] }));
+    await until(() => reported.length === 2, 'the old stream’s change');
+    next.response.write(ready(false) + presence({ snapshot: true, members: ['ada', 'bob', 'cyd'] }));
+    await until(() => old.closed && reported.length === 3, 'the new stream’s snapshot');
+    assert.deepEqual(reported[2], { ...reported[2], snapshot: true, joined: ['cyd'], updated: [], left: [] });
+    assert.deepEqual(memberIds(instance.presence), ['ada', 'bob', 'cyd']);
+    assert.deepEqual(seen.states, ['connecting', 'connected']);
+    assert.deepEqual(seen.errors, []);
   } finally {
     instance.stop();
     await relay.close();
