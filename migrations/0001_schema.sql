@@ -191,7 +191,7 @@ CREATE TABLE outbox (
     -- `eventrelay.` prefix is the relay's: a system row may carry the
     -- relay's own events under it, and nothing else may.
     CONSTRAINT outbox_type_not_reserved
-        CHECK (type NOT IN ('ready', 'open', 'error', 'reauth', 'revoked')
+        CHECK (type NOT IN ('ready', 'open', 'error', 'reauth', 'revoked', 'presence')
                AND (NOT starts_with(type, 'eventrelay.')
                     OR (system AND type IN ('eventrelay.subscription.paused'))))
 );
@@ -787,3 +787,35 @@ BEGIN
     RETURN QUERY SELECT minted, ends;
 END
 $$;
+
+
+-- ---------------------------------------------------------------------------
+-- Presence
+-- ---------------------------------------------------------------------------
+--
+-- Who is connected to the scopes `presence.scopes` names, across relays.
+-- Each relay writes a row per subscriber it holds streams of (their count,
+-- and the token's `presence_info`), and a heartbeat; every relay reads the
+-- rows changed since the last version it saw, every `presence.batch_ms`.
+-- A subscriber that leaves a relay keeps its row with `streams = 0` (a
+-- tombstone) for a while, so the others read the leave too. A relay whose
+-- heartbeat is older than `presence.expire_secs` is dead to the others, and
+-- so are its rows.
+CREATE TABLE presence_relays (
+    relay_id     text PRIMARY KEY,
+    heartbeat_at timestamptz NOT NULL
+);
+CREATE SEQUENCE presence_version;
+CREATE TABLE presence_members (
+    relay_id      text        NOT NULL,
+    scope_key     text        NOT NULL,
+    subscriber_id text        NOT NULL,
+    streams       integer     NOT NULL CHECK (streams >= 0),
+    info          jsonb,
+    version       bigint      NOT NULL DEFAULT nextval('presence_version'),
+    changed_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (scope_key, subscriber_id, relay_id)
+);
+-- Reading what changed since a version.
+CREATE INDEX presence_members_version_idx ON presence_members (version);
+CREATE INDEX presence_members_relay_idx ON presence_members (relay_id);

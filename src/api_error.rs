@@ -48,6 +48,7 @@ pub enum ErrorCode {
     NumberOutOfRange,
     RequestTimeout,
     CatalogDisabled,
+    ScopeNotGranted,
 }
 
 impl ErrorCode {

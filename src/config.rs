@@ -27,6 +27,7 @@ pub mod origins;
 pub const MAX_LOGICAL_MESSAGE_BYTES: usize = 1024 * 1024;
 
 use crate::auth::AuthConfig;
+pub use crate::presence::PresenceConfig;
 use crate::secret::{DatabaseUrl, Secret};
 pub use crate::telemetry::TelemetryConfig;
 pub use crate::webhooks::WebhooksConfig;
@@ -51,6 +52,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// The customer portal; see `docs/src/portal.md`.
     pub portal: PortalConfig,
+    /// Who is connected, per scope; see `docs/src/subscribing.md`.
+    pub presence: PresenceConfig,
     /// The throwaway HMAC secret of development mode (no `[auth]`), which
     /// lets the inspector mint tokens. Never read from configuration.
     #[serde(skip)]
@@ -309,6 +312,7 @@ impl Default for Config {
             log: LogConfig::default(),
             telemetry: TelemetryConfig::default(),
             portal: PortalConfig::default(),
+            presence: PresenceConfig::default(),
             development_secret: None,
         }
     }
@@ -678,6 +682,9 @@ impl Config {
             return Err(invalid(setting, message));
         }
         self.validate_portal()?;
+        if let Err((setting, message)) = self.presence.check() {
+            return Err(invalid(setting, message));
+        }
         Ok(())
     }
 

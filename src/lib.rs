@@ -27,7 +27,8 @@
 //!   [`memory`]: returning departed connections' memory to the system;
 //!   [`secret`]: values that never print; [`server`]: start and stop;
 //!   [`telemetry`]: traces over OTLP and the trace context events carry;
-//!   [`portal`]: the customer portal's sessions.
+//!   [`portal`]: the customer portal's sessions; [`presence`]: who is
+//!   connected to a scope, across relays.
 //!
 //! Dependencies point one way: `config` knows the settings types of the
 //! domains it composes (`webhooks`), `sse` builds on `http`'s state and
@@ -46,6 +47,7 @@ pub mod latency;
 pub mod memory;
 pub mod metrics;
 pub mod portal;
+pub mod presence;
 pub mod reload;
 pub mod secret;
 pub mod server;

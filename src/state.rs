@@ -56,6 +56,8 @@ pub struct AppState {
     pub catalog: Arc<crate::catalog::EventCatalog>,
     /// The customer portal's sessions.
     pub portal: crate::portal::PortalStore,
+    /// Who is connected to the scopes with presence.
+    pub presence: crate::presence::Presence,
 }
 
 /// What a shutdown waits for: each open stream holds a sender of one

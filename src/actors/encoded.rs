@@ -84,6 +84,23 @@ impl EncodedEvent {
         }
     }
 
+    /// A scope's `event: presence` frame: fanned out like an ephemeral
+    /// event, to every stream of the scope.
+    pub fn presence(scope_key: &str, data: &str) -> Self {
+        EncodedEvent {
+            seq: None,
+            txid: None,
+            occurred_at: Utc::now(),
+            event_type: sse::PRESENCE_EVENT.into(),
+            scope_key: scope_key.into(),
+            audience: None,
+            frame: Bytes::from(sse::frame(None, Some(sse::PRESENCE_EVENT), data)),
+            fan_out_started: Stamp::default(),
+            trace_parent: None,
+            trace: OnceLock::new(),
+        }
+    }
+
     /// The outbox seq; `None` for ephemeral events.
     pub fn seq(&self) -> Option<i64> {
         self.seq

@@ -357,6 +357,7 @@ mod tests {
             queue,
             replay_after: None,
             hide_committed_before: None,
+            presence: None,
         }))
         .await
         .expect("the hub is running");
@@ -431,6 +432,7 @@ mod tests {
             queue,
             replay_after: None,
             hide_committed_before: None,
+            presence: None,
         }))
         .await
         .expect("the hub is running");

@@ -93,6 +93,8 @@ pub struct Joining {
     pub queue: FrameSender,
     pub replay_after: Option<i64>,
     pub hide_committed_before: Option<Arc<Snapshot>>,
+    /// In a scope with presence: where its snapshot comes from.
+    pub presence: Option<Arc<crate::presence::PresenceView>>,
 }
 
 impl HubCore {
@@ -145,6 +147,15 @@ impl HubCore {
                     .filter(|event| event.is_permitted_for(&joining.subscriber))
                     .collect()
             });
+        // First in its queue, so it goes out right after `ready`; taken
+        // here, on the hub's thread, so every change after it reaches the
+        // stream as a later frame (a change already in it may come again,
+        // which a client applies as the same state).
+        if let Some(view) = &joining.presence {
+            let _ = joining
+                .queue
+                .try_send(Arc::new(view.snapshot_frame(&self.scope_key)));
+        }
         self.members.insert(
             joining.session,
             Member {

@@ -709,6 +709,9 @@ pub struct Subscribe {
     /// Where the subscriber joined. A subscriber that asked for no replay
     /// is never sent an event its snapshot already saw committed.
     pub joined: JoinPoint,
+    /// In a scope with presence: the view its first presence frame is
+    /// taken from.
+    pub presence: Option<Arc<crate::presence::PresenceView>>,
 }
 
 impl Handler<Subscribe> for Relay {
@@ -732,6 +735,7 @@ impl Handler<Subscribe> for Relay {
             queue: msg.queue,
             replay_after: msg.replay_after,
             hide_committed_before,
+            presence: msg.presence,
         }));
         // After the attach is on its way, so the hub has the new
         // subscriber before anything the read finds.

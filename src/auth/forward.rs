@@ -64,6 +64,11 @@ struct Answer {
     grants: Option<Value>,
     #[serde(default)]
     expires_at: Option<DateTime<Utc>>,
+    /// `false` keeps the subscriber out of presence member lists.
+    #[serde(default)]
+    presence: Option<Value>,
+    #[serde(default)]
+    presence_info: Option<Value>,
 }
 
 /// Resolves subscribers by asking the application.
@@ -165,8 +170,16 @@ impl ForwardResolver {
         if let Err(reason) = check_identity(&answer.subscriber_id, &answer.scope_key) {
             return self.unavailable(format!("its answer is not usable: {reason}"));
         }
+        let presence = match crate::presence::PresenceClaims::from_claims(
+            answer.presence.as_ref(),
+            answer.presence_info.as_ref(),
+        ) {
+            Ok(presence) => presence,
+            Err(reason) => return self.unavailable(format!("its answer is not usable: {reason}")),
+        };
         let grants = Grants::parse_or_none(answer.grants.as_ref(), &answer.subscriber_id);
         Outcome::Resolved(ResolvedSubscriber {
+            presence,
             subscriber: grants.into_subscriber(answer.scope_key, answer.subscriber_id),
             expires_at: answer.expires_at,
         })
@@ -755,6 +768,7 @@ mod tests {
         let now = Instant::now();
         let resolved = |expires_in: i64| {
             Cached::Resolved(ResolvedSubscriber {
+                presence: Default::default(),
                 subscriber: eventrelay_wire::Subscriber::new("org-1", "alice"),
                 expires_at: Some(Utc::now() + chrono::Duration::seconds(expires_in)),
             })

@@ -186,8 +186,14 @@ impl JwtResolver {
             .and_then(|secs| DateTime::<Utc>::from_timestamp(secs, 0))
             .ok_or_else(|| invalid("the `exp` claim is out of range"))?;
         let grants = Grants::parse_or_none(claims.get(&self.grants_claim), subscriber_id);
+        let presence = crate::presence::PresenceClaims::from_claims(
+            claims.get("presence"),
+            claims.get("presence_info"),
+        )
+        .map_err(AuthError::InvalidToken)?;
 
         Ok(ResolvedSubscriber {
+            presence,
             subscriber: grants.into_subscriber(scope_key, subscriber_id),
             expires_at: Some(expires_at),
         })

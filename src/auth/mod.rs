@@ -152,6 +152,8 @@ impl fmt::Debug for Credentials {
 pub struct ResolvedSubscriber {
     pub subscriber: eventrelay_wire::Subscriber,
     pub expires_at: Option<DateTime<Utc>>,
+    /// Its presence claims: hidden from member lists, and its `info`.
+    pub presence: crate::presence::PresenceClaims,
 }
 
 /// Why a caller could not be resolved. Every variant but
@@ -419,6 +421,7 @@ mod tests {
                     Ok(ResolvedSubscriber {
                         subscriber,
                         expires_at: None,
+                        presence: Default::default(),
                     })
                 })
             }

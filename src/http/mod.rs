@@ -12,6 +12,7 @@ pub mod inspector;
 pub mod json_numbers;
 pub mod ops;
 pub mod portal;
+pub mod presence;
 pub mod publish;
 pub mod routes;
 pub mod serve;

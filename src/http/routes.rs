@@ -3,7 +3,9 @@
 
 use actix_web::web;
 
-use super::{admin, catalog, console, cors, inspector, ops, portal, publish, subscribers};
+use super::{
+    admin, catalog, console, cors, inspector, ops, portal, presence, publish, subscribers,
+};
 use crate::api_error::{ApiError, ErrorCode};
 
 /// The pages the relay serves besides its API, each behind a setting.
@@ -142,6 +144,10 @@ pub fn routes(config: &mut web::ServiceConfig, pages: Pages) {
             web::get().to(portal::page::console_style),
         )
         .route("/v1/event-types", web::get().to(catalog::event_types))
+        .route(
+            "/v1/scopes/{scope}/presence",
+            web::get().to(presence::members),
+        )
         .route("/healthz", web::get().to(ops::healthz))
         .route("/readyz", web::get().to(ops::readyz))
         .route("/metrics", web::get().to(ops::metrics))

@@ -179,6 +179,20 @@ pub async fn run_with(
         None
     };
     let hubs = HubDirectory::default();
+    // Unique across restarts: a process id may come back.
+    let presence_relay = format!(
+        "{}/{}",
+        relay_name(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let (presence, presence_task) = crate::presence::start(
+        &config.presence,
+        db.clone(),
+        crate::presence::PresenceStore::new(&schema),
+        presence_relay,
+        hubs.clone(),
+    );
+    let presence_task = presence_task.map(actix::spawn);
     let relay = Relay::new(
         db.clone(),
         outbox.clone(),
@@ -296,6 +310,7 @@ pub async fn run_with(
         disconnections,
         catalog: Arc::new(catalog),
         portal: crate::portal::PortalStore::new(&schema),
+        presence: presence.clone(),
         relay_name: relay_name(),
     });
     let pages = crate::http::Pages {
@@ -339,16 +354,23 @@ pub async fn run_with(
         streams: closing_streams,
         streams_open,
         streams_ended,
-        tasks: [Some(janitor), Some(follower), Some(trimmer), reloader]
-            .into_iter()
-            .flatten()
-            .collect(),
+        tasks: [
+            Some(janitor),
+            Some(follower),
+            Some(trimmer),
+            reloader,
+            presence_task,
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
         listener: listener_actor,
         dispatcher,
         relay,
         actors_stopped,
         arbiters,
         tracing,
+        presence,
         #[cfg(feature = "embedded")]
         embedded: backend.embedded,
     }

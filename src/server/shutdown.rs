@@ -43,6 +43,8 @@ pub(super) struct Running {
     pub arbiters: Vec<Arbiter>,
     /// Sends its last spans once everything that makes them has stopped.
     pub tracing: crate::telemetry::Tracing,
+    /// Takes this relay's members out of presence before its task stops.
+    pub presence: crate::presence::Presence,
     #[cfg(feature = "embedded")]
     pub embedded: Option<crate::store::embedded::EmbeddedDatabase>,
 }
@@ -89,6 +91,7 @@ impl Running {
                 Ok(())
             }
         };
+        self.presence.stop(HTTP_SHUTDOWN_GRACE).await;
         for task in self.tasks {
             task.abort();
         }

@@ -228,6 +228,8 @@ pub struct Registration {
     /// Held for the stream's life: shutdown waits until every stream has
     /// dropped its hold (see [`crate::state::OpenStreams`]).
     _open: Option<tokio::sync::mpsc::Sender<()>>,
+    /// In a scope with presence: its subscriber leaves when this drops.
+    pub presence: Option<crate::presence::PresenceGuard>,
 }
 
 impl Registration {
@@ -248,6 +250,7 @@ impl Registration {
             session,
             metrics,
             _open: open,
+            presence: None,
         }
     }
 }

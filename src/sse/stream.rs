@@ -22,7 +22,7 @@ use super::session::{
 };
 use crate::actors::relay::{JoinPoint, Subscribe, SubscribeError};
 use crate::api_error::{ApiError, ErrorCode};
-use crate::auth::Credentials;
+use crate::http::token::{resolve_subscriber, subscriber_credentials};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::state::AppState;
 use crate::store::JoinView;
@@ -69,11 +69,7 @@ pub async fn stream_events(
 ) -> Result<HttpResponse, ApiError> {
     // Read once: a reload meanwhile applies to the next connection.
     let config = state.config();
-    let mut credentials = Credentials::from_headers(request.headers())
-        .map_err(|e| ApiError::bad_request(ErrorCode::InvalidHeader, e.to_string()))?;
-    if let Some(name) = config.auth.as_ref().and_then(|auth| auth.query_param()) {
-        credentials = credentials.or_query_token(request.query_string(), name);
-    }
+    let credentials = subscriber_credentials(&request, &config)?;
     let last_event_id =
         match header_text(&request, header::HeaderName::from_static("last-event-id"))? {
             Some(value) => Some(parse_last_event_id(&value)?),
@@ -88,17 +84,7 @@ pub async fn stream_events(
             .map_err(|e| ApiError::bad_request(ErrorCode::InvalidQuery, format!("until: {e}")))?;
     }
 
-    let resolved = state
-        .resolver
-        .resolve(&credentials)
-        .await
-        .map_err(|error| {
-            if error.is_client_error() {
-                ApiError::unauthorized(error.to_string())
-            } else {
-                ApiError::failed("the subscriber could not be authenticated", &error)
-            }
-        })?;
+    let resolved = resolve_subscriber(&state, &credentials).await?;
     // A token inside its verification leeway past `exp` is still accepted,
     // but a stream on it would end at once: refuse it as expired, so the
     // client fetches a new one instead of reconnecting in a loop.
@@ -106,6 +92,7 @@ pub async fn stream_events(
         return Err(ApiError::unauthorized("the token has expired"));
     }
     let subscriber = resolved.subscriber;
+    let presence_claims = resolved.presence;
 
     let sse = &config.sse;
     // Before anything is read or attached: a subscriber at its cap, or one
@@ -168,6 +155,7 @@ pub async fn stream_events(
         None => false,
     };
     let (queue, receiver) = mpsc::channel(sse.queue_capacity);
+    let with_presence = state.presence.covers(&subscriber.scope_key);
     let attached = Box::pin(state.relay.send(Subscribe {
         subscriber: subscriber.clone(),
         queue,
@@ -176,19 +164,27 @@ pub async fn stream_events(
             snapshot: Arc::clone(&view.snapshot),
             scope_newest: view.scope_newest,
         },
+        presence: with_presence.then(|| Arc::clone(state.presence.view())),
     }))
     .await
     .map_err(|_| ApiError::unavailable("the relay is shutting down"))?
     .map_err(|refused| match refused {
         SubscribeError::Stopping => ApiError::unavailable("the relay is shutting down"),
     })?;
-    let registration = Registration::new(
+    let mut registration = Registration::new(
         state.relay.clone(),
         subscriber.scope_key.clone(),
         attached.session,
         Arc::clone(&state.metrics),
         state.open_streams.hold(),
     );
+    if with_presence && !presence_claims.hidden {
+        registration.presence = Some(state.presence.join(
+            &subscriber.scope_key,
+            &subscriber.subscriber_id,
+            presence_claims.info,
+        ));
+    }
 
     // Read after the subscription exists, so a late commit either is in
     // the read or reaches the stream live.

@@ -55,6 +55,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE
     TO {relay};
 GRANT SELECT, INSERT, DELETE ON {schema}.subscriber_disconnections TO {relay};
 GRANT SELECT, UPDATE (code_hash, token_hash), DELETE ON {schema}.portal_sessions TO {relay};
+GRANT SELECT, INSERT, UPDATE, DELETE
+    ON {schema}.presence_relays, {schema}.presence_members
+    TO {relay};
+GRANT USAGE ON SEQUENCE {schema}.presence_version TO {relay};
 GRANT EXECUTE ON FUNCTION
     {schema}.outbox_announce_rows(uuid[], bigint[], uuid[], text[], integer[], text[], text[]),
     {schema}.notify_inline(text),

@@ -15,10 +15,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eventrelay_wire::sse::{READY_EVENT, REAUTH_EVENT, REVOKED_EVENT};
+use eventrelay_wire::sse::{PRESENCE_EVENT, READY_EVENT, REAUTH_EVENT, REVOKED_EVENT};
 use eventrelay_wire::{EventEnvelope, is_control_event_type};
 use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 
 use crate::backoff::Backoff;
 use crate::error::{BoxError, ClientError};
+use crate::presence::{Presence, PresenceChange};
 use crate::seen::SeenIds;
 use crate::sse::{SseEvent, SseItem, SseParser};
 
@@ -39,6 +40,7 @@ type BuildRequest = Arc<dyn Fn(reqwest::Client) -> RequestFuture + Send + Sync>;
 type Refresh =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync>;
 type OnResync = Arc<dyn Fn() + Send + Sync>;
+type OnPresence = Arc<dyn Fn(&Presence, &PresenceChange) + Send + Sync>;
 /// What the token provider returns: a fresh bearer token.
 type TokenFuture = Pin<Box<dyn Future<Output = Result<String, BoxError>> + Send>>;
 type TokenProvider = Arc<dyn Fn() -> TokenFuture + Send + Sync>;
@@ -91,6 +93,7 @@ pub struct ClientBuilder {
     refresh: Option<Refresh>,
     token_provider: Option<TokenProvider>,
     on_resync: Option<OnResync>,
+    on_presence: Option<OnPresence>,
     last_event_id: Option<String>,
     initial_delay: Duration,
     max_delay: Duration,
@@ -145,6 +148,7 @@ impl ClientBuilder {
             refresh: None,
             token_provider: None,
             on_resync: None,
+            on_presence: None,
             last_event_id: None,
             initial_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(30),
@@ -172,6 +176,19 @@ impl ClientBuilder {
         F: Fn() + Send + Sync + 'static,
     {
         self.on_resync = Some(Arc::new(on_resync));
+        self
+    }
+
+    /// Called with the scope's members and what changed, at each of the
+    /// relay's `presence` frames (in a scope the relay has presence for):
+    /// the first, after each connection's `ready`, is a snapshot. The
+    /// members are also at [`ClientHandle::presence`]. Runs on the
+    /// client's task: keep it short.
+    pub fn on_presence<F>(mut self, on_presence: F) -> Self
+    where
+        F: Fn(&Presence, &PresenceChange) + Send + Sync + 'static,
+    {
+        self.on_presence = Some(Arc::new(on_presence));
         self
     }
 
@@ -294,7 +311,10 @@ impl ClientBuilder {
             last_error: None,
         });
         let (stop, stop_requested) = oneshot::channel();
+        let presence = Arc::new(Mutex::new(Presence::default()));
         let mut runner = Runner {
+            presence: Arc::clone(&presence),
+            on_presence: self.on_presence,
             connector: Connector {
                 http,
                 build_request: self.build_request,
@@ -329,6 +349,7 @@ impl ClientBuilder {
             stop: Some(stop),
             task,
             status: status_receiver,
+            presence,
         };
         (handle, receiver)
     }
@@ -347,9 +368,19 @@ pub struct ClientHandle {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), Arc<ClientError>>>,
     status: watch::Receiver<Status>,
+    presence: Arc<Mutex<Presence>>,
 }
 
 impl ClientHandle {
+    /// Who is connected to the stream's scope, as the relay's `presence`
+    /// frames last said; empty in a scope without presence.
+    pub fn presence(&self) -> Presence {
+        self.presence
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// The current status.
     pub fn status(&self) -> Status {
         self.status.borrow().clone()
@@ -597,6 +628,9 @@ struct Runner {
     connector: Connector,
     refresh: Option<Refresh>,
     on_resync: Option<OnResync>,
+    /// The members, shared with the handle, and the hook.
+    presence: Arc<Mutex<Presence>>,
+    on_presence: Option<OnPresence>,
     degraded_after: u32,
     /// The provider's token, reused until the relay refuses it, a stream
     /// opened with it ends before `ready`, or the relay warns it expires.
@@ -848,6 +882,21 @@ impl Runner {
         if frame.event_type == REAUTH_EVENT && frame.id.is_none() {
             // The stream's credentials expire soon, and it ends then.
             return Ok(Control::Reauth);
+        }
+        if frame.event_type == PRESENCE_EVENT && frame.id.is_none() {
+            let mut presence = self
+                .presence
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match presence.apply(&frame.data) {
+                Some(change) => {
+                    if let Some(on_presence) = &self.on_presence {
+                        on_presence(&presence, &change);
+                    }
+                }
+                None => tracing::warn!("skipping a malformed `presence` frame"),
+            }
+            return Ok(Control::Nothing);
         }
         if frame.event_type == REVOKED_EVENT && frame.id.is_none() {
             // An operator disconnected the subscriber; the stream ends now,

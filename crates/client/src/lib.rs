@@ -62,12 +62,14 @@
 //!
 //! `client.rs` holds [`ClientBuilder`] and the connection loop; [`sse`]
 //! parses the event stream; [`seen`] remembers envelope ids to drop
-//! duplicates; `backoff.rs` computes the reconnect delays; `error.rs` holds
-//! [`ClientError`].
+//! duplicates; [`presence`] keeps who is connected to the scope (from the
+//! relay's `presence` frames); `backoff.rs` computes the reconnect delays;
+//! `error.rs` holds [`ClientError`].
 
 mod backoff;
 mod client;
 mod error;
+pub mod presence;
 pub mod seen;
 pub mod sse;
 
@@ -75,3 +77,4 @@ pub use backoff::Backoff;
 pub use client::{ClientBuilder, ClientHandle, Event, RequestFuture, State, Status};
 pub use error::{BoxError, ClientError};
 pub use eventrelay_wire::EventEnvelope;
+pub use presence::{Member, Presence, PresenceChange};

@@ -18,7 +18,8 @@ pub const MAX_SCOPE_KEY_BYTES: usize = 200;
 /// `error` are the events a browser's `EventSource` raises for the connection
 /// itself. An application event under one of these names would be mistaken
 /// for the control signal by every client.
-pub const RESERVED_EVENT_TYPES: [&str; 5] = ["ready", "open", "error", "reauth", "revoked"];
+pub const RESERVED_EVENT_TYPES: [&str; 6] =
+    ["ready", "open", "error", "reauth", "revoked", "presence"];
 
 /// Every event type with this prefix is reserved for the relay: its
 /// future control frames, and the events it writes itself.

@@ -83,6 +83,10 @@ pub fn reauth_frame(expires_in_secs: u64) -> String {
 /// The event type of the last frame of a stream an operator ended.
 pub const REVOKED_EVENT: &str = "revoked";
 
+/// The event type of a stream's presence frames: who else is connected to
+/// its scope (see the wire-format chapter).
+pub const PRESENCE_EVENT: &str = "presence";
+
 /// The `revoked` frame: an operator disconnected this subscriber, and the
 /// stream ends now. A client should not reconnect with the same
 /// credentials.

@@ -255,3 +255,50 @@ async fn stop_ends_the_client_and_its_connection() {
     assert!(events.recv().await.is_none(), "the event channel is closed");
     wait_for_connections(&server, 0.0).await;
 }
+
+#[tokio::test]
+async fn the_client_keeps_the_scopes_members_from_its_presence_frames() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |config| {
+        config.presence.scopes = vec!["org-*".into()];
+        config.presence.batch_ms = 50;
+    });
+    server.ready().await;
+    let changes = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&changes);
+    let (handle, mut events) = Target::new(&server, token("ada", "org-1", json!({})))
+        .client()
+        .on_presence(move |_, _| {
+            counted.fetch_add(1, Ordering::SeqCst);
+        })
+        .start();
+    eventually("ada sees herself", async || {
+        handle.presence().members.contains_key("ada").then_some(())
+    })
+    .await;
+    let (bob, mut bob_events) = Target::new(&server, token("bob", "org-1", json!({})))
+        .client()
+        .start();
+    eventually("ada sees bob join", async || {
+        (handle.presence().count == 2).then_some(())
+    })
+    .await;
+    bob.stop().await.unwrap();
+    while bob_events.recv().await.is_some() {}
+    eventually("ada sees bob leave", async || {
+        let presence = handle.presence();
+        (presence.count == 1 && !presence.members.contains_key("bob")).then_some(())
+    })
+    .await;
+    assert!(
+        changes.load(Ordering::SeqCst) >= 3,
+        "a snapshot and two changes at least"
+    );
+    db.emit(durable(1)).await;
+    assert_eq!(
+        next(&mut events).await.envelope.event_type,
+        "order.created",
+        "presence never reaches the events"
+    );
+    handle.stop().await.unwrap();
+}

@@ -710,6 +710,7 @@ impl eventrelay::auth::SubscriberResolver for ClubResolver {
             Ok(eventrelay::auth::ResolvedSubscriber {
                 subscriber,
                 expires_at: None,
+                presence: Default::default(),
             })
         })
     }

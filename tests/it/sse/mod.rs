@@ -3,6 +3,7 @@
 mod churn;
 mod closed_clients;
 mod ends_on_time;
+mod presence;
 mod reauth;
 mod revocation;
 mod slow_clients;
