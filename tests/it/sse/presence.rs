@@ -3,7 +3,8 @@
 //! joins and leaves made on any relay; a subscriber with two streams is one
 //! member; a relay killed outright loses its members when its heartbeat
 //! expires; `presence: false` hides a subscriber; past the cap, streams
-//! get counts only. Two relays share one schema in each test.
+//! get counts only. Every test runs in both wake-up modes, though presence
+//! itself does not use the wake-up path (it is a table every relay reads).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -151,9 +152,10 @@ async fn joins_and_leaves_are_seen_on_the_other_relay_and_two_tabs_are_one_membe
     assert_eq!(bob.count, 1);
 }
 
-#[tokio::test]
-async fn a_killed_relays_members_leave_when_its_heartbeat_expires() {
-    let db = TestDb::new().await;
+test_in_both_wakeup_modes!(a_killed_relays_members_leave_when_its_heartbeat_expires);
+
+async fn a_killed_relays_members_leave_when_its_heartbeat_expires(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let port = free_port();
     let extra =
         format!("[presence]\nscopes = [\"org-*\"]\nbatch_ms = 50\nexpire_secs = {EXPIRE_SECS}\n");
@@ -190,9 +192,10 @@ async fn a_killed_relays_members_leave_when_its_heartbeat_expires() {
     );
 }
 
-#[tokio::test]
-async fn a_hidden_subscriber_sees_the_others_and_is_never_listed() {
-    let db = TestDb::new().await;
+test_in_both_wakeup_modes!(a_hidden_subscriber_sees_the_others_and_is_never_listed);
+
+async fn a_hidden_subscriber_sees_the_others_and_is_never_listed(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, with_presence(100));
     server.ready().await;
     let hidden = token_with("cam", "org-1", json!({"presence": false}));
@@ -254,16 +257,17 @@ async fn a_hidden_subscriber_sees_the_others_and_is_never_listed() {
     assert!(refused.is_err(), "an oversized presence_info is refused");
 }
 
-#[tokio::test]
-async fn past_the_cap_streams_get_counts_and_the_request_pages() {
-    let db = TestDb::new().await;
+test_in_both_wakeup_modes!(past_the_cap_streams_get_counts_and_the_request_pages);
+
+async fn past_the_cap_streams_get_counts_and_the_request_pages(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, with_presence(2));
     server.ready().await;
     let mut ada = Watcher::open(&server, &token_with("ada", "org-1", json!({}))).await;
     let _bob = Watcher::open(&server, &token_with("bob", "org-1", json!({}))).await;
     ada.until("two members, listed", |w| w.members.len() == 2)
         .await;
-    let _cam = Watcher::open(&server, &token_with("cam", "org-1", json!({}))).await;
+    let cam = Watcher::open(&server, &token_with("cam", "org-1", json!({}))).await;
     ada.until("three members, counted only", |w| {
         w.count == 3 && w.counts_only
     })
@@ -289,4 +293,9 @@ async fn past_the_cap_streams_get_counts_and_the_request_pages() {
         .await;
     assert_eq!(rest["members"][0]["id"], "cam");
     assert_eq!(rest["next"], Value::Null);
+    drop(cam);
+    ada.until("back under the cap, every member listed again", |w| {
+        !w.counts_only && w.members.len() == 2
+    })
+    .await;
 }
