@@ -159,7 +159,7 @@ impl Receiver {
     }
 
     async fn order_row(&self, cx: &Context, table: &mut Table) -> BenchResult<()> {
-        let (events, rounds) = if cx.args.quick { (500, 1) } else { (2_000, 3) };
+        let (events, rounds) = if cx.args.quick { (500, 1) } else { (2_000, 5) };
         let orderings = ["scope", "none"];
         let figures = alternating(rounds, 2, async |round, case| {
             let (ordering, round) = (orderings[case], round + 1);
