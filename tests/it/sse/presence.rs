@@ -3,8 +3,9 @@
 //! joins and leaves made on any relay; a subscriber with two streams is one
 //! member; a relay killed outright loses its members when its heartbeat
 //! expires; `presence: false` hides a subscriber; past the cap, streams
-//! get counts only. Every test runs in both wake-up modes, though presence
-//! itself does not use the wake-up path (it is a table every relay reads).
+//! get counts only. Every test runs in both wake-up modes with two relays,
+//! though presence itself does not use the wake-up path (it is a table
+//! every relay reads).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -197,10 +198,12 @@ test_in_both_wakeup_modes!(a_hidden_subscriber_sees_the_others_and_is_never_list
 async fn a_hidden_subscriber_sees_the_others_and_is_never_listed(mode: WakeupMode) {
     let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, with_presence(100));
+    let other = TestServer::start(&db, with_presence(100));
     server.ready().await;
+    other.ready().await;
     let hidden = token_with("cam", "org-1", json!({"presence": false}));
     let mut cam = Watcher::open(&server, &hidden).await;
-    let _ada = Watcher::open(&server, &token_with("ada", "org-1", json!({}))).await;
+    let _ada = Watcher::open(&other, &token_with("ada", "org-1", json!({}))).await;
     cam.until("cam sees ada", |w| w.members.contains_key("ada"))
         .await;
     assert!(!cam.members.contains_key("cam"));
@@ -226,10 +229,10 @@ async fn a_hidden_subscriber_sees_the_others_and_is_never_listed(mode: WakeupMod
         )
         .await;
     assert_eq!(status, 200);
-    let other = token_with("eve", "org-2", json!({}));
+    let eve = token_with("eve", "org-2", json!({}));
     let (status, refused) = server
         .admin(
-            &other,
+            &eve,
             reqwest::Method::GET,
             "/v1/scopes/org-1/presence",
             None,
@@ -262,9 +265,11 @@ test_in_both_wakeup_modes!(past_the_cap_streams_get_counts_and_the_request_pages
 async fn past_the_cap_streams_get_counts_and_the_request_pages(mode: WakeupMode) {
     let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, with_presence(2));
+    let other = TestServer::start(&db, with_presence(2));
     server.ready().await;
+    other.ready().await;
     let mut ada = Watcher::open(&server, &token_with("ada", "org-1", json!({}))).await;
-    let _bob = Watcher::open(&server, &token_with("bob", "org-1", json!({}))).await;
+    let _bob = Watcher::open(&other, &token_with("bob", "org-1", json!({}))).await;
     ada.until("two members, listed", |w| w.members.len() == 2)
         .await;
     let cam = Watcher::open(&server, &token_with("cam", "org-1", json!({}))).await;
