@@ -29,6 +29,8 @@ const SCENARIOS: &[Scenario] = &[
     scenario("storm", rows!(streams::storm_rows)),
     scenario("streams", rows!(streams::rows)),
     scenario("webhooks", rows!(webhooks::rows)),
+    scenario("presence", rows!(presence_cost::rows)),
+    scenario("traces", rows!(trace_cost::rows)),
     // 100,000 streams over 6 relays: only when named.
     Scenario {
         name: "box",
@@ -97,13 +99,8 @@ fn main() -> BenchResult<()> {
 }
 
 fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|line| line.starts_with("model name"))
-                .and_then(|line| line.split_once(':'))
-                .map(|(_, model)| model.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned())
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let line = info.lines().find(|line| line.starts_with("model name"));
+    let model = line.and_then(|line| Some(line.split_once(':')?.1.trim()));
+    model.unwrap_or("unknown CPU").to_owned()
 }

@@ -21,8 +21,6 @@ pub struct RelaySettings {
     pub schema: String,
     pub queue_capacity: usize,
     pub webhook_url: Option<String>,
-    /// More lines of that subscription (`max_per_second = 50`).
-    pub webhook_options: String,
     pub group_commit_ms: u64,
     pub pool_size: usize,
     pub wakeup: &'static str,
@@ -41,6 +39,9 @@ pub struct RelaySettings {
     /// sessions before their threads, so a relay in the load tool's session
     /// would compete with the load as one group. Runs beside nchan set this.
     pub own_session: bool,
+    /// Appended to the configuration: more keys of the `webhook_url`
+    /// subscription (`max_per_second = 50`), then tables (`[telemetry]`).
+    pub extra_toml: String,
 }
 
 impl RelaySettings {
@@ -105,10 +106,10 @@ impl RelaySettings {
         if let Some(url) = &self.webhook_url {
             text.push_str(&format!(
                 "\n[[webhooks.subscriptions]]\nid = \"bench\"\nurl = \"{url}\"\n\
-                 secret = \"{WEBHOOK_SECRET}\"\ntypes = [\"{WEBHOOK_TYPE}\"]\n{}\n",
-                self.webhook_options
+                 secret = \"{WEBHOOK_SECRET}\"\ntypes = [\"{WEBHOOK_TYPE}\"]\n"
             ));
         }
+        text.push_str(&self.extra_toml);
         text
     }
 }

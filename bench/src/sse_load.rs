@@ -269,12 +269,8 @@ impl FrameParser {
                 receipts.push(Receipt { number, at: now });
             }
         } else if let Some(id) = line.strip_prefix(b"id:") {
-            if let Some(id) = std::str::from_utf8(id)
-                .ok()
-                .and_then(|id| id.trim().parse().ok())
-            {
-                self.last_id = Some(id);
-            }
+            let id = String::from_utf8_lossy(id);
+            self.last_id = id.trim().parse().ok().or(self.last_id);
         } else if line == b"0" {
             // A chunk-size line of zero: no SSE line is a bare `0`.
             self.ended = true;
@@ -291,15 +287,8 @@ pub(crate) fn event_number(text: &[u8]) -> Option<u32> {
     let marker = NUMBER_MARKER.len();
     let at = text.windows(marker).position(|w| w == NUMBER_MARKER)?;
     let digits = text[at + marker..].trim_ascii_start();
-    let mut number: u32 = 0;
-    let mut any = false;
-    for byte in digits.iter().take_while(|b| b.is_ascii_digit()) {
-        number = number
-            .checked_mul(10)?
-            .checked_add(u32::from(byte - b'0'))?;
-        any = true;
-    }
-    any.then_some(number)
+    let end = digits.iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -326,13 +315,8 @@ mod tests {
     #[test]
     fn a_refusal_is_an_error() {
         let mut parser = FrameParser::new(ReadyWhen::HeadersEnd);
-        let error = parser
-            .feed(
-                b"HTTP/1.1 429 Too Many Requests\r\n\r\n",
-                0,
-                &mut Vec::new(),
-            )
-            .unwrap_err();
+        let refusal = b"HTTP/1.1 429 Too Many Requests\r\n\r\n";
+        let error = parser.feed(refusal, 0, &mut Vec::new()).unwrap_err();
         assert!(error.contains("429"));
         assert_eq!(parser.status, Some(429));
     }

@@ -4,25 +4,22 @@
 //! streams connecting at once, and what many durable events add to a live
 //! stream's heap. The in-process relay also serves the harness's fan-out.
 
-use crate::context::Context;
-use crate::report::{Table, size};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use eventrelay_publisher::{NewEvent, Publisher};
-use serde_json::{Value::Null, json};
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-use crate::alloc_counter::{SIZE_CLASS, live_blocks, live_bytes};
-use crate::sse_load::request_head;
-use crate::{BenchResult, PUBLISH_TOKEN, SUBSCRIBER_SECRET, subscriber_token};
 use eventrelay::auth::{Algorithm, AuthConfig, JwtConfig, build_resolver};
 use eventrelay::config::Config;
-use tokio::sync::oneshot;
+use eventrelay_publisher::{NewEvent, Publisher};
+use serde_json::{Value::Null, json};
+use tokio::{io::AsyncReadExt, io::AsyncWriteExt, net::TcpListener, net::TcpStream, sync::oneshot};
+
+use crate::alloc_counter::{SIZE_CLASS, live_blocks, live_bytes};
+use crate::context::Context;
+use crate::report::{Table, size};
+use crate::sse_load::request_head;
+use crate::{BenchResult, PUBLISH_TOKEN, SUBSCRIBER_SECRET, subscriber_token};
 
 /// Lets allocations made by background work settle before a reading.
 const SETTLE: Duration = Duration::from_millis(500);

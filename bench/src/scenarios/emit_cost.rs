@@ -2,8 +2,6 @@
 //! write alone, with an emit through the publisher crate, and with the SQL
 //! `emit(...)` function in the same transaction, at 1, 8 and 32 writers.
 
-use crate::context::Context;
-use crate::report::{Table, verdict};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -11,7 +9,7 @@ use std::time::{Duration, Instant};
 use eventrelay_publisher::{NewEvent, Publisher};
 use serde_json::json;
 
-use crate::BenchResult;
+use crate::{BenchResult, context::Context, report::Table, report::verdict};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriteKind {
@@ -22,13 +20,11 @@ pub enum WriteKind {
 
 pub async fn prepare(database_url: &str, schema: &str) -> BenchResult<()> {
     let client = eventrelay::connect(database_url).await?;
-    client
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {schema}.bench_writes (
-                 id bigserial PRIMARY KEY, amount integer NOT NULL, note text NOT NULL)"
-        ))
-        .await?;
-    Ok(())
+    let create = format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.bench_writes (
+             id bigserial PRIMARY KEY, amount integer NOT NULL, note text NOT NULL)"
+    );
+    Ok(client.batch_execute(&create).await?)
 }
 
 pub async fn measure(
@@ -42,16 +38,13 @@ pub async fn measure(
     for _ in 0..writers {
         clients.push(eventrelay::connect(database_url).await?);
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let tasks: Vec<_> = clients
-        .into_iter()
-        .map(|client| {
-            let stop = Arc::clone(&stop);
-            let schema = schema.to_owned();
-            tokio::spawn(async move { write_until(client, &schema, kind, &stop).await })
-        })
-        .collect();
+    let (stop, started) = (Arc::new(AtomicBool::new(false)), Instant::now());
+    let mut tasks = Vec::new();
+    for client in clients {
+        let (stop, schema) = (Arc::clone(&stop), schema.to_owned());
+        let task = async move { write_until(client, &schema, kind, &stop).await };
+        tasks.push(tokio::spawn(task));
+    }
     tokio::time::sleep(duration).await;
     stop.store(true, Ordering::Relaxed);
     let mut committed = 0u64;
@@ -108,11 +101,9 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         }
         let (plain, publisher, sql) = (tps[0], tps[1], tps[2]);
         let (ratio, sql_ratio) = (publisher / plain, sql / plain);
+        let met = verdict(ratio >= 0.8 && sql_ratio >= 0.8);
         let target = if writers == 8 {
-            format!(
-                "≥ 0.8× plain at 8 writers: {}",
-                verdict(ratio >= 0.8 && sql_ratio >= 0.8)
-            )
+            format!("≥ 0.8× plain at 8 writers: {met}")
         } else {
             "–".to_owned()
         };

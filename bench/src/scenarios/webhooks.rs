@@ -129,7 +129,7 @@ impl Receiver {
     fn settings(&self, cx: &Context, options: String) -> RelaySettings {
         let mut settings = cx.settings();
         settings.webhook_url = Some(self.url.clone());
-        settings.webhook_options = options;
+        settings.extra_toml = format!("{options}\n");
         settings
     }
 
