@@ -813,9 +813,15 @@ CREATE TABLE presence_members (
     streams       integer     NOT NULL CHECK (streams >= 0),
     info          jsonb,
     version       bigint      NOT NULL DEFAULT nextval('presence_version'),
+    -- The transaction that last wrote the row. A version is taken when the
+    -- row is written, not when it commits, so a lower one can become
+    -- visible after a higher one was read: each read also takes the rows of
+    -- every transaction that was still running at the read before it.
+    txid          xid8        NOT NULL DEFAULT pg_current_xact_id(),
     changed_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (scope_key, subscriber_id, relay_id)
 );
--- Reading what changed since a version.
+-- Reading what changed since a version, and what late commits wrote.
 CREATE INDEX presence_members_version_idx ON presence_members (version);
+CREATE INDEX presence_members_txid_idx ON presence_members (txid);
 CREATE INDEX presence_members_relay_idx ON presence_members (relay_id);

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-pub use store::PresenceStore;
+pub use store::{PresenceStore, ReadPoint};
 pub use view::{Member, PresenceView, ScopeChange};
 
 use crate::actors::HubDirectory;
@@ -280,7 +280,7 @@ impl Runner {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let heartbeat_every = Duration::from_secs(self.config.expire_secs) / 3;
         let mut last_heartbeat: Option<tokio::time::Instant> = None;
-        let mut since = 0i64;
+        let mut since = ReadPoint::default();
         loop {
             ticks.tick().await;
             while let Ok(change) = self.changes.try_recv() {
@@ -335,13 +335,13 @@ impl Runner {
         }
     }
 
-    /// One round: this relay's changes out, everyone's in; answers the
-    /// version read up to.
+    /// One round: this relay's changes out, everyone's in; answers where
+    /// the next read starts.
     async fn round(
         &mut self,
-        since: i64,
+        since: ReadPoint,
         heartbeat: bool,
-    ) -> Result<i64, crate::store::StoreError> {
+    ) -> Result<ReadPoint, crate::store::StoreError> {
         let client = self.db.get().await?;
         if heartbeat {
             self.store
@@ -378,7 +378,7 @@ impl Runner {
                 });
             }
         }
-        Ok(next.max(since))
+        Ok(next)
     }
 
     async fn leave_everything(&mut self) {

@@ -13,6 +13,16 @@ use crate::store::StoreError;
 /// Most rows one read takes; the next round reads on from there.
 const READ_PAGE: i64 = 10_000;
 
+/// Where a relay's next read of the others' changes starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadPoint {
+    /// The highest version read.
+    pub version: i64,
+    /// The oldest transaction running at that read: its rows (and any
+    /// later one's) are read again, in case a lower version committed late.
+    pub running_from: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct PresenceStore {
     schema: Identifier,
@@ -78,7 +88,8 @@ impl PresenceStore {
                      AS r(s, u, n, i)
                  ON CONFLICT (scope_key, subscriber_id, relay_id) DO UPDATE
                  SET streams = excluded.streams, info = excluded.info,
-                     version = nextval('{schema}.presence_version'), changed_at = now()",
+                     version = nextval('{schema}.presence_version'),
+                     txid = pg_current_xact_id(), changed_at = now()",
             ),
             &[
                 (&relay_id, Type::TEXT),
@@ -92,24 +103,51 @@ impl PresenceStore {
         Ok(())
     }
 
-    /// The rows changed after version `since`, oldest first, and the
-    /// version read up to.
+    /// The rows changed since `since` (the last read's version and the
+    /// oldest transaction still running then), oldest first, and where the
+    /// next read starts. Rows of a transaction that was running at the last
+    /// read are read again, whatever their version: a row is one
+    /// subscriber's current state, so reading it twice changes nothing.
     pub async fn changed_since(
         &self,
         db: &impl PgExecutor,
-        since: i64,
-    ) -> Result<(Vec<Row>, i64), StoreError> {
+        since: ReadPoint,
+    ) -> Result<(Vec<Row>, ReadPoint), StoreError> {
+        let horizon = since.running_from.to_string();
         let rows = db
             .query_typed(
                 &self.sql(
-                    "SELECT relay_id, scope_key, subscriber_id, streams, info, version
-                     FROM {schema}.presence_members
-                     WHERE version > $1 ORDER BY version LIMIT $2",
+                    "SELECT m.relay_id, m.scope_key, m.subscriber_id, m.streams, m.info,
+                            m.version, pg_snapshot_xmin(pg_current_snapshot())::text
+                     FROM {schema}.presence_members m
+                     WHERE m.version > $1 OR m.txid >= $3::text::xid8
+                     ORDER BY m.version LIMIT $2",
                 ),
-                &[(&since, Type::INT8), (&READ_PAGE, Type::INT8)],
+                &[
+                    (&since.version, Type::INT8),
+                    (&READ_PAGE, Type::INT8),
+                    (&horizon, Type::TEXT),
+                ],
             )
             .await?;
-        let next = rows.last().map_or(since, |row| row.get(5));
+        let next = match rows.last() {
+            // A full page: on from its last row, with the same horizon.
+            Some(last) if rows.len() as i64 == READ_PAGE => ReadPoint {
+                version: last.get(5),
+                running_from: since.running_from,
+            },
+            Some(last) => ReadPoint {
+                version: since.version.max(last.get(5)),
+                running_from: last
+                    .get::<_, String>(6)
+                    .parse()
+                    .unwrap_or(since.running_from),
+            },
+            None => ReadPoint {
+                running_from: self.horizon(db).await?.unwrap_or(since.running_from),
+                ..since
+            },
+        };
         let rows = rows
             .iter()
             .map(|row| Row {
@@ -121,6 +159,16 @@ impl PresenceStore {
             })
             .collect();
         Ok((rows, next))
+    }
+
+    /// The oldest transaction running now.
+    async fn horizon(&self, db: &impl PgExecutor) -> Result<Option<u64>, StoreError> {
+        let rows = db
+            .query_typed("SELECT pg_snapshot_xmin(pg_current_snapshot())::text", &[])
+            .await?;
+        Ok(rows
+            .first()
+            .and_then(|row| row.get::<_, String>(0).parse().ok()))
     }
 
     /// The relays whose heartbeat is younger than `expire_secs`.
@@ -152,7 +200,8 @@ impl PresenceStore {
             &self.sql(
                 "WITH gone AS (DELETE FROM {schema}.presence_relays WHERE relay_id = $1)
                  UPDATE {schema}.presence_members
-                 SET streams = 0, version = nextval('{schema}.presence_version'), changed_at = now()
+                 SET streams = 0, version = nextval('{schema}.presence_version'),
+                     txid = pg_current_xact_id(), changed_at = now()
                  WHERE relay_id = $1 AND streams > 0",
             ),
             &[(&relay_id, Type::TEXT)],

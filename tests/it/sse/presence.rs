@@ -304,3 +304,52 @@ async fn past_the_cap_streams_get_counts_and_the_request_pages(mode: WakeupMode)
     })
     .await;
 }
+
+/// A member whose row took a lower version but committed after a higher
+/// one was read is still read: each read takes again the rows of every
+/// transaction that was running at the read before it.
+#[tokio::test]
+async fn a_member_written_by_a_late_commit_is_not_skipped() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, with_presence(100));
+    server.ready().await;
+    let mut bob = Watcher::open(&server, &token_with("bob", "org-1", json!({}))).await;
+    let schema = db.schema.as_str();
+    let setup = db.connect().await;
+    setup
+        .batch_execute(&format!(
+            "INSERT INTO {schema}.presence_relays VALUES
+                 ('writer-a', now() + interval '1 hour'), ('writer-b', now() + interval '1 hour')"
+        ))
+        .await
+        .unwrap();
+    let member = |relay: &str, subscriber: &str| {
+        format!(
+            "INSERT INTO {schema}.presence_members (relay_id, scope_key, subscriber_id, streams)
+             VALUES ('{relay}', 'org-1', '{subscriber}', 1)"
+        )
+    };
+    // The late one takes its version first and commits last.
+    let mut late = db.connect().await;
+    let late = late.transaction().await.unwrap();
+    late.batch_execute(&member("writer-a", "lena"))
+        .await
+        .unwrap();
+    setup
+        .batch_execute(&member("writer-b", "erik"))
+        .await
+        .unwrap();
+    bob.until("erik, written after lena, is read", |w| {
+        w.members.contains_key("erik")
+    })
+    .await;
+    assert!(
+        !bob.members.contains_key("lena"),
+        "lena is not committed yet"
+    );
+    late.commit().await.unwrap();
+    bob.until("lena is read although her version is lower", |w| {
+        w.members.contains_key("lena")
+    })
+    .await;
+}
