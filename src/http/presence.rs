@@ -7,8 +7,9 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::token::{Guard, resolve_subscriber, subscriber_credentials};
+use super::token::Guard;
 use crate::api_error::{ApiError, ErrorCode};
+use crate::sse::credentials::{resolve_subscriber, subscriber_credentials};
 use crate::state::AppState;
 
 const ADMIN: Guard = Guard {

@@ -1,5 +1,5 @@
-//! The static bearer tokens that guard the publish and admin APIs, reading
-//! a bearer token from a request, and resolving a subscriber's credentials.
+//! The static bearer tokens that guard the publish and admin APIs, and
+//! reading a bearer token from a request.
 
 use actix_web::HttpRequest;
 use actix_web::http::{StatusCode, header};
@@ -53,33 +53,4 @@ pub fn bearer(request: &HttpRequest) -> Option<&str> {
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
-}
-
-/// A request's subscriber credentials: its headers, and the query-string
-/// token when `[auth]` names a parameter for it.
-pub fn subscriber_credentials(
-    request: &HttpRequest,
-    config: &crate::config::Config,
-) -> Result<crate::auth::Credentials, ApiError> {
-    let mut credentials = crate::auth::Credentials::from_headers(request.headers())
-        .map_err(|e| ApiError::bad_request(ErrorCode::InvalidHeader, e.to_string()))?;
-    if let Some(name) = config.auth.as_ref().and_then(|auth| auth.query_param()) {
-        credentials = credentials.or_query_token(request.query_string(), name);
-    }
-    Ok(credentials)
-}
-
-/// Resolves credentials to a subscriber: 401 when they are the caller's
-/// fault, 503 when authentication itself is unavailable.
-pub async fn resolve_subscriber(
-    state: &crate::state::AppState,
-    credentials: &crate::auth::Credentials,
-) -> Result<crate::auth::ResolvedSubscriber, ApiError> {
-    state.resolver.resolve(credentials).await.map_err(|error| {
-        if error.is_client_error() {
-            ApiError::unauthorized(error.to_string())
-        } else {
-            ApiError::failed("the subscriber could not be authenticated", &error)
-        }
-    })
 }

@@ -4,12 +4,14 @@
 //! ([`peer`]), and the registry of this relay's open streams
 //! ([`registry`]), which holds the per-subscriber connection cap, the
 //! listing the admin API shows and the operator's disconnections, and the
-//! reads opening streams share ([`shared_reads`]).
+//! reads opening streams share ([`shared_reads`]); a request's subscriber
+//! credentials, resolved ([`credentials`]).
 //!
 //! The session is a stream, not an actor, on purpose: an actix actor per
 //! connection, speaking the same protocol, measured 2.5 KiB more per idle
 //! connection and a p99 1.09× as long with 10,000 subscribers.
 
+pub mod credentials;
 pub mod peer;
 pub mod registry;
 pub mod session;

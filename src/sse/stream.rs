@@ -14,6 +14,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::credentials::{resolve_subscriber, subscriber_credentials};
 use super::peer::PeerSocket;
 use super::registry::Refusal;
 use super::session::{
@@ -22,7 +23,6 @@ use super::session::{
 };
 use crate::actors::relay::{JoinPoint, Subscribe, SubscribeError};
 use crate::api_error::{ApiError, ErrorCode};
-use crate::http::token::{resolve_subscriber, subscriber_credentials};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::state::AppState;
 use crate::store::JoinView;
