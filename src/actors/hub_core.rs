@@ -271,11 +271,13 @@ impl HubCore {
         }
         let now = SystemTime::now();
         let at = |instant: Instant| now - instant.elapsed();
-        let attributes = vec![
-            KeyValue::new("eventrelay.scope", self.scope_key.clone()),
-            KeyValue::new("eventrelay.event_type", event.event_type().to_owned()),
-            KeyValue::new("eventrelay.seq", event.seq().unwrap_or(0)),
-        ];
+        let attributes = || {
+            vec![
+                KeyValue::new("eventrelay.scope", self.scope_key.clone()),
+                KeyValue::new("eventrelay.event_type", event.event_type().to_owned()),
+                KeyValue::new("eventrelay.seq", event.seq().unwrap_or(0)),
+            ]
+        };
         let fan_out = at(started);
         let trace = tracing.event(event.trace_parent(), heard_at.map(at), fan_out, attributes)?;
         Some((Arc::clone(event.traced_by(trace)), fan_out))

@@ -26,7 +26,7 @@ use crate::portal::{MAX_SESSION_SECS, PortalSession, Theme};
 use crate::state::AppState;
 use crate::store::Connection;
 use crate::webhooks::{
-    Delivery, Subscription, SubscriptionPatch, SubscriptionRequest, prepare_subscription,
+    Attempt, Delivery, Subscription, SubscriptionPatch, SubscriptionRequest, prepare_subscription,
     validate_subscription, validate_subscription_fields,
 };
 
@@ -171,18 +171,29 @@ impl Portal {
             .ok_or_else(|| not_found("subscription", id))
     }
 
-    /// The delivery `id` of one of this scope's subscriptions, or 404.
-    async fn delivery(&self, conn: &Connection, id: &str) -> Result<Delivery, ApiError> {
-        let (delivery, _) = self
+    /// The delivery `id`, with its attempts, of one of this scope's
+    /// subscriptions, or 404.
+    async fn delivery(
+        &self,
+        conn: &Connection,
+        id: &str,
+    ) -> Result<(Delivery, Vec<Attempt>), ApiError> {
+        let found = self
             .webhooks
             .get_delivery(&**conn, delivery_id(id)?)
             .await
             .map_err(database_error)?
             .ok_or_else(|| not_found("delivery", id))?;
-        self.subscription(conn, &delivery.subscription_id)
+        let owned = self
+            .webhooks
+            .get_subscription(&**conn, &found.0.subscription_id)
             .await
-            .map_err(|_| not_found("delivery", id))?;
-        Ok(delivery)
+            .map_err(database_error)?
+            .is_some_and(|s| s.scope_key.as_deref() == Some(self.scope()));
+        match owned {
+            true => Ok(found),
+            false => Err(not_found("delivery", id)),
+        }
     }
 }
 
@@ -383,13 +394,13 @@ pub async fn list_deliveries(
 
 pub async fn get_delivery(portal: Portal, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let conn = connection(&portal).await?;
-    portal.delivery(&conn, &id).await?;
-    delivery_with_attempts(&portal, &conn, &id).await
+    let (delivery, attempts) = portal.delivery(&conn, &id).await?;
+    Ok(HttpResponse::Ok().json(json!({"delivery": delivery, "attempts": attempts})))
 }
 
 pub async fn redeliver(portal: Portal, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let conn = connection(&portal).await?;
-    let delivery = portal.delivery(&conn, &id).await?;
+    let (delivery, _) = portal.delivery(&conn, &id).await?;
     portal
         .webhooks
         .redeliver(&*conn, delivery.id)

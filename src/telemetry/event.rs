@@ -55,23 +55,24 @@ impl EventTrace {
     /// Starts the `eventrelay.deliver` span under `parent`, from when the
     /// event was heard or, for rows read back from the outbox, from when
     /// its fan-out `began`; `None` when the sampler leaves the trace
-    /// unrecorded.
+    /// unrecorded. The attributes are built only for a recorded span: an
+    /// unsampled event costs the fan-out no allocation for them.
     pub(super) fn start(
         tracer: &SdkTracer,
         parent: Context,
         heard: Option<SystemTime>,
         began: SystemTime,
-        attributes: Vec<KeyValue>,
+        attributes: impl FnOnce() -> Vec<KeyValue>,
     ) -> Option<Arc<EventTrace>> {
         let builder = tracer
             .span_builder("eventrelay.deliver")
             .with_kind(SpanKind::Consumer)
-            .with_attributes(attributes)
             .with_start_time(heard.unwrap_or(began));
-        let span = tracer.build_with_context(builder, &parent);
+        let mut span = tracer.build_with_context(builder, &parent);
         if !span.span_context().is_sampled() {
             return None;
         }
+        span.set_attributes(attributes());
         Some(Arc::new(EventTrace {
             tracer: tracer.clone(),
             cx: Context::new().with_span(span),

@@ -227,7 +227,7 @@ impl Tracing {
         parent: Option<TraceParent>,
         heard: Option<SystemTime>,
         fan_out: SystemTime,
-        attributes: Vec<KeyValue>,
+        attributes: impl FnOnce() -> Vec<KeyValue>,
     ) -> Option<Arc<EventTrace>> {
         let exporting = self.exporting.as_ref()?;
         if parent.is_some_and(|p| !p.sampled()) {
@@ -432,7 +432,7 @@ mod tests {
         );
         assert_eq!(off.publish(None, 1, SystemTime::now()).traceparent, None);
         assert!(
-            off.event(Some(parent), None, SystemTime::now(), vec![])
+            off.event(Some(parent), None, SystemTime::now(), Vec::new)
                 .is_none()
         );
         assert_eq!(
