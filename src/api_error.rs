@@ -49,6 +49,7 @@ pub enum ErrorCode {
     RequestTimeout,
     CatalogDisabled,
     ScopeNotGranted,
+    TooManyScopes,
 }
 
 impl ErrorCode {

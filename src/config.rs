@@ -203,6 +203,9 @@ pub struct SseConfig {
     /// so its client opens the next stream in time; 0 sends none.
     pub reauth_lead_secs: u64,
     pub max_connections_per_subscriber: usize,
+    /// The most scopes one stream may carry (`?scope=` repeated, or every
+    /// scope the credentials grant); at most 64.
+    pub max_scopes_per_stream: usize,
     pub retry_ms: u64,
     /// How far before `Last-Event-ID` replay starts, to catch events that
     /// committed late with a lower seq.
@@ -367,6 +370,7 @@ impl Default for SseConfig {
             max_age_secs: 300,
             reauth_lead_secs: 30,
             max_connections_per_subscriber: 5,
+            max_scopes_per_stream: 16,
             retry_ms: 3000,
             replay_lookback: 100,
             queue_capacity: 1024,
@@ -546,6 +550,15 @@ impl Config {
             return Err(invalid(
                 "sse.max_connections_per_subscriber",
                 "must be at least 1",
+            ));
+        }
+        if !(1..=eventrelay_wire::MAX_COMPOUND_SCOPES).contains(&sse.max_scopes_per_stream) {
+            return Err(invalid(
+                "sse.max_scopes_per_stream",
+                format!(
+                    "must be between 1 and {}",
+                    eventrelay_wire::MAX_COMPOUND_SCOPES
+                ),
             ));
         }
         if sse.replay_lookback < 0 {

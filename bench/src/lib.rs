@@ -32,6 +32,7 @@ pub fn subscriber_token(subscriber: &str, scope: &str, grants: serde_json::Value
         &TokenSpec {
             subscriber_id: subscriber.into(),
             scope_key: scope.into(),
+            more_scopes: Vec::new(),
             grants,
             ttl: std::time::Duration::from_secs(3600),
         },

@@ -115,6 +115,20 @@ impl EncodedEvent {
         &self.event_type
     }
 
+    pub fn scope_key(&self) -> &str {
+        &self.scope_key
+    }
+
+    /// The frame's `id:` cursor and everything after its line, for a
+    /// stream that writes its own `id:` in its place; `None` for a frame
+    /// without one.
+    pub fn frame_cursor(&self) -> Option<(ResumeCursor, &[u8])> {
+        let rest = self.frame.strip_prefix(b"id: ")?;
+        let end = rest.iter().position(|&b| b == b'\n')?;
+        let cursor = std::str::from_utf8(&rest[..end]).ok()?.parse().ok()?;
+        Some((cursor, &rest[end + 1..]))
+    }
+
     pub fn occurred_at(&self) -> DateTime<Utc> {
         self.occurred_at
     }

@@ -59,7 +59,8 @@ fn default_cache_secs() -> u64 {
 #[serde(rename_all = "camelCase")]
 struct Answer {
     subscriber_id: String,
-    scope_key: String,
+    /// One scope key, or an array of them.
+    scope_key: Value,
     #[serde(default)]
     grants: Option<Value>,
     #[serde(default)]
@@ -167,9 +168,13 @@ impl ForwardResolver {
             Ok(answer) => answer,
             Err(error) => return self.unavailable(format!("its answer is not usable: {error}")),
         };
-        if let Err(reason) = check_identity(&answer.subscriber_id, &answer.scope_key) {
-            return self.unavailable(format!("its answer is not usable: {reason}"));
-        }
+        let (scope_key, more_scopes) =
+            match check_identity(&answer.subscriber_id, Some(&answer.scope_key)) {
+                Ok(scopes) => scopes,
+                Err(reason) => {
+                    return self.unavailable(format!("its answer is not usable: {reason}"));
+                }
+            };
         let presence = match crate::presence::PresenceClaims::from_claims(
             answer.presence.as_ref(),
             answer.presence_info.as_ref(),
@@ -180,7 +185,8 @@ impl ForwardResolver {
         let grants = Grants::parse_or_none(answer.grants.as_ref(), &answer.subscriber_id);
         Outcome::Resolved(ResolvedSubscriber {
             presence,
-            subscriber: grants.into_subscriber(answer.scope_key, answer.subscriber_id),
+            subscriber: grants.into_subscriber(scope_key, answer.subscriber_id),
+            more_scopes,
             expires_at: answer.expires_at,
         })
     }
@@ -770,6 +776,7 @@ mod tests {
             Cached::Resolved(ResolvedSubscriber {
                 presence: Default::default(),
                 subscriber: eventrelay_wire::Subscriber::new("org-1", "alice"),
+                more_scopes: Vec::new(),
                 expires_at: Some(Utc::now() + chrono::Duration::seconds(expires_in)),
             })
         };

@@ -178,8 +178,10 @@ impl JwtResolver {
             .claims;
 
         let subscriber_id = string_claim(&claims, &self.subscriber_claim)?;
-        let scope_key = string_claim(&claims, &self.scope_claim)?;
-        check_identity(subscriber_id, scope_key).map_err(AuthError::InvalidToken)?;
+        let (scope_key, more_scopes) = check_identity(subscriber_id, claims.get(&self.scope_claim))
+            .map_err(|reason| {
+                AuthError::InvalidToken(format!("the `{}` claim: {reason}", self.scope_claim))
+            })?;
         let expires_at = claims
             .get("exp")
             .and_then(|exp| exp.as_i64().or_else(|| exp.as_f64().map(|f| f as i64)))
@@ -195,6 +197,7 @@ impl JwtResolver {
         Ok(ResolvedSubscriber {
             presence,
             subscriber: grants.into_subscriber(scope_key, subscriber_id),
+            more_scopes,
             expires_at: Some(expires_at),
         })
     }
@@ -431,6 +434,8 @@ fn load_jwks(
 pub struct TokenSpec {
     pub subscriber_id: String,
     pub scope_key: String,
+    /// More scopes to grant: with any, the scope claim is an array.
+    pub more_scopes: Vec<String>,
     /// The grants object; `Value::Null` leaves the claim out.
     pub grants: Value,
     /// How long the token is valid from now.
@@ -504,6 +509,9 @@ pub fn mint_token(
         return Err(MintError::EmptySubscriberId);
     }
     eventrelay_wire::validate_scope_key(&spec.scope_key)?;
+    for scope_key in &spec.more_scopes {
+        eventrelay_wire::validate_scope_key(scope_key)?;
+    }
     Grants::parse(Some(&spec.grants))?;
     if spec.ttl.as_secs() == 0 {
         return Err(MintError::Ttl);
@@ -524,7 +532,16 @@ pub fn mint_token(
         options.subscriber_claim.clone(),
         spec.subscriber_id.clone().into(),
     );
-    claims.insert(options.scope_claim.clone(), spec.scope_key.clone().into());
+    let scope: Value = if spec.more_scopes.is_empty() {
+        spec.scope_key.clone().into()
+    } else {
+        std::iter::once(&spec.scope_key)
+            .chain(&spec.more_scopes)
+            .cloned()
+            .collect::<Vec<_>>()
+            .into()
+    };
+    claims.insert(options.scope_claim.clone(), scope);
     if !spec.grants.is_null() {
         claims.insert(options.grants_claim.clone(), spec.grants.clone());
     }
@@ -1149,6 +1166,7 @@ mod tests {
         let spec = TokenSpec {
             subscriber_id: "alice".into(),
             scope_key: "org-1".into(),
+            more_scopes: Vec::new(),
             grants: json!({"orders": ["read"]}),
             ttl: Duration::from_secs(300),
         };
@@ -1189,6 +1207,7 @@ mod tests {
         let spec = TokenSpec {
             subscriber_id: "alice".into(),
             scope_key: "org-1".into(),
+            more_scopes: Vec::new(),
             grants: json!({}),
             ttl: Duration::from_secs(60),
         };
@@ -1211,6 +1230,7 @@ mod tests {
             },
             TokenSpec {
                 scope_key: String::new(),
+                more_scopes: Vec::new(),
                 ..spec.clone()
             },
             TokenSpec {

@@ -150,7 +150,11 @@ impl fmt::Debug for Credentials {
 /// end the connection then rather than at its age cap.
 #[derive(Clone, Debug)]
 pub struct ResolvedSubscriber {
+    /// Its first (or only) scope is `subscriber.scope_key`.
     pub subscriber: eventrelay_wire::Subscriber,
+    /// The scopes its credentials grant beyond `subscriber.scope_key`, when
+    /// they grant several (a scope claim that is an array), in their order.
+    pub more_scopes: Vec<String>,
     pub expires_at: Option<DateTime<Utc>>,
     /// Its presence claims: hidden from member lists, and its `info`.
     pub presence: crate::presence::PresenceClaims,
@@ -231,7 +235,7 @@ impl AuthConfig {
 
 /// The stream's own query parameters, which a token parameter must not
 /// shadow.
-const STREAM_QUERY_PARAMS: [&str; 2] = ["lastEventId", "until"];
+const STREAM_QUERY_PARAMS: [&str; 3] = ["lastEventId", "until", "scope"];
 
 /// Checks `auth.query_param`: a plain parameter name that the stream does
 /// not use itself.
@@ -314,14 +318,64 @@ pub fn build_resolver(config: &AuthConfig) -> Result<Arc<dyn SubscriberResolver>
     })
 }
 
+impl ResolvedSubscriber {
+    /// Every scope the credentials grant, the first one first.
+    pub fn granted_scopes(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.subscriber.scope_key.as_str())
+            .chain(self.more_scopes.iter().map(String::as_str))
+    }
+
+    /// Whether the credentials grant `scope_key`.
+    pub fn grants_scope(&self, scope_key: &str) -> bool {
+        self.granted_scopes().any(|granted| granted == scope_key)
+    }
+}
+
+/// The most scopes one set of credentials may grant.
+pub const MAX_GRANTED_SCOPES: usize = 1_000;
+
 /// Checks what both service-mode resolvers get from their source, so the two
-/// modes accept exactly the same identities. Returns why it is unusable.
-fn check_identity(subscriber_id: &str, scope_key: &str) -> Result<(), String> {
+/// modes accept exactly the same identities: a non-empty subscriber id, and
+/// a scope that is one key or a non-empty array of keys. Returns the first
+/// scope and the others (repeats dropped), or why it is unusable.
+fn check_identity(
+    subscriber_id: &str,
+    scope: Option<&serde_json::Value>,
+) -> Result<(String, Vec<String>), String> {
+    use serde_json::Value;
+
     if subscriber_id.is_empty() {
         return Err("the subscriber id is empty".into());
     }
-    eventrelay_wire::validate_scope_key(scope_key)
-        .map_err(|error| format!("the scope key is unusable: {error}"))
+    let keys: Vec<&str> = match scope {
+        Some(Value::String(key)) => vec![key],
+        Some(Value::Array(keys)) if !keys.is_empty() && keys.len() <= MAX_GRANTED_SCOPES => keys
+            .iter()
+            .map(|key| {
+                key.as_str()
+                    .ok_or_else(|| "the scope array holds something else than strings".to_owned())
+            })
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(keys)) if !keys.is_empty() => {
+            return Err(format!(
+                "the scope array holds {} keys; at most {MAX_GRANTED_SCOPES} are accepted",
+                keys.len()
+            ));
+        }
+        _ => {
+            return Err("the scope must be a scope key or a non-empty array of scope keys".into());
+        }
+    };
+    let mut scopes: Vec<String> = Vec::with_capacity(keys.len());
+    for key in keys {
+        eventrelay_wire::validate_scope_key(key)
+            .map_err(|error| format!("the scope key is unusable: {error}"))?;
+        if !scopes.iter().any(|seen| seen == key) {
+            scopes.push(key.to_owned());
+        }
+    }
+    let first = scopes.remove(0);
+    Ok((first, scopes))
 }
 
 #[cfg(test)]
@@ -420,6 +474,7 @@ mod tests {
                         .with_evaluator(|permission: &Value| permission == "admin");
                     Ok(ResolvedSubscriber {
                         subscriber,
+                        more_scopes: Vec::new(),
                         expires_at: None,
                         presence: Default::default(),
                     })

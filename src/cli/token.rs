@@ -16,9 +16,10 @@ pub struct TokenArgs {
     /// Subscriber id (the `sub` claim by default).
     #[arg(long)]
     subscriber: String,
-    /// Scope key the subscriber belongs to.
-    #[arg(long)]
-    scope: String,
+    /// Scope key the subscriber belongs to; repeat it to grant several
+    /// (the scope claim is then an array).
+    #[arg(long, required = true)]
+    scope: Vec<String>,
     /// Grants as JSON, such as '{"orders":["read"]}'.
     #[arg(long, default_value = "{}")]
     grants: String,
@@ -55,7 +56,8 @@ pub fn token(args: TokenArgs) -> Result<(), CliError> {
         jwt.algorithm,
         &TokenSpec {
             subscriber_id: args.subscriber,
-            scope_key: args.scope,
+            scope_key: args.scope[0].clone(),
+            more_scopes: args.scope[1..].to_vec(),
             grants,
             ttl: Duration::from_secs(args.ttl_secs),
         },

@@ -34,7 +34,16 @@ pub async fn client() -> HttpResponse {
 /// The inspector's token form.
 pub struct MintRequest {
     subscriber: String,
-    scope: String,
+    /// One scope key, or several.
+    scope: OneOrMore,
+}
+
+/// A scope key, or an array of them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMore {
+    One(String),
+    More(Vec<String>),
 }
 
 /// `POST /inspector/token`. Outside development mode it is refused before
@@ -53,12 +62,23 @@ pub async fn token(
     let body = read_body(payload, &state.config().http).await?;
     let request: MintRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(ErrorCode::InvalidBody, format!("invalid body: {e}")))?;
+    let (scope_key, more_scopes) = match request.scope {
+        OneOrMore::One(scope) => (scope, Vec::new()),
+        OneOrMore::More(mut scopes) if !scopes.is_empty() => (scopes.remove(0), scopes),
+        OneOrMore::More(_) => {
+            return Err(ApiError::bad_request(
+                ErrorCode::InvalidBody,
+                "scope must be a scope key or a non-empty array of them",
+            ));
+        }
+    };
     let token = mint_token(
         secret,
         Algorithm::HS256,
         &TokenSpec {
             subscriber_id: request.subscriber,
-            scope_key: request.scope,
+            scope_key,
+            more_scopes,
             grants: json!({}),
             ttl: std::time::Duration::from_secs(3600),
         },

@@ -41,14 +41,11 @@ pub async fn members(
     if !admin {
         let credentials = subscriber_credentials(&request, &config)?;
         let resolved = resolve_subscriber(&state, &credentials).await?;
-        if resolved.subscriber.scope_key != *scope {
+        if !resolved.grants_scope(&scope) {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 ErrorCode::ScopeNotGranted,
-                format!(
-                    "these credentials are for scope {:?}, not {:?}",
-                    resolved.subscriber.scope_key, *scope
-                ),
+                format!("these credentials do not grant scope {:?}", *scope),
             ));
         }
     }

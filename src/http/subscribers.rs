@@ -121,6 +121,7 @@ pub async fn list(state: Admin, query: web::Query<ListQuery>) -> Result<HttpResp
                 "id": stream.id,
                 "subscriber": stream.subscriber,
                 "scopeKey": stream.scope_key,
+                "scopes": stream.scopes().collect::<Vec<_>>(),
                 "connectedAt": stream.connected_at,
                 "relay": state.relay_name,
             })

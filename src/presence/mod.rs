@@ -208,6 +208,13 @@ pub struct PresenceGuard {
     subscriber_id: String,
 }
 
+impl PresenceGuard {
+    /// The scope the subscriber is a member of.
+    pub fn scope_key(&self) -> &str {
+        &self.scope_key
+    }
+}
+
 impl Drop for PresenceGuard {
     fn drop(&mut self) {
         if let Some(local) = &self.local {

@@ -5,7 +5,8 @@
 //! ([`registry`]), which holds the per-subscriber connection cap, the
 //! listing the admin API shows and the operator's disconnections, and the
 //! reads opening streams share ([`shared_reads`]); a request's subscriber
-//! credentials, resolved ([`credentials`]).
+//! credentials, resolved ([`credentials`]); and the scopes a stream
+//! carries, with what a stream of several keeps per scope ([`scopes`]).
 //!
 //! The session is a stream, not an actor, on purpose: an actix actor per
 //! connection, speaking the same protocol, measured 2.5 KiB more per idle
@@ -14,6 +15,7 @@
 pub mod credentials;
 pub mod peer;
 pub mod registry;
+pub mod scopes;
 pub mod session;
 pub mod shared_reads;
 pub mod stream;

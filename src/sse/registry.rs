@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
@@ -32,8 +32,18 @@ pub enum Refusal {
 pub struct OpenStream {
     pub id: u64,
     pub subscriber: String,
+    /// Its first scope.
     pub scope_key: String,
+    /// The stream's other scopes, when it carries several.
+    pub more_scopes: Vec<String>,
     pub connected_at: DateTime<Utc>,
+}
+
+impl OpenStream {
+    /// Every scope the stream carries, in the stream's order.
+    pub fn scopes(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.scope_key.as_str()).chain(self.more_scopes.iter().map(String::as_str))
+    }
 }
 
 /// A subscriber shut out until `until`, in one scope or in all.
@@ -73,6 +83,9 @@ pub struct EndSignal(Arc<EndState>);
 struct EndState {
     /// `REVOKED` and `CLOSING` bits.
     ends: AtomicU8,
+    /// Of a stream carrying several scopes: one bit per scope (by its place
+    /// in the stream) an operator took out of it.
+    removed: AtomicU64,
     waker: AtomicWaker,
 }
 
@@ -116,6 +129,29 @@ impl EndSignal {
     /// Resolves once the stream must end (see [`Self::poll_ended`]).
     pub fn wait(&self) -> impl Future<Output = End> + '_ {
         std::future::poll_fn(|cx| self.poll_ended(cx))
+    }
+
+    /// The scopes (one bit each, by place) taken out of the stream.
+    pub fn removed_scopes(&self) -> u64 {
+        self.0.removed.load(Ordering::Acquire)
+    }
+
+    /// Takes the scope at `index` of a stream of `count` scopes out of it,
+    /// or ends the stream as revoked when it was its last; false when that
+    /// was done already.
+    fn remove_scope(&self, index: usize, count: usize) -> bool {
+        let bit = 1u64 << index;
+        let before = self.0.removed.fetch_or(bit, Ordering::AcqRel);
+        let every = if count >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << count) - 1
+        };
+        if (before | bit) & every == every {
+            return self.end(End::Revoked);
+        }
+        self.0.waker.wake();
+        before & bit == 0
     }
 
     /// Marks the stream's end; false when it was marked so already.
@@ -167,7 +203,9 @@ impl Drop for Ticket {
         let mut inner = self.registry.lock();
         if let Some(entry) = inner.streams.remove(&self.id) {
             count_down(&mut inner.per_subscriber, &entry.stream.subscriber);
-            count_down(&mut inner.per_scope, &entry.stream.scope_key);
+            for scope in entry.stream.scopes() {
+                count_down(&mut inner.per_scope, scope);
+            }
         }
     }
 }
@@ -191,14 +229,28 @@ impl StreamRegistry {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Registers a stream, unless the subscriber is denied in this scope or
-    /// already has `max_streams` open on this relay, in any scope.
+    /// Registers a stream of one scope (see [`Self::open_scopes`]).
     pub fn open(
         &self,
         subscriber: &str,
         scope_key: &str,
         max_streams: usize,
     ) -> Result<Ticket, Refusal> {
+        self.open_scopes(subscriber, scope_key, &[], max_streams)
+    }
+
+    /// Registers a stream of `scope_key` and `more_scopes`, unless the
+    /// subscriber is denied in one of them or already has `max_streams`
+    /// open on this relay, in any scope. A stream counts once, however many
+    /// scopes it carries.
+    pub fn open_scopes(
+        &self,
+        subscriber: &str,
+        scope_key: &str,
+        more_scopes: &[String],
+        max_streams: usize,
+    ) -> Result<Ticket, Refusal> {
+        let scopes = || std::iter::once(scope_key).chain(more_scopes.iter().map(String::as_str));
         let now = Utc::now();
         let mut inner = self.lock();
         if let Some(denials) = inner.denials.get_mut(subscriber) {
@@ -207,7 +259,7 @@ impl StreamRegistry {
                 denial
                     .scope_key
                     .as_deref()
-                    .is_none_or(|scope| scope == scope_key)
+                    .is_none_or(|denied| scopes().any(|scope| scope == denied))
             }) {
                 return Err(Refusal::Denied(denial.until));
             }
@@ -229,6 +281,7 @@ impl StreamRegistry {
                     id,
                     subscriber: subscriber.to_owned(),
                     scope_key: scope_key.to_owned(),
+                    more_scopes: more_scopes.to_vec(),
                     connected_at: now,
                 },
                 end: end.clone(),
@@ -238,7 +291,9 @@ impl StreamRegistry {
             .per_subscriber
             .entry(subscriber.to_owned())
             .or_default() += 1;
-        *inner.per_scope.entry(scope_key.to_owned()).or_default() += 1;
+        for scope in scopes() {
+            *inner.per_scope.entry(scope.to_owned()).or_default() += 1;
+        }
         Ok(Ticket {
             registry: self.clone(),
             id,
@@ -246,9 +301,10 @@ impl StreamRegistry {
         })
     }
 
-    /// Ends `subscriber`'s streams on this relay (in `scope_key` only, when
-    /// given), and refuses new ones until `deny_until`. Returns how many
-    /// streams it ended.
+    /// Ends `subscriber`'s streams on this relay, and refuses new ones until
+    /// `deny_until`. With `scope_key`, only that scope: it is taken out of a
+    /// stream that carries others too, and a stream it was the last scope
+    /// of ends. Returns how many streams it ended or took the scope out of.
     pub fn disconnect(
         &self,
         subscriber: &str,
@@ -269,10 +325,17 @@ impl StreamRegistry {
         let mut ended = 0;
         for entry in inner.streams.values() {
             let stream = &entry.stream;
-            if stream.subscriber == subscriber
-                && scope_key.is_none_or(|scope| scope == stream.scope_key)
-                && entry.end.end(End::Revoked)
-            {
+            if stream.subscriber != subscriber {
+                continue;
+            }
+            let acted = match scope_key {
+                None => entry.end.end(End::Revoked),
+                Some(scope) => match stream.scopes().position(|carried| carried == scope) {
+                    Some(index) => entry.end.remove_scope(index, stream.more_scopes.len() + 1),
+                    None => false,
+                },
+            };
+            if acted {
                 ended += 1;
             }
         }
@@ -321,7 +384,7 @@ impl StreamRegistry {
             .streams
             .range(after + 1..)
             .map(|(_, entry)| &entry.stream)
-            .filter(|stream| scope_key.is_none_or(|scope| scope == stream.scope_key))
+            .filter(|stream| scope_key.is_none_or(|scope| stream.scopes().any(|s| s == scope)))
             .take(limit)
             .cloned()
             .collect()
@@ -427,6 +490,53 @@ mod tests {
         assert!(
             registry.open("bob", "org-1", 9).is_ok(),
             "an expired denial is no denial"
+        );
+    }
+
+    #[test]
+    fn a_stream_of_several_scopes_counts_once_and_loses_one_scope_at_a_time() {
+        let registry = StreamRegistry::default();
+        let scopes = |keys: &[&str]| keys.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let several = registry
+            .open_scopes("alice", "doc-1", &scopes(&["org-1", "user-7"]), 2)
+            .unwrap();
+        let _other = registry.open("alice", "org-1", 2).unwrap();
+        assert_eq!(
+            registry.open("alice", "org-2", 2).err(),
+            Some(Refusal::TooManyStreams(2)),
+            "three scopes on one stream count once"
+        );
+        let (top, total) = registry.busiest_scopes(10);
+        assert_eq!(top[0], ("org-1".into(), 2));
+        assert_eq!((top.len(), total), (3, 2));
+        assert_eq!(registry.list(Some("user-7"), 0, 10).len(), 1);
+
+        assert_eq!(registry.disconnect("alice", Some("org-1"), None), 2);
+        assert_eq!(several.end.removed_scopes(), 0b010);
+        assert_eq!(several.end.ended(), None, "the other scopes go on");
+        assert_eq!(registry.disconnect("alice", Some("org-1"), None), 0);
+        registry.disconnect("alice", Some("doc-1"), None);
+        assert_eq!(several.end.ended(), None);
+        registry.disconnect("alice", Some("user-7"), None);
+        assert_eq!(
+            several.end.ended(),
+            Some(End::Revoked),
+            "its last scope gone, the stream ends"
+        );
+
+        let until = Utc::now() + chrono::Duration::seconds(60);
+        registry.disconnect("bob", Some("doc-1"), Some(until));
+        assert_eq!(
+            registry
+                .open_scopes("bob", "doc-1", &scopes(&["org-1"]), 9)
+                .err(),
+            Some(Refusal::Denied(until)),
+            "a stream asking for a denied scope is refused"
+        );
+        assert!(
+            registry
+                .open_scopes("bob", "org-1", &scopes(&["org-2"]), 9)
+                .is_ok()
         );
     }
 

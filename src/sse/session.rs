@@ -21,6 +21,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::peer::{PEEK_EVERY, PeerSocket};
 use super::registry::{End, Ticket};
+use super::scopes::SeveralScopes;
 use super::shared_reads::{SharedReads, Stamp};
 use crate::actors::EncodedEvent;
 use crate::actors::mailbox::Counted;
@@ -158,8 +159,13 @@ pub struct SessionParams {
     /// shuts down.
     pub ticket: Ticket,
     pub until: Option<String>,
+    /// Of a stream of one scope (a stream of several keeps it per scope).
     pub resync: bool,
+    /// The first scope's replay.
     pub replay: Replay,
+    /// A stream of several scopes: the others' replays, each scope's
+    /// position, and its `ready`.
+    pub several: Option<Box<SeveralScopes>>,
     /// The connection's socket, peeked to notice a client that closed it.
     pub peer: Option<PeerSocket>,
     /// Whether the connection carries this stream alone (HTTP/1.x), so it
@@ -215,6 +221,8 @@ pub struct Session {
     /// next poll is a wake-up: it goes straight back to the waits, and a
     /// wake that brought neither an event nor the end was the connection.
     waiting: bool,
+    /// A stream carrying several scopes (see [`SeveralScopes`]).
+    several: Option<Box<SeveralScopes>>,
     registration: Registration,
 }
 
@@ -222,14 +230,16 @@ pub struct Session {
 /// ends (client gone, age cap, error).
 pub struct Registration {
     pub relay: Counted<Addr<Relay>>,
-    pub scope_key: String,
-    pub session: u64,
+    /// Each scope the stream is subscribed to, with the relay's session
+    /// id there.
+    subscriptions: Vec<(String, u64)>,
     pub metrics: Arc<Metrics>,
     /// Held for the stream's life: shutdown waits until every stream has
     /// dropped its hold (see [`crate::state::OpenStreams`]).
     _open: Option<tokio::sync::mpsc::Sender<()>>,
-    /// In a scope with presence: its subscriber leaves when this drops.
-    pub presence: Option<crate::presence::PresenceGuard>,
+    /// In each scope with presence: its subscriber leaves when its guard
+    /// drops.
+    pub presence: Vec<crate::presence::PresenceGuard>,
 }
 
 impl Registration {
@@ -238,40 +248,56 @@ impl Registration {
     /// (even before a session is built).
     pub fn new(
         relay: Counted<Addr<Relay>>,
-        scope_key: String,
-        session: u64,
         metrics: Arc<Metrics>,
         open: Option<tokio::sync::mpsc::Sender<()>>,
     ) -> Registration {
         metrics.connections.inc();
         Registration {
             relay,
-            scope_key,
-            session,
+            subscriptions: Vec::new(),
             metrics,
             _open: open,
-            presence: None,
+            presence: Vec::new(),
+        }
+    }
+
+    /// Records a subscription, to be undone with the others.
+    pub fn subscribed(&mut self, scope_key: &str, session: u64) {
+        self.subscriptions.push((scope_key.to_owned(), session));
+    }
+
+    /// Undoes the subscription to `scope_key` now (and its presence), for
+    /// a scope taken out of a stream that goes on.
+    pub fn unsubscribe(&mut self, scope_key: &str) {
+        self.presence.retain(|guard| guard.scope_key() != scope_key);
+        if let Some(at) = self
+            .subscriptions
+            .iter()
+            .position(|(subscribed, _)| subscribed == scope_key)
+        {
+            let (scope_key, session) = self.subscriptions.swap_remove(at);
+            self.relay.do_send(Unsubscribe { scope_key, session });
         }
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.relay.do_send(Unsubscribe {
-            scope_key: std::mem::take(&mut self.scope_key),
-            session: self.session,
-        });
+        for (scope_key, session) in self.subscriptions.drain(..) {
+            self.relay.do_send(Unsubscribe { scope_key, session });
+        }
         self.metrics.connections.dec();
     }
 }
 
 impl Session {
     pub fn new(
-        params: SessionParams,
+        mut params: SessionParams,
         subscriber: Subscriber,
         queue: mpsc::Receiver<Arc<EncodedEvent>>,
         registration: Registration,
     ) -> Self {
+        let several = params.several.take();
         let now = Instant::now();
         let next_heartbeat = now + params.heartbeat;
         let next_peek = (!params.own_connection).then(|| now + PEEK_EVERY);
@@ -291,6 +317,7 @@ impl Session {
             last_write: now,
             live_writes: 0,
             waiting: false,
+            several,
             registration,
         }
     }
@@ -315,8 +342,10 @@ impl Session {
             match self.phase {
                 Phase::Retry => {
                     self.phase = Phase::Replay;
+                    let replays = !matches!(self.params.replay, Replay::Nothing)
+                        || self.several.as_ref().is_some_and(|s| s.replays_pending());
                     if let (Some(peer), true) = (self.params.peer, self.params.own_connection)
-                        && !matches!(self.params.replay, Replay::Nothing)
+                        && replays
                     {
                         self.replaying = Some(watch_stalled_replay(peer, self.params.ends_at));
                     }
@@ -351,7 +380,13 @@ impl Session {
                 // stream's body, idle or not.
                 Phase::Replay => match Box::pin(tokio::time::timeout_at(
                     self.params.ends_at,
-                    replay_page(&mut self.params.replay, &self.subscriber),
+                    replay_page(
+                        &mut self.params.replay,
+                        match &self.several {
+                            Some(several) => several.replaying_subscriber(),
+                            None => &self.subscriber,
+                        },
+                    ),
                 ))
                 .await
                 .unwrap_or(Ok(None))
@@ -362,7 +397,10 @@ impl Session {
                         self.phase = Phase::Finished;
                     }
                     Ok(Some(batch)) => self.replay_left = batch,
-                    Ok(None) => self.phase = Phase::Ready,
+                    Ok(None) => match self.several.as_mut().and_then(|s| s.next_replay()) {
+                        Some(next) => self.params.replay = next,
+                        None => self.phase = Phase::Ready,
+                    },
                     Err(error) => {
                         // An error, not a clean end: the connection is cut
                         // without its closing chunk, so no client can take
@@ -375,7 +413,10 @@ impl Session {
                 Phase::Ready => {
                     self.phase = Phase::Live;
                     self.replaying = None;
-                    return Some(Ok(Bytes::from(sse::ready_frame(self.params.resync))));
+                    return Some(Ok(match &self.several {
+                        Some(several) => several.ready_frame(),
+                        None => Bytes::from(sse::ready_frame(self.params.resync)),
+                    }));
                 }
                 // The body polls this phase itself (see [`SessionBody`]).
                 Phase::Live => return std::future::poll_fn(|cx| self.poll_live(cx)).await.map(Ok),
@@ -405,6 +446,19 @@ impl Session {
         if self.params.ticket.end.is_revoked() {
             self.phase = Phase::Finished;
             return Some(Some(Bytes::from(sse::revoked_frame())));
+        }
+        if let Some(several) = &mut self.several {
+            // A scope an operator took out: its last frame, then nothing
+            // more of it.
+            if let Some(scope_key) = several.take_removed(self.params.ticket.end.removed_scopes()) {
+                self.registration.unsubscribe(&scope_key);
+                return Some(Some(Bytes::from(sse::revoked_scope_frame(&scope_key))));
+            }
+            if self.queue.sender_strong_count() < several.senders() {
+                tracing::info!("a scope's hub dropped the stream as too slow; ending it");
+                self.phase = Phase::Finished;
+                return Some(None);
+            }
         }
         match self.params.reauth {
             Some((at, expires_in)) if self.phase != Phase::Retry && now >= at => {
@@ -440,6 +494,15 @@ impl Session {
                     End::Revoked => Some(Bytes::from(sse::revoked_frame())),
                     End::Closing => None,
                 });
+            }
+            // Woken for a scope taken out of the stream: the checks send
+            // its frame.
+            if self.waiting
+                && let Some(several) = &self.several
+                && several.removal_due(self.params.ticket.end.removed_scopes())
+            {
+                self.waiting = false;
+                continue;
             }
             match self.queue.poll_recv(cx) {
                 Poll::Ready(Some(first)) => {
@@ -563,8 +626,13 @@ impl Session {
     /// The frames of `batch` not yet sent, as one chunk (see
     /// [`join_frames`]); a write also postpones the heartbeat and the peek.
     fn frames(&mut self, batch: &mut Vec<Arc<EncodedEvent>>, source: Source) -> Option<Bytes> {
-        let (chunk, until_reached) =
-            join_frames(&mut self.sent, source, self.params.until.as_deref(), batch);
+        let (chunk, until_reached) = join_frames(
+            &mut self.sent,
+            source,
+            self.params.until.as_deref(),
+            self.several.as_deref_mut(),
+            batch,
+        );
         if until_reached {
             self.phase = Phase::Finished;
         }
@@ -708,11 +776,12 @@ pub(super) enum Source {
 /// The frames of `batch` not yet sent, as one chunk, and whether an
 /// `until` event was among them (the frames after it are dropped). Leaves
 /// `batch` empty. A lone frame is shared with every other subscriber rather
-/// than copied.
+/// than copied; a stream of `several` scopes writes its own `id:` lines.
 pub(super) fn join_frames(
     sent: &mut SentSeqs,
     source: Source,
     until: Option<&str>,
+    mut several: Option<&mut SeveralScopes>,
     batch: &mut Vec<Arc<EncodedEvent>>,
 ) -> (Option<Bytes>, bool) {
     let mut single: Option<Bytes> = None;
@@ -728,16 +797,23 @@ pub(super) fn join_frames(
                 continue;
             }
         }
+        let frame = match several.as_deref_mut() {
+            None => event.frame.clone(),
+            Some(several) => match several.frame(&event) {
+                Some(frame) => frame,
+                None => continue,
+            },
+        };
         if let (Source::Live, Some(trace)) = (source, event.trace()) {
             trace.written();
         }
         match (&mut joined, single.take()) {
-            (Some(chunk), _) => chunk.extend_from_slice(&event.frame),
-            (None, None) => single = Some(event.frame.clone()),
+            (Some(chunk), _) => chunk.extend_from_slice(&frame),
+            (None, None) => single = Some(frame),
             (None, Some(first)) => {
-                let mut chunk = BytesMut::with_capacity(first.len() + event.frame.len());
+                let mut chunk = BytesMut::with_capacity(first.len() + frame.len());
                 chunk.extend_from_slice(&first);
-                chunk.extend_from_slice(&event.frame);
+                chunk.extend_from_slice(&frame);
                 joined = Some(chunk);
             }
         }
@@ -877,6 +953,7 @@ mod tests {
             &mut sent,
             Source::Replay,
             None,
+            None,
             &mut vec![durable(1), durable(2)],
         );
         assert_eq!(seqs_in(chunk), [1, 2]);
@@ -885,11 +962,12 @@ mod tests {
             &mut sent,
             Source::Live,
             None,
+            None,
             &mut vec![durable(2), durable(3), durable(4)],
         );
         assert_eq!(seqs_in(chunk), [3, 4], "the replayed one is dropped");
         // A late commit below the replay's newest that was not replayed.
-        let (chunk, _) = join_frames(&mut sent, Source::Live, None, &mut vec![durable(0)]);
+        let (chunk, _) = join_frames(&mut sent, Source::Live, None, None, &mut vec![durable(0)]);
         assert_eq!(seqs_in(chunk), [0]);
         assert_eq!(
             Vec::from(sent.seqs.clone()),

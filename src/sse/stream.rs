@@ -1,8 +1,10 @@
 //! `GET /v1/events`: the Server-Sent Events stream.
 //!
-//! Per connection: resolve the credentials (401 without valid ones), take a
-//! connection permit (429 past the cap), parse `Last-Event-ID` (400 when
-//! malformed), subscribe through the relay, and stream the session.
+//! Per connection: resolve the credentials (401 without valid ones), choose
+//! the scopes the stream carries (403 for one not granted, 400 past the
+//! maximum), take a connection permit (429 past the cap), parse
+//! `Last-Event-ID` (400 when malformed), subscribe to each scope through
+//! the relay, and stream the session.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,16 +19,19 @@ use tokio::time::Instant;
 use super::credentials::{resolve_subscriber, subscriber_credentials};
 use super::peer::PeerSocket;
 use super::registry::Refusal;
+use super::scopes::{ScopeLane, SeveralScopes, choose_scopes, requested_scopes};
 use super::session::{
     AfterCursor, LateCommits, OutboxReplay, Registration, Replay, Session, SessionParams,
     count_replay,
 };
+use crate::actors::hub::FrameSender;
 use crate::actors::relay::{JoinPoint, Subscribe, SubscribeError};
 use crate::api_error::{ApiError, ErrorCode};
 use crate::metrics::{Metrics, ReasonLabel};
+use crate::presence::PresenceClaims;
 use crate::state::AppState;
 use crate::store::JoinView;
-use eventrelay_wire::ResumeCursor;
+use eventrelay_wire::{LastEventId, ResumeCursor, ScopeTag, Subscriber};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -37,9 +42,9 @@ pub struct StreamQuery {
     until: Option<String>,
 }
 
-/// Parses a `Last-Event-ID`: a [`ResumeCursor`], `<seq>.<horizon>` or a
-/// plain `<seq>`.
-pub fn parse_last_event_id(value: &str) -> Result<ResumeCursor, ApiError> {
+/// Parses a `Last-Event-ID`: a [`ResumeCursor`] (`<seq>.<horizon>.<check>`,
+/// `<seq>.<horizon>` or a plain `<seq>`), or a stream's compound cursor.
+pub fn parse_last_event_id(value: &str) -> Result<LastEventId, ApiError> {
     value
         .parse()
         .map_err(|error: eventrelay_wire::CursorParseError| {
@@ -83,6 +88,7 @@ pub async fn stream_events(
         eventrelay_wire::validate_event_type(until)
             .map_err(|e| ApiError::bad_request(ErrorCode::InvalidQuery, format!("until: {e}")))?;
     }
+    let requested = requested_scopes(request.query_string())?;
 
     let resolved = resolve_subscriber(&state, &credentials).await?;
     // A token inside its verification leeway past `exp` is still accepted,
@@ -91,17 +97,23 @@ pub async fn stream_events(
     if resolved.expires_at.is_some_and(|at| at <= Utc::now()) {
         return Err(ApiError::unauthorized("the token has expired"));
     }
-    let subscriber = resolved.subscriber;
-    let presence_claims = resolved.presence;
-
     let sse = &config.sse;
+    let scopes = choose_scopes(&resolved, requested, sse.max_scopes_per_stream)?;
+    let Some((first_scope, more_scopes)) = scopes.split_first() else {
+        return Err(ApiError::bad_request(
+            ErrorCode::InvalidQuery,
+            "the stream would carry no scope",
+        ));
+    };
+
     // Before anything is read or attached: a subscriber at its cap, or one
     // an operator disconnected, costs no query.
     let ticket = state
         .streams
-        .open(
-            &subscriber.subscriber_id,
-            &subscriber.scope_key,
+        .open_scopes(
+            &resolved.subscriber.subscriber_id,
+            first_scope,
+            more_scopes,
             sse.max_connections_per_subscriber,
         )
         .map_err(|refusal| match refusal {
@@ -116,14 +128,8 @@ pub async fn stream_events(
                 refusal.to_string(),
             ),
         })?;
-    // Where the tail or the outbox replays from. A cursor with a horizon is
-    // exact: after its seq, with its late commits read apart. A plain seq
-    // can only be trusted so far: the look-back below it is a guess.
-    let replay_from = last_event_id.map(|cursor| match cursor.horizon {
-        Some(_) => cursor.seq,
-        None => (cursor.seq - sse.replay_lookback).max(0),
-    });
-    // Taken before the subscription exists, so whatever it saw committed
+    let positions = scope_positions(last_event_id.as_ref(), &scopes);
+    // Taken before the subscriptions exist, so whatever each saw committed
     // is history to this subscriber and everything after it is live. The
     // read is shared with the streams of the scope opening at the same
     // moment (see `shared_reads`).
@@ -133,29 +139,190 @@ pub async fn stream_events(
     // held by every request in flight. When thousands of clients connect
     // at once, that is what they hold while they wait, and what it leaves
     // behind between the streams' live blocks stays resident after them.
-    let view = Box::pin(state.reads.join_view(&subscriber.scope_key))
-        .await
-        .map_err(|error| {
-            ApiError::failed("the stream could not start (the database failed)", &*error)
-        })?;
-    // A cursor that names its event must find that event at its seq, or
-    // one pruning could have deleted: else it comes from a history this
-    // database no longer has.
-    let rewritten = match last_event_id.and_then(|cursor| Some((cursor.seq, cursor.check?))) {
-        Some((seq, check)) => match Box::pin(state.reads.event_at(seq)).await {
-            Ok(Some(id)) => ResumeCursor::check_of(&id) != check,
-            Ok(None) => seq > view.pruned_through,
-            Err(error) => {
-                return Err(ApiError::failed(
-                    "the stream could not start (the database failed)",
-                    &error,
-                ));
-            }
-        },
-        None => false,
-    };
+    let mut views = Vec::with_capacity(scopes.len());
+    for scope in &scopes {
+        let view = Box::pin(state.reads.join_view(scope))
+            .await
+            .map_err(|error| {
+                ApiError::failed("the stream could not start (the database failed)", &*error)
+            })?;
+        views.push(view);
+    }
+    // Whether the id comes from a history this database does not have: its
+    // newest position names another event (or one pruning could not have
+    // deleted), or a position lies beyond what this database assigned.
+    // Then no position of it holds, and every scope resyncs.
+    let rewritten = names_another_event(&state, last_event_id.as_ref(), &views[0]).await?
+        || positions
+            .iter()
+            .zip(&views)
+            .any(|(position, view)| position.is_some_and(|cursor| from_elsewhere(view, cursor)));
+
     let (queue, receiver) = mpsc::channel(sse.queue_capacity);
-    let with_presence = state.presence.covers(&subscriber.scope_key);
+    let mut registration = Registration::new(
+        state.relay.clone(),
+        Arc::clone(&state.metrics),
+        state.open_streams.hold(),
+    );
+    let mut opened = Vec::with_capacity(scopes.len());
+    for ((scope, view), position) in scopes.iter().zip(&views).zip(positions) {
+        let subscriber = Subscriber {
+            scope_key: scope.clone(),
+            ..resolved.subscriber.clone()
+        };
+        let joining = Joining {
+            subscriber,
+            view,
+            position,
+            rewritten,
+            queue: queue.clone(),
+        };
+        opened.push(open_scope(&state, joining, &resolved.presence, &mut registration).await?);
+    }
+    // The hubs hold the queue's senders now: when the last lets go, the
+    // stream ends.
+    drop(queue);
+
+    let jitter = sse.max_age().mul_f64(fastrand::f64() * 0.1);
+    let now = Instant::now();
+    let aged_at = now + sse.max_age() - jitter;
+    let mut ends_at = aged_at;
+    let mut reauth = None;
+    if let Some(expires_at) = resolved.expires_at {
+        let left = (expires_at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        if now + left < aged_at {
+            ends_at = now + left;
+            reauth = reauth_warning(now, left, Duration::from_secs(sse.reauth_lead_secs));
+        }
+    }
+    let several = (opened.len() > 1).then(|| {
+        let lanes = opened
+            .iter()
+            .map(|scope| ScopeLane::new(scope.subscriber.clone(), scope.position, scope.resync))
+            .collect();
+        let pending = opened
+            .iter_mut()
+            .enumerate()
+            .skip(1)
+            .map(|(lane, scope)| (lane, std::mem::replace(&mut scope.replay, Replay::Nothing)))
+            .collect();
+        Box::new(SeveralScopes::new(lanes, pending))
+    });
+    let first = opened.swap_remove(0);
+    let params = SessionParams {
+        retry_ms: sse.retry_ms,
+        heartbeat: sse.heartbeat(),
+        ends_at,
+        reauth,
+        ticket,
+        until: query.until.clone(),
+        resync: first.resync,
+        replay: first.replay,
+        several,
+        peer: request.conn_data::<PeerSocket>().copied(),
+        own_connection: request.version() < actix_web::http::Version::HTTP_2,
+        write_timeout: Duration::from_secs(config.http.write_timeout_secs),
+    };
+    let body = Session::new(params, first.subscriber, receiver, registration).into_stream();
+    Ok(HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .insert_header(("x-accel-buffering", "no"))
+        .insert_header((header::CONTENT_ENCODING, "identity"))
+        .streaming(body))
+}
+
+/// Where each of `scopes` resumes from, by the client's `Last-Event-ID`: a
+/// single scope's cursor for a stream of that one scope; a compound
+/// cursor's entry for each scope it has one for. A single scope's cursor
+/// names no scope among several, so each of them then starts afresh (and
+/// resyncs).
+fn scope_positions(
+    last_event_id: Option<&LastEventId>,
+    scopes: &[String],
+) -> Vec<Option<ResumeCursor>> {
+    match last_event_id {
+        Some(LastEventId::Scope(cursor)) if scopes.len() == 1 => vec![Some(*cursor)],
+        Some(LastEventId::Scopes(compound)) => scopes
+            .iter()
+            .map(|scope| compound.position(ScopeTag::of(scope)))
+            .collect(),
+        Some(LastEventId::Scope(_)) | None => vec![None; scopes.len()],
+    }
+}
+
+/// Whether the newest position of `last_event_id` names an event this
+/// database does not hold at its seq: another one, or none when pruning
+/// could not have deleted it. Then the id comes from a history this
+/// database no longer has.
+async fn names_another_event(
+    state: &AppState,
+    last_event_id: Option<&LastEventId>,
+    view: &JoinView,
+) -> Result<bool, ApiError> {
+    let newest = match last_event_id {
+        Some(LastEventId::Scope(cursor)) => Some(*cursor),
+        Some(LastEventId::Scopes(compound)) => compound.newest(),
+        None => None,
+    };
+    let Some((seq, check)) = newest.and_then(|cursor| Some((cursor.seq, cursor.check?))) else {
+        return Ok(false);
+    };
+    match Box::pin(state.reads.event_at(seq)).await {
+        Ok(Some(id)) => Ok(ResumeCursor::check_of(&id) != check),
+        Ok(None) => Ok(seq > view.pruned_through),
+        Err(error) => Err(ApiError::failed(
+            "the stream could not start (the database failed)",
+            &error,
+        )),
+    }
+}
+
+/// One scope of a stream being opened.
+struct Joining<'a> {
+    /// The stream's subscriber in this scope.
+    subscriber: Subscriber,
+    view: &'a JoinView,
+    /// Where the client stands in this scope, if it said.
+    position: Option<ResumeCursor>,
+    /// Whether the client's id comes from another history.
+    rewritten: bool,
+    queue: FrameSender,
+}
+
+/// One scope of a stream, subscribed: what its session sends first.
+struct OpenedScope {
+    subscriber: Subscriber,
+    position: Option<ResumeCursor>,
+    replay: Replay,
+    resync: bool,
+}
+
+/// Subscribes the stream to one scope through the relay, joins its
+/// presence, and works out its replay and whether it must resync.
+async fn open_scope(
+    state: &AppState,
+    joining: Joining<'_>,
+    presence: &PresenceClaims,
+    registration: &mut Registration,
+) -> Result<OpenedScope, ApiError> {
+    let Joining {
+        subscriber,
+        view,
+        position,
+        rewritten,
+        queue,
+    } = joining;
+    let lookback = state.config().sse.replay_lookback;
+    // Where the tail or the outbox replays from. A cursor with a horizon is
+    // exact: after its seq, with its late commits read apart. A plain seq
+    // can only be trusted so far: the look-back below it is a guess.
+    let replay_from = position.map(|cursor| match cursor.horizon {
+        Some(_) => cursor.seq,
+        None => (cursor.seq - lookback).max(0),
+    });
+    let scope_key = subscriber.scope_key.clone();
+    let with_presence = state.presence.covers(&scope_key);
     let attached = Box::pin(state.relay.send(Subscribe {
         subscriber: subscriber.clone(),
         queue,
@@ -171,24 +338,18 @@ pub async fn stream_events(
     .map_err(|refused| match refused {
         SubscribeError::Stopping => ApiError::unavailable("the relay is shutting down"),
     })?;
-    let mut registration = Registration::new(
-        state.relay.clone(),
-        subscriber.scope_key.clone(),
-        attached.session,
-        Arc::clone(&state.metrics),
-        state.open_streams.hold(),
-    );
-    if with_presence && !presence_claims.hidden {
-        registration.presence = Some(state.presence.join(
-            &subscriber.scope_key,
+    registration.subscribed(&scope_key, attached.session);
+    if with_presence && !presence.hidden {
+        registration.presence.push(state.presence.join(
+            &scope_key,
             &subscriber.subscriber_id,
-            presence_claims.info,
+            presence.info.clone(),
         ));
     }
 
     // Read after the subscription exists, so a late commit either is in
     // the read or reaches the stream live.
-    let late = last_event_id
+    let late = position
         .filter(|cursor| cursor.horizon.is_some())
         .map(|cursor| LateCommits { cursor, after: 0 });
     let outbox_replay = |late, then| {
@@ -199,9 +360,10 @@ pub async fn stream_events(
             stamp: None,
         }))
     };
-    let (replay, resync) = match (last_event_id, replay_from, attached.from_tail) {
+    let metrics = &state.metrics;
+    let (replay, resync) = match (position, replay_from, attached.from_tail) {
         (Some(cursor), Some(_), Some(events)) => {
-            count_replay(&state.metrics, "memory");
+            count_replay(metrics, "memory");
             // The tail holds every event after the cursor's seq: nothing
             // was pruned from under it, but the cursor may still be from
             // the future.
@@ -209,59 +371,32 @@ pub async fn stream_events(
                 Some(late) => outbox_replay(Some(late), AfterCursor::Tail(events)),
                 None => Replay::FromTail(events),
             };
-            let gap = if rewritten || from_elsewhere(&view, cursor) {
+            let gap = if rewritten {
                 Some("unknown_cursor")
             } else {
-                late_commits_pruned(&view, cursor).then_some("pruned")
+                late_commits_pruned(view, cursor).then_some("pruned")
             };
-            (replay, counted_resync(&state.metrics, gap))
+            (replay, counted_resync(metrics, gap))
         }
         (Some(cursor), Some(from), None) => {
-            count_replay(&state.metrics, "outbox");
+            count_replay(metrics, "outbox");
             let gap = match rewritten {
                 true => Some("unknown_cursor"),
-                false => gap_before(&view, cursor),
+                false => gap_before(view, cursor),
             };
             (
                 outbox_replay(late, AfterCursor::Outbox(from)),
-                counted_resync(&state.metrics, gap),
+                counted_resync(metrics, gap),
             )
         }
         _ => (Replay::Nothing, true),
     };
-
-    let jitter = sse.max_age().mul_f64(fastrand::f64() * 0.1);
-    let now = Instant::now();
-    let aged_at = now + sse.max_age() - jitter;
-    let mut ends_at = aged_at;
-    let mut reauth = None;
-    if let Some(expires_at) = resolved.expires_at {
-        let left = (expires_at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-        if now + left < aged_at {
-            ends_at = now + left;
-            reauth = reauth_warning(now, left, Duration::from_secs(sse.reauth_lead_secs));
-        }
-    }
-    let params = SessionParams {
-        retry_ms: sse.retry_ms,
-        heartbeat: sse.heartbeat(),
-        ends_at,
-        reauth,
-        ticket,
-        until: query.until.clone(),
-        resync,
+    Ok(OpenedScope {
+        subscriber,
+        position,
         replay,
-        peer: request.conn_data::<PeerSocket>().copied(),
-        own_connection: request.version() < actix_web::http::Version::HTTP_2,
-        write_timeout: Duration::from_secs(config.http.write_timeout_secs),
-    };
-    let body = Session::new(params, subscriber, receiver, registration).into_stream();
-    Ok(HttpResponse::Ok()
-        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
-        .insert_header((header::CACHE_CONTROL, "no-store"))
-        .insert_header(("x-accel-buffering", "no"))
-        .insert_header((header::CONTENT_ENCODING, "identity"))
-        .streaming(body))
+        resync,
+    })
 }
 
 /// When a stream its credentials end, `left` from `now`, warns its client:
@@ -351,14 +486,18 @@ mod tests {
 
     #[test]
     fn last_event_id_must_be_a_cursor() {
-        let plain = ResumeCursor::plain;
+        let plain = |seq| LastEventId::Scope(ResumeCursor::plain(seq));
         assert_eq!(parse_last_event_id("42").unwrap(), plain(42));
         assert_eq!(parse_last_event_id(" 7 ").unwrap(), plain(7));
         assert_eq!(parse_last_event_id("0").unwrap(), plain(0));
         assert_eq!(
             parse_last_event_id("152.8841").unwrap(),
-            ResumeCursor::at(152, 8841)
+            LastEventId::Scope(ResumeCursor::at(152, 8841))
         );
+        assert!(matches!(
+            parse_last_event_id("4c.7~0a1b~0c2d3.1").unwrap(),
+            LastEventId::Scopes(_)
+        ));
         for bad in [
             "",
             "-1",
@@ -367,6 +506,9 @@ mod tests {
             "+3",
             "99999999999999999999",
             "1.2.3",
+            "1.2~",
+            "1.2~ab",
+            "1.2~0a1b~",
         ] {
             let error = parse_last_event_id(bad).unwrap_err();
             assert_eq!(error.code, "invalid_last_event_id", "{bad}");

@@ -43,10 +43,17 @@ pub struct ResumeCursor {
 /// Why a `Last-Event-ID` is not a cursor.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "Last-Event-ID must be the `id:` of a durable event (`<seq>` or `<seq>.<horizon>`, unsigned \
-     integers), got {0:?}"
+    "Last-Event-ID must be the `id:` of a durable event (`<seq>.<horizon>.<check>`, or a \
+     stream's compound `<seq>.<horizon>.<check>~<scope>…` in base 36), got {0:?}"
 )]
 pub struct CursorParseError(String);
+
+impl CursorParseError {
+    /// The error for `text`, cut to a readable length.
+    pub(crate) fn new(text: &str) -> Self {
+        CursorParseError(text.chars().take(MAX_CURSOR_LEN + 4).collect())
+    }
+}
 
 /// The longest cursor text accepted: two 20-digit integers, the check and
 /// the dots.
@@ -111,7 +118,7 @@ impl FromStr for ResumeCursor {
 
     /// Reads either form; surrounding whitespace is ignored.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let invalid = || CursorParseError(text.chars().take(MAX_CURSOR_LEN + 4).collect());
+        let invalid = || CursorParseError::new(text);
         let trimmed = text.trim();
         if trimmed.len() > MAX_CURSOR_LEN {
             return Err(invalid());

@@ -9,7 +9,8 @@
 //! [`envelope`] (the event and its rules), [`notification`] (the `NOTIFY`
 //! payloads: pointers, inline events and batches), [`seal`] (how those
 //! payloads are sealed on the channel), [`cursor`] (a frame's `id:`, the
-//! `Last-Event-ID` a stream resumes from), [`carrying`] (pointers a writer
+//! `Last-Event-ID` a stream resumes from), [`compound`] (the `id:` of a
+//! stream carrying several scopes), [`carrying`] (pointers a writer
 //! builds itself before the seqs exist), [`sse`] (frames), [`trace`] (the
 //! W3C `traceparent` an event carries), [`audience`] (the one predicate
 //! every delivery path applies), [`webhook`] (Standard Webhooks signing and
@@ -18,6 +19,7 @@
 
 pub mod audience;
 pub mod carrying;
+pub mod compound;
 pub mod cursor;
 pub mod envelope;
 pub mod notification;
@@ -30,6 +32,7 @@ pub mod webhook;
 
 pub use audience::{PermissionEvaluator, Subscriber, is_envelope_permitted, is_permitted};
 pub use carrying::{EnvelopeAroundSeq, assign_to_pointers};
+pub use compound::{CompoundCursor, LastEventId, MAX_COMPOUND_SCOPES, ScopeTag};
 pub use cursor::{CursorParseError, ResumeCursor};
 pub use envelope::{
     Audience, EnvelopeError, EventEnvelope, Lane, MAX_EVENT_TYPE_BYTES, MAX_SCOPE_KEY_BYTES,

@@ -70,6 +70,19 @@ pub fn ready_frame(resync: bool) -> String {
     frame(None, Some(READY_EVENT), data)
 }
 
+/// The `ready` frame of a stream carrying several scopes: the scopes it
+/// carries, and those whose state the client must re-read (`resync` is
+/// true when there is one, so a client that knows only that field
+/// re-reads everything).
+pub fn ready_frame_for_scopes(scopes: &[&str], resync_scopes: &[&str]) -> String {
+    let data = serde_json::json!({
+        "resync": !resync_scopes.is_empty(),
+        "scopes": scopes,
+        "resyncScopes": resync_scopes,
+    });
+    frame(None, Some(READY_EVENT), &data.to_string())
+}
+
 /// The `reauth` frame: the stream's credentials expire in
 /// `expires_in_secs` seconds, and the stream ends then.
 pub fn reauth_frame(expires_in_secs: u64) -> String {
@@ -92,6 +105,13 @@ pub const PRESENCE_EVENT: &str = "presence";
 /// credentials.
 pub fn revoked_frame() -> String {
     frame(None, Some(REVOKED_EVENT), r#"{"reason":"disconnected"}"#)
+}
+
+/// The `revoked` frame of one scope an operator took out of a stream that
+/// carries several: the stream goes on with the others.
+pub fn revoked_scope_frame(scope_key: &str) -> String {
+    let data = serde_json::json!({ "reason": "disconnected", "scope": scope_key });
+    frame(None, Some(REVOKED_EVENT), &data.to_string())
 }
 
 /// The `retry:` frame telling a client how long to wait before reconnecting.

@@ -709,6 +709,7 @@ impl eventrelay::auth::SubscriberResolver for ClubResolver {
                 .with_evaluator(move |permission: &Value| member && permission == "vip-room");
             Ok(eventrelay::auth::ResolvedSubscriber {
                 subscriber,
+                more_scopes: Vec::new(),
                 expires_at: None,
                 presence: Default::default(),
             })

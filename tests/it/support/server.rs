@@ -365,6 +365,24 @@ pub fn token_for(subscriber: &str, scope: &str, grants: Value, ttl: Duration) ->
     mint_with(TEST_SECRET, subscriber, scope, grants, ttl)
 }
 
+/// A development token for the test secret granting several scopes (the
+/// scope claim an array).
+pub fn token_for_scopes(subscriber: &str, scopes: &[&str], grants: Value) -> String {
+    mint_token(
+        TEST_SECRET,
+        Algorithm::HS256,
+        &TokenSpec {
+            subscriber_id: subscriber.into(),
+            scope_key: scopes[0].into(),
+            more_scopes: scopes[1..].iter().map(|scope| scope.to_string()).collect(),
+            grants,
+            ttl: Duration::from_secs(600),
+        },
+        &MintOptions::default(),
+    )
+    .unwrap()
+}
+
 /// A token signed with `secret` instead of the test secret.
 pub fn token_with_secret(secret: &str, subscriber: &str, scope: &str) -> String {
     mint_with(
@@ -383,6 +401,7 @@ fn mint_with(secret: &str, subscriber: &str, scope: &str, grants: Value, ttl: Du
         &TokenSpec {
             subscriber_id: subscriber.into(),
             scope_key: scope.into(),
+            more_scopes: Vec::new(),
             grants,
             ttl,
         },
@@ -449,6 +468,8 @@ pub struct SseStream {
     parsed: VecDeque<SseItem>,
     /// Event frames received before `ready` (set by `TestServer::subscribe`).
     pub replayed: Vec<Frame>,
+    /// The last `ready` frame's data.
+    pub ready_data: Value,
 }
 
 impl SseStream {
@@ -459,6 +480,7 @@ impl SseStream {
             parser: SseParser::keeping_comments(),
             parsed: VecDeque::new(),
             replayed: Vec::new(),
+            ready_data: Value::Null,
         }
     }
 
@@ -494,7 +516,8 @@ impl SseStream {
             let frame = self.next_frame().await.expect("stream open until ready");
             if frame.event.as_deref() == Some("ready") {
                 self.replayed = replayed;
-                return frame.json()["resync"].as_bool().unwrap();
+                self.ready_data = frame.json();
+                return self.ready_data["resync"].as_bool().unwrap();
             }
             if frame.event.is_some() {
                 replayed.push(frame);
