@@ -30,6 +30,7 @@ const SCENARIOS: &[Scenario] = &[
     scenario("streams", rows!(streams::rows)),
     scenario("webhooks", rows!(webhooks::rows)),
     scenario("presence", rows!(presence_cost::rows)),
+    scenario("scopes", rows!(scope_cost::rows)),
     scenario("traces", rows!(trace_cost::rows)),
     // 100,000 streams over 6 relays: only when named.
     Scenario {

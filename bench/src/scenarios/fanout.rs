@@ -43,11 +43,24 @@ impl Server {
     }
 
     pub(crate) fn target(&self, subscriber: usize, scope: &str) -> StreamTarget {
-        let token = || crate::subscriber_token(&format!("s{subscriber}"), scope, Null);
+        self.target_of(subscriber, &[scope])
+    }
+
+    /// A stream of `scopes` (several: `?scope=` each).
+    pub(crate) fn target_of(&self, subscriber: usize, scopes: &[&str]) -> StreamTarget {
+        let token = || crate::token_for_scopes(&format!("s{subscriber}"), scopes, Null);
+        let query: Vec<String> = scopes
+            .iter()
+            .map(|scope| format!("scope={scope}"))
+            .collect();
+        let path = match scopes.len() {
+            1 => "/v1/events".to_owned(),
+            _ => format!("/v1/events?{}", query.join("&")),
+        };
         match self {
             Server::Eventrelay { address, .. } => StreamTarget {
                 address: *address,
-                path: "/v1/events".to_owned(),
+                path,
                 authorization: Some(format!("Bearer {}", token())),
                 ready_when: ReadyWhen::ReadyEvent,
             },
@@ -69,7 +82,20 @@ pub struct FanoutPlan {
     pub duration: Duration,
     pub writers: usize,
     pub source: Source,
+    /// Over how many scopes (`<scope>-<k>`) events go, and whether each
+    /// stream carries them all or one (stream `i` scope `i mod n`).
+    pub spread: (usize, Carry),
 }
+
+/// What each stream of a fan-out spread over several scopes carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carry {
+    One,
+    All,
+}
+
+/// One scope, the plain fan-out.
+pub const ONE_SCOPE: (usize, Carry) = (1, Carry::One);
 
 #[derive(Debug, Clone, Default)]
 pub struct FanoutFigures {
@@ -95,7 +121,16 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
         Pace::Unthrottled => UNTHROTTLED_CAPACITY,
     };
     let log = CommitLog::new(capacity);
-    let targets = (0..plan.subscribers).map(|i| server.target(i, &plan.scope));
+    let (spread, carry) = plan.spread;
+    let scopes: Vec<String> = match spread {
+        1 => vec![plan.scope.clone()],
+        _ => (0..spread).map(|k| format!("{}-{k}", plan.scope)).collect(),
+    };
+    let names: Vec<&str> = scopes.iter().map(String::as_str).collect();
+    let targets = (0..plan.subscribers).map(|i| match carry {
+        Carry::All => server.target_of(i, &names),
+        Carry::One => server.target(i, names[i % spread]),
+    });
 
     let before_connect = proc_stats::usage(server.pids());
     let subscribers =
@@ -103,12 +138,16 @@ pub async fn run(plan: &FanoutPlan, server: &Server) -> BenchResult<FanoutFigure
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = proc_stats::usage(server.pids());
 
-    let scope = plan.scope.clone();
-    let scope_of = Arc::new(move |_| scope.clone());
+    let scope_of = Arc::new(move |number: usize| scopes[number % spread].clone());
     let (pace, duration, writers) = (plan.pace, plan.duration, plan.writers);
     let log_for = Arc::clone(&log);
     let published = publish_for(&plan.source, scope_of, pace, duration, writers, log_for).await?;
-    let expected = (published * plan.subscribers) as u64;
+    let expected = match carry {
+        Carry::All => (published * plan.subscribers) as u64,
+        Carry::One => (0..plan.subscribers)
+            .map(|i| (0..published).filter(|n| n % spread == i % spread).count() as u64)
+            .sum(),
+    };
     subscribers.wait_for(expected, DRAIN_PATIENCE).await;
     let after = proc_stats::usage(server.pids());
     let outcomes = subscribers.finish().await;
@@ -179,6 +218,7 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
             duration,
             writers,
             source,
+            spread: ONE_SCOPE,
         };
         let mut ours = Vec::new();
         // SQL emit, then HTTP publish on each lane.

@@ -173,6 +173,7 @@ async fn run_load(
                 duration: cx.scale.fixed_run,
                 writers: 4,
                 source,
+                spread: fanout::ONE_SCOPE,
             };
             let figures = fanout::run(&plan, server).await?;
             if let Some((_, total)) = stages.iter_mut().find(|(s, _)| *s == side) {

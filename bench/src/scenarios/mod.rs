@@ -7,6 +7,7 @@ pub mod fanout;
 pub mod floor;
 pub mod presence_cost;
 pub mod publish_throughput;
+pub mod scope_cost;
 pub mod seal_cost;
 pub mod streams;
 pub mod tail;

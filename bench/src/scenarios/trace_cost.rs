@@ -60,6 +60,7 @@ async fn measure(cx: &Context, sink: SocketAddr, ratio: Option<f64>) -> BenchRes
         duration,
         writers: 1,
         source: Source::HttpPublish { base, lane },
+        spread: fanout::ONE_SCOPE,
     };
     let p99 = fanout::run(&plan, &Server::of(&relay)).await?.latency.p99;
     Ok([publish.events_per_second, p99.as_secs_f64() * 1e3])

@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 
 use crate::backoff::Backoff;
 use crate::error::{BoxError, ClientError};
-use crate::presence::{Presence, PresenceChange};
+use crate::presence::{Presence, PresenceChange, Presences};
 use crate::seen::SeenIds;
 use crate::sse::{SseEvent, SseItem, SseParser};
 
@@ -40,6 +40,7 @@ type BuildRequest = Arc<dyn Fn(reqwest::Client) -> RequestFuture + Send + Sync>;
 type Refresh =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync>;
 type OnResync = Arc<dyn Fn() + Send + Sync>;
+type OnScopeResync = Arc<dyn Fn(&str) + Send + Sync>;
 type OnPresence = Arc<dyn Fn(&Presence, &PresenceChange) + Send + Sync>;
 /// What the token provider returns: a fresh bearer token.
 type TokenFuture = Pin<Box<dyn Future<Output = Result<String, BoxError>> + Send>>;
@@ -93,8 +94,10 @@ pub struct ClientBuilder {
     refresh: Option<Refresh>,
     token_provider: Option<TokenProvider>,
     on_resync: Option<OnResync>,
+    on_scope_resync: Option<OnScopeResync>,
     on_presence: Option<OnPresence>,
     last_event_id: Option<String>,
+    scopes: Vec<String>,
     initial_delay: Duration,
     max_delay: Duration,
     degraded_after: u32,
@@ -148,7 +151,9 @@ impl ClientBuilder {
             refresh: None,
             token_provider: None,
             on_resync: None,
+            on_scope_resync: None,
             on_presence: None,
+            scopes: Vec::new(),
             last_event_id: None,
             initial_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(30),
@@ -176,6 +181,35 @@ impl ClientBuilder {
         F: Fn() + Send + Sync + 'static,
     {
         self.on_resync = Some(Arc::new(on_resync));
+        self
+    }
+
+    /// The scopes the stream carries, added to the request as `scope=`
+    /// parameters (sorted, without repeats). Several scopes share one
+    /// connection; the credentials must grant each. Without any, the stream
+    /// carries what the request asks for, or every scope the credentials
+    /// grant.
+    pub fn scopes<I, S>(mut self, scopes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.scopes = scopes.into_iter().map(Into::into).collect();
+        self.scopes.sort_unstable();
+        self.scopes.dedup();
+        self
+    }
+
+    /// On a stream of several scopes, called once for each scope `ready`
+    /// says must resync (its events were pruned, or the watermark had no
+    /// position in it), with the scope's key: re-read that scope's state
+    /// only. Without this hook, [`on_resync`](Self::on_resync) is called
+    /// once for them all. Runs on the client's task: keep it short.
+    pub fn on_scope_resync<F>(mut self, on_scope_resync: F) -> Self
+    where
+        F: Fn(&str) + Send + Sync + 'static,
+    {
+        self.on_scope_resync = Some(Arc::new(on_scope_resync));
         self
     }
 
@@ -311,18 +345,20 @@ impl ClientBuilder {
             last_error: None,
         });
         let (stop, stop_requested) = oneshot::channel();
-        let presence = Arc::new(Mutex::new(Presence::default()));
+        let presence = Arc::new(Mutex::new(Presences::default()));
         let mut runner = Runner {
             presence: Arc::clone(&presence),
             on_presence: self.on_presence,
             connector: Connector {
                 http,
                 build_request: self.build_request,
+                scopes: self.scopes.into(),
                 token_provider: self.token_provider,
                 idle_timeout: self.idle_timeout,
             },
             refresh: self.refresh,
             on_resync: self.on_resync,
+            on_scope_resync: self.on_scope_resync,
             degraded_after: self.degraded_after,
             token: None,
             events,
@@ -368,13 +404,25 @@ pub struct ClientHandle {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), Arc<ClientError>>>,
     status: watch::Receiver<Status>,
-    presence: Arc<Mutex<Presence>>,
+    presence: Arc<Mutex<Presences>>,
 }
 
 impl ClientHandle {
     /// Who is connected to the stream's scope, as the relay's `presence`
-    /// frames last said; empty in a scope without presence.
+    /// frames last said; empty in a scope without presence. On a stream of
+    /// several scopes, the first scope with presence (by key): see
+    /// [`presence_of`](Self::presence_of).
     pub fn presence(&self) -> Presence {
+        self.presences().first().unwrap_or_default()
+    }
+
+    /// Who is connected to `scope_key`, one of the stream's scopes with
+    /// presence; `None` before its first snapshot.
+    pub fn presence_of(&self, scope_key: &str) -> Option<Presence> {
+        self.presences().get(scope_key)
+    }
+
+    fn presences(&self) -> Presences {
         self.presence
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -422,8 +470,12 @@ impl ClientHandle {
 /// The `ready` frame's data. Other keys are ignored, so the relay may add
 /// some.
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct ReadyData {
     resync: bool,
+    /// On a stream of several scopes: those to resync.
+    #[serde(default)]
+    resync_scopes: Option<Vec<String>>,
 }
 
 /// How the streams of one [`Runner::follow`] ended.
@@ -441,8 +493,8 @@ struct ReceiverGone;
 /// delivered.
 enum Control {
     Nothing,
-    /// The relay's `ready`, with its `resync`.
-    Ready(bool),
+    /// The relay's `ready`, with what it says to resync.
+    Ready(ReadyData),
     /// The relay's warning that the stream's token expires soon.
     Reauth,
 }
@@ -453,6 +505,8 @@ enum Control {
 struct Connector {
     http: reqwest::Client,
     build_request: BuildRequest,
+    /// Added to every request as `scope=` parameters.
+    scopes: Arc<[String]>,
     token_provider: Option<TokenProvider>,
     idle_timeout: Option<Duration>,
 }
@@ -500,6 +554,14 @@ impl Connector {
             .await
             .map_err(ClientError::BuildRequest)?
             .header(ACCEPT, "text/event-stream");
+        if !self.scopes.is_empty() {
+            let scopes: Vec<(&str, &str)> = self
+                .scopes
+                .iter()
+                .map(|scope| ("scope", scope.as_str()))
+                .collect();
+            request = request.query(&scopes);
+        }
         if let Some(id) = watermark {
             request = request.header("last-event-id", id);
         }
@@ -628,8 +690,9 @@ struct Runner {
     connector: Connector,
     refresh: Option<Refresh>,
     on_resync: Option<OnResync>,
+    on_scope_resync: Option<OnScopeResync>,
     /// The members, shared with the handle, and the hook.
-    presence: Arc<Mutex<Presence>>,
+    presence: Arc<Mutex<Presences>>,
     on_presence: Option<OnPresence>,
     degraded_after: u32,
     /// The provider's token, reused until the relay refuses it, a stream
@@ -736,9 +799,9 @@ impl Runner {
                     for item in items {
                         match self.item(item, true).await {
                             Err(ReceiverGone) => return (End::ReceiverGone, None),
-                            Ok(Control::Ready(resync)) => {
+                            Ok(Control::Ready(ready)) => {
                                 current.ready = true;
-                                self.on_ready(resync);
+                                self.on_ready(ready);
                             }
                             Ok(Control::Reauth) if successor.is_none() => {
                                 successor = self.renew(&current);
@@ -761,13 +824,13 @@ impl Runner {
                         for item in items {
                             match self.item(item, promoted).await {
                                 Err(ReceiverGone) => return (End::ReceiverGone, None),
-                                Ok(Control::Ready(resync)) if !promoted => {
+                                Ok(Control::Ready(ready)) if !promoted => {
                                     if let Some(Successor::Open(next)) = successor.take() {
                                         tracing::debug!("the next stream is ready; closing the old one");
                                         current = next;
                                         current.ready = true;
                                         promoted = true;
-                                        self.on_ready(resync);
+                                        self.on_ready(ready);
                                     }
                                 }
                                 Ok(Control::Reauth) if promoted && successor.is_none() => {
@@ -872,7 +935,7 @@ impl Runner {
         // which only durable application events have.
         if frame.event_type == READY_EVENT && frame.id.is_none() {
             return Ok(match serde_json::from_str::<ReadyData>(&frame.data) {
-                Ok(ready) => Control::Ready(ready.resync),
+                Ok(ready) => Control::Ready(ready),
                 Err(error) => {
                     tracing::warn!(%error, "skipping a malformed `ready` frame");
                     Control::Nothing
@@ -889,9 +952,9 @@ impl Runner {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             match presence.apply(&frame.data) {
-                Some(change) => {
+                Some((scope, change)) => {
                     if let Some(on_presence) = &self.on_presence {
-                        on_presence(&presence, &change);
+                        on_presence(scope, &change);
                     }
                 }
                 None => tracing::warn!("skipping a malformed `presence` frame"),
@@ -899,10 +962,18 @@ impl Runner {
             return Ok(Control::Nothing);
         }
         if frame.event_type == REVOKED_EVENT && frame.id.is_none() {
-            // An operator disconnected the subscriber; the stream ends now,
-            // and the client reconnects as after any end (refused while the
-            // operator's denial lasts).
-            tracing::warn!("an operator disconnected this subscriber; the stream ends");
+            // With a scope: an operator took that scope out of the stream,
+            // which goes on with the others. Without: the subscriber was
+            // disconnected; the stream ends now, and the client reconnects
+            // as after any end (refused while the operator's denial lasts).
+            let data = serde_json::from_str::<serde_json::Value>(&frame.data).ok();
+            match data.as_ref().and_then(|data| data["scope"].as_str()) {
+                Some(scope) => tracing::warn!(
+                    scope,
+                    "an operator took a scope out of this stream; the others go on"
+                ),
+                None => tracing::warn!("an operator disconnected this subscriber; the stream ends"),
+            }
             return Ok(Control::Nothing);
         }
         if is_control_event_type(&frame.event_type) {
@@ -940,7 +1011,8 @@ impl Runner {
         Ok(Control::Nothing)
     }
 
-    fn on_ready(&mut self, resync: bool) {
+    fn on_ready(&mut self, ready: ReadyData) {
+        let resync = ready.resync;
         tracing::debug!(resync, "event stream ready");
         self.ready = true;
         self.failures = 0;
@@ -959,9 +1031,19 @@ impl Runner {
             };
             changed
         });
-        if resync {
-            if let Some(on_resync) = &self.on_resync {
-                on_resync();
+        if !resync {
+            return;
+        }
+        match (&self.on_scope_resync, ready.resync_scopes) {
+            (Some(on_scope_resync), Some(scopes)) => {
+                for scope in &scopes {
+                    on_scope_resync(scope);
+                }
+            }
+            _ => {
+                if let Some(on_resync) = &self.on_resync {
+                    on_resync();
+                }
             }
         }
     }

@@ -77,4 +77,4 @@ pub use backoff::Backoff;
 pub use client::{ClientBuilder, ClientHandle, Event, RequestFuture, State, Status};
 pub use error::{BoxError, ClientError};
 pub use eventrelay_wire::EventEnvelope;
-pub use presence::{Member, Presence, PresenceChange};
+pub use presence::{Member, Presence, PresenceChange, Presences};
