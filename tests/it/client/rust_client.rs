@@ -311,7 +311,12 @@ async fn several_scopes_share_one_stream_and_resync_one_by_one() {
     let scopes = ["org-1", "doc-7", "user-alice"];
     let target = Target::new(
         &server,
-        crate::support::server::token_for_scopes("alice", &scopes, json!({})),
+        crate::support::server::token_for_scopes(
+            "alice",
+            &scopes,
+            json!({}),
+            Duration::from_secs(600),
+        ),
     );
     let resynced = Arc::new(Mutex::new(Vec::new()));
     let noted = resynced.clone();

@@ -2,13 +2,14 @@
 //! live 6 seconds, the relay's `reauth` warning 2 seconds before they end,
 //! and a durable event every 100 ms for 20 seconds. Every event arrives
 //! once and in order across the renewals, and the client never reconnects:
-//! each next stream opens before the old one ends.
+//! each next stream opens before the old one ends. The same holds for a
+//! stream of two scopes, in each scope's order.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::server::{TestServer, token_for};
+use crate::support::server::{TestServer, token_for_scopes};
 use crate::support::{DEADLINE, TestDb, eventually};
 use eventrelay::publisher::NewEvent;
 use eventrelay_client::{ClientBuilder, ClientError, State};
@@ -21,6 +22,15 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 #[tokio::test]
 async fn a_token_provider_renews_six_second_tokens_without_losing_or_doubling_an_event() {
+    renews_without_a_gap(&["org-1"]).await;
+}
+
+#[tokio::test]
+async fn a_stream_of_two_scopes_renews_its_token_without_a_gap_too() {
+    renews_without_a_gap(&["org-1", "org-2"]).await;
+}
+
+async fn renews_without_a_gap(scopes: &'static [&'static str]) {
     let db = TestDb::new().await;
     let server = TestServer::start(&db, |c| c.sse.reauth_lead_secs = 2);
     server.ready().await;
@@ -30,9 +40,10 @@ async fn a_token_provider_renews_six_second_tokens_without_losing_or_doubling_an
     let (handle, mut events) = ClientBuilder::new(move |http| http.get(&url))
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .channel_capacity(1024)
+        .scopes(scopes.iter().copied())
         .token_provider(move || {
             counted.fetch_add(1, Ordering::SeqCst);
-            let token = token_for("alice", "org-1", json!({}), TOKEN_LIFETIME);
+            let token = token_for_scopes("alice", scopes, json!({}), TOKEN_LIFETIME);
             std::future::ready(Ok::<_, ClientError>(token))
         })
         .start();
@@ -60,8 +71,9 @@ async fn a_token_provider_renews_six_second_tokens_without_losing_or_doubling_an
     while started.elapsed() < PUBLISH_FOR {
         ticks.tick().await;
         let n = emitted.len();
-        let event = NewEvent::durable("tick.counted", "org-1", json!({"n": n}));
-        emitted.push(db.emit_in(&client, event).await.id);
+        let scope = scopes[n % scopes.len()];
+        let event = NewEvent::durable("tick.counted", scope, json!({"n": n}));
+        emitted.push((scope, db.emit_in(&client, event).await.id));
     }
 
     let mut received = Vec::new();
@@ -70,9 +82,23 @@ async fn a_token_provider_renews_six_second_tokens_without_losing_or_doubling_an
             .await
             .unwrap_or_else(|_| panic!("only {} of {} events", received.len(), emitted.len()))
             .expect("client still running");
-        received.push(event.envelope.id);
+        received.push((
+            scope_of(&scopes, &event.envelope.scope_key),
+            event.envelope.id,
+        ));
     }
-    assert_eq!(received, emitted, "every event once, in order");
+    // In each scope's order: events of two scopes may interleave otherwise
+    // where a stream's replay meets the live events.
+    for scope in scopes {
+        let of = |events: &[(&str, uuid::Uuid)]| -> Vec<uuid::Uuid> {
+            events
+                .iter()
+                .filter(|(s, _)| s == scope)
+                .map(|(_, id)| *id)
+                .collect()
+        };
+        assert_eq!(of(&received), of(&emitted), "every event once, in order");
+    }
     let tokens = issued.load(Ordering::SeqCst);
     // The first token, then one per renewal.
     assert!(tokens >= 4, "{tokens} tokens in {PUBLISH_FOR:?}");
@@ -93,4 +119,13 @@ async fn a_token_provider_renews_six_second_tokens_without_losing_or_doubling_an
         late.push(event.envelope.id);
     }
     assert!(late.is_empty(), "delivered twice: {late:?}");
+}
+
+/// `scope` as one of `scopes`, whose lifetime the comparison needs.
+fn scope_of(scopes: &[&'static str], scope: &str) -> &'static str {
+    scopes
+        .iter()
+        .find(|s| **s == scope)
+        .copied()
+        .unwrap_or("elsewhere")
 }

@@ -16,12 +16,14 @@ use crate::support::{TestDb, test_in_both_wakeup_modes};
 
 const SCOPES: [&str; 3] = ["doc-7", "org-1", "user-alice"];
 const QUERY: &str = "?scope=org-1&scope=doc-7&scope=user-alice";
+const TEN_MINUTES: std::time::Duration = std::time::Duration::from_secs(600);
 
 fn alice() -> String {
     token_for_scopes(
         "alice",
         &["org-1", "doc-7", "user-alice", "org-2"],
         json!({"orders": ["read"]}),
+        TEN_MINUTES,
     )
 }
 
@@ -245,7 +247,7 @@ async fn every_granted_scope_without_a_parameter_and_one_scope_taken_out() {
     let db = TestDb::new().await;
     let server = TestServer::start(&db, |c| c.admin.token = Some(ADMIN_TOKEN.into()));
     server.ready().await;
-    let two = token_for_scopes("alice", &["org-1", "doc-7"], json!({}));
+    let two = token_for_scopes("alice", &["org-1", "doc-7"], json!({}), TEN_MINUTES);
     let (mut stream, _) = server.subscribe(&two, None, "").await;
     assert_eq!(stream.ready_data["scopes"], json!(["doc-7", "org-1"]));
     // One granted scope keeps a stream of one scope, with its plain ids.
@@ -289,9 +291,10 @@ async fn every_granted_scope_without_a_parameter_and_one_scope_taken_out() {
     assert_eq!(stream.last_event().await.as_deref(), Some("revoked"));
 }
 
-#[tokio::test]
-async fn bad_scopes_and_bad_compound_ids_are_refused_with_stable_codes() {
-    let db = TestDb::new().await;
+test_in_both_wakeup_modes!(bad_scopes_and_bad_compound_ids_are_refused_with_stable_codes);
+
+async fn bad_scopes_and_bad_compound_ids_are_refused_with_stable_codes(mode: WakeupMode) {
+    let (db, _cluster) = TestDb::for_mode(mode).await;
     let server = TestServer::start(&db, |c| {
         c.sse.max_scopes_per_stream = 3;
         c.sse.max_connections_per_subscriber = 1;

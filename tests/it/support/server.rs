@@ -367,7 +367,7 @@ pub fn token_for(subscriber: &str, scope: &str, grants: Value, ttl: Duration) ->
 
 /// A development token for the test secret granting several scopes (the
 /// scope claim an array).
-pub fn token_for_scopes(subscriber: &str, scopes: &[&str], grants: Value) -> String {
+pub fn token_for_scopes(subscriber: &str, scopes: &[&str], grants: Value, ttl: Duration) -> String {
     mint_token(
         TEST_SECRET,
         Algorithm::HS256,
@@ -376,7 +376,7 @@ pub fn token_for_scopes(subscriber: &str, scopes: &[&str], grants: Value) -> Str
             scope_key: scopes[0].into(),
             more_scopes: scopes[1..].iter().map(|scope| scope.to_string()).collect(),
             grants,
-            ttl: Duration::from_secs(600),
+            ttl,
         },
         &MintOptions::default(),
     )
