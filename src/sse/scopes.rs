@@ -214,12 +214,11 @@ impl SeveralScopes {
             return Some(event.frame.clone());
         };
         lane.position = Some(cursor);
-        CompoundCursor::from_positions(
-            self.lanes
-                .iter()
-                .filter_map(|lane| Some((lane.tag, lane.position?))),
-        )
-        .write_into(&mut self.id);
+        let positions = self
+            .lanes
+            .iter()
+            .filter_map(|lane| Some((lane.tag, lane.position?)));
+        CompoundCursor::write_positions(&mut self.id, positions);
         let mut frame = BytesMut::with_capacity(self.id.len() + rest.len() + 5);
         frame.extend_from_slice(b"id: ");
         frame.extend_from_slice(self.id.as_bytes());

@@ -117,14 +117,28 @@ impl CompoundCursor {
     /// Writes the text form into `out` (cleared first); nothing when there
     /// is no position at all.
     pub fn write_into(&self, out: &mut String) {
+        Self::write_positions(out, self.entries.iter().copied());
+    }
+
+    /// Writes the text form of `positions` into `out` (cleared first)
+    /// without collecting them first: a stream of several scopes writes
+    /// one per durable frame. Positions without a horizon are left out.
+    pub fn write_positions<I>(out: &mut String, positions: I)
+    where
+        I: Iterator<Item = (ScopeTag, ResumeCursor)> + Clone,
+    {
         out.clear();
-        let Some(newest) = self.newest() else {
+        let entries = positions.filter(|(_, cursor)| cursor.horizon.is_some());
+        let Some(newest) = entries
+            .clone()
+            .map(|(_, cursor)| cursor)
+            .max_by_key(|cursor| cursor.seq)
+        else {
             return;
         };
         let top_seq = newest.seq;
-        let top_horizon = self
-            .entries
-            .iter()
+        let top_horizon = entries
+            .clone()
             .filter_map(|(_, cursor)| cursor.horizon)
             .max()
             .unwrap_or(0);
@@ -135,7 +149,7 @@ impl CompoundCursor {
             out.push('.');
             push_base36(out, u64::from(check));
         }
-        for (tag, cursor) in &self.entries {
+        for (tag, cursor) in entries {
             out.push(SEPARATOR);
             tag.write(out);
             let below = (top_seq - cursor.seq) as u64;
