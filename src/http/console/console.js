@@ -701,17 +701,20 @@ function streamRow(stream) {
   const tr = element('tr');
   tr.dataset.streamId = stream.id;
   tr.dataset.subscriber = stream.subscriber;
-  tr.dataset.scope = stream.scopeKey;
+  // A stream of several scopes is disconnected in all of them: a scope of
+  // its own would take only that one out of it.
+  const scopes = stream.scopes ?? [stream.scopeKey];
+  if (scopes.length === 1) tr.dataset.scope = scopes[0];
   const disconnect = button('Disconnect', {
     action: 'disconnect',
     id: stream.id,
-    ariaLabel: `Disconnect ${stream.subscriber} from ${stream.scopeKey}`,
+    ariaLabel: `Disconnect ${stream.subscriber} from ${scopes.length === 1 ? scopes[0] : 'every scope'}`,
     className: 'danger',
   });
   tr.append(
     element('th', { className: 'num', text: stream.id, attrs: { scope: 'row' } }),
     cell(stream.subscriber, 'mono'),
-    cell(stream.scopeKey, 'mono'),
+    cell(scopes.join(', '), 'mono'),
     cell(timeNode(stream.connectedAt)),
     cell(stream.relay, 'mono'),
     cell(disconnect, 'actions'),
