@@ -21,11 +21,12 @@ export interface PresenceMember {
 }
 
 /**
- * Who is connected to the stream's scope, from the relay's `presence`
- * frames. A new object whenever it changes (a member that did not change
- * keeps its object); treat it, and its map, as read-only.
+ * Who is connected to one of the stream's scopes, from the relay's
+ * `presence` frames. A new object whenever it changes (a member that did
+ * not change keeps its object); treat it, and its map, as read-only.
  */
 export interface Presence {
+  /** The scope these members are connected to (each scope of a stream has its own list). */
   scopeKey: string;
   /** The number of members: exact, also when `countsOnly`. */
   count: number;
@@ -60,6 +61,23 @@ export interface StreamRequest {
 
 interface CommonOptions {
   /**
+   * The scopes the stream carries (scope keys): one `scope` query parameter
+   * each, sorted and without repeats, in place of any `scope` parameter the
+   * URL has, so the same set in any order opens (and, between tabs, shares)
+   * the same stream. The credentials must grant every one (else the relay
+   * answers 403, `unauthorized`), and the relay caps how many one stream
+   * carries (`sse.max_scopes_per_stream`, 16 by default; more are answered
+   * 400, `http_status`). Without it the stream carries every scope the
+   * credentials grant, up to that cap. A stream of several scopes interleaves
+   * their events (`EventEnvelope.scopeKey` tells them apart), resyncs them
+   * one by one (`onResync(scope)`), keeps a member list for each one with
+   * presence (`client.presenceOf(scope)`), and loses one alone when an
+   * operator takes it out (`onError` with `code` `revoked` and `scope`).
+   * Must be a non-empty array of non-empty strings: anything else throws a
+   * TypeError at creation.
+   */
+  scopes?: string[];
+  /**
    * Resolves to a fresh bearer token, sent as `Authorization: Bearer <token>`
    * (in place of any the request has). Called at the start, when the relay
    * refuses a token (401 or 403: once per stream that reaches `ready`, the
@@ -75,12 +93,24 @@ interface CommonOptions {
   getToken?: () => Promise<string>;
   onEvent?: (event: EventEnvelope) => void;
   onStateChange?: (state: ConnectionState) => void;
-  /** The relay says events may have been missed: re-read what the page shows. */
-  onResync?: () => void;
+  /**
+   * Events may have been missed: re-read what the page shows. On a stream
+   * of one scope it is called without an argument: re-read everything. On a
+   * stream of several scopes it is called once for each scope to re-read,
+   * with its key (`onResync('doc-7')`), and only for those: the relay's
+   * `ready` names them. When that `ready` cannot be read, it is called for
+   * each scope (asked for in `scopes`), or once without an argument when
+   * the client does not know them. A tab that joins a stream another tab
+   * holds re-reads every scope once, as the relay cannot replay to it what
+   * went by before it listened.
+   */
+  onResync?: (scope?: string) => void;
   /**
    * In a scope with presence (`presence.scopes`): who is connected changed.
    * Called at the first snapshot, then whenever the members or the count
-   * change. `presence` is also `client.presence`. Presence frames never
+   * change, for each scope of the stream on its own (`presence.scopeKey`
+   * says which). `presence` is also `client.presenceOf(presence.scopeKey)`
+   * (and `client.presence` on a stream of one scope). Presence frames never
    * reach `onEvent` and never move `lastEventId`.
    */
   onPresence?: (presence: Presence, change: PresenceChange) => void;
@@ -90,10 +120,16 @@ interface CommonOptions {
    */
   onUnauthorized?: (status: number) => boolean | Promise<boolean>;
   /**
-   * The client stopped on refused credentials (`code` `unauthorized`), or
+   * The client stopped on refused credentials (`code` `unauthorized`),
    * dropped a frame it must not deliver (`reserved_event_type`,
-   * `malformed_ready`, `malformed_presence`). Without this hook, dropped
-   * frames go to `console.warn`.
+   * `malformed_ready`, `malformed_presence`), or an operator disconnected
+   * the subscriber (`revoked`). A `revoked` error with a `scope` means that
+   * scope alone was taken out of a stream of several: the stream goes on
+   * with the others, without reconnecting, and the scope leaves
+   * `client.scopes` (a later reconnect asks for it again; if the relay
+   * refuses that, create the client again without it). A `malformed_ready` about a stream of several scopes whose
+   * lists are unreadable still connects, and re-reads every scope. Without
+   * this hook, all but `unauthorized` go to `console.warn`.
    */
   onError?: (error: EventRelayError | Error) => void;
   /** Resume after this seq (a watermark saved earlier). */
@@ -126,10 +162,12 @@ interface CommonOptions {
   shareAcrossTabs?: boolean;
   /**
    * The name tabs meet under (the lock and the channel are named
-   * `eventrelay-v2:<shareName>`). Default: a digest of the request's absolute
-   * URL and headers, with a JWT bearer token reduced to its claims without
-   * `exp`, `iat`, `nbf` and `jti`, so tabs holding different tokens for the
-   * same subscriber still share. Set it when a header differs per tab.
+   * `eventrelay-v3:<shareName>`). Default: a digest of the request's absolute
+   * URL (with the `scope` parameters from `scopes`, so tabs share by the set
+   * of scopes) and headers, with a JWT bearer token reduced to its claims
+   * without `exp`, `iat`, `nbf` and `jti`, so tabs holding different tokens
+   * for the same subscriber still share. Set it when a header differs per
+   * tab.
    */
   shareName?: string;
 }
@@ -157,12 +195,28 @@ export interface EventStreamClient {
   /** True while this client holds the connection (always, once started, when it does not share). */
   readonly isLeader: boolean;
   /**
-   * Who is connected to the scope, once the relay sent a presence snapshot
-   * (with tabs sharing a stream, passed on by the tab holding it). Undefined
-   * in a scope without presence, before the snapshot, and after `stop()`.
-   * Kept through a reconnect until the next snapshot replaces it.
+   * Who is connected to the stream's scope, once the relay sent a presence
+   * snapshot (with tabs sharing a stream, passed on by the tab holding it).
+   * Undefined in a scope without presence, before the snapshot, after
+   * `stop()`, and on a stream of several scopes (see `presenceOf`). Kept
+   * through a reconnect until the next snapshot replaces it.
    */
   readonly presence: Presence | undefined;
+  /**
+   * Who is connected to `scope`, one of the stream's scopes, as `presence`
+   * is for a stream of one: undefined in a scope without presence, before
+   * its snapshot, after `stop()`, and once the scope left the stream.
+   */
+  presenceOf(scope: string): Presence | undefined;
+  /**
+   * The scopes the stream carries (sorted), as the relay's last `ready`
+   * named them, less any an operator took out since. The relay names them
+   * on a stream of several scopes; on a stream of one this is the one
+   * asked for in `scopes`, or undefined when the stream was opened without
+   * `scopes` (it carries the scope of the credentials). Undefined before
+   * the first `ready` and after `stop()`.
+   */
+  readonly scopes: readonly string[] | undefined;
 }
 
 export function createEventStreamClient(options: ClientOptions): EventStreamClient;
@@ -182,7 +236,7 @@ export class EventRelayError extends Error {
   constructor(
     code: EventRelayErrorCode,
     message: string,
-    details?: { status?: number; retryAfterMs?: number; eventType?: string },
+    details?: { status?: number; retryAfterMs?: number; eventType?: string; scope?: string },
   );
   readonly code: EventRelayErrorCode;
   /** The HTTP status, for `unauthorized` and `http_status`. */
@@ -191,6 +245,8 @@ export class EventRelayError extends Error {
   readonly retryAfterMs?: number;
   /** The dropped frame's type, for `reserved_event_type`. */
   readonly eventType?: string;
+  /** For `revoked`: the one scope taken out of a stream of several, which goes on with the others. */
+  readonly scope?: string;
 }
 
 /** `ready`, `open`, `error`, `reauth`, `revoked`, `presence` and every type starting with `eventrelay.` but the relay's own events (`eventrelay.subscription.paused`): never handed to the application. */

@@ -3,12 +3,13 @@
 // replays from a durable-only watermark, reconnects with full-jitter backoff,
 // and de-duplicates at-least-once delivery by envelope id. Given `getToken`,
 // it renews an expiring token without a gap: warned by the relay, it opens
-// the next stream with a fresh token before the old one ends. In a scope
-// with presence, it keeps the scope's member list from the relay's
-// `presence` frames. In a browser, the tabs of one origin share one
-// connection: one tab holds it (a Web Lock) and passes what arrives to the
-// others (a BroadcastChannel). No dependencies; runs in browsers, workers
-// and Node 20+.
+// the next stream with a fresh token before the old one ends. One stream
+// may carry several scopes (`scopes`); the client then tells which of them
+// to re-read. In a scope with presence, it keeps the scope's member list
+// from the relay's `presence` frames. In a browser, the tabs of one origin
+// share one connection: one tab holds it (a Web Lock) and passes what
+// arrives to the others (a BroadcastChannel). No dependencies; runs in
+// browsers, workers and Node 20+.
 
 /** @typedef {'connecting'|'connected'|'reconnecting'|'degraded'|'stopped'} ConnectionState */
 
@@ -23,8 +24,10 @@ const DEFAULTS = {
 // Part of every lock and channel name, so that tabs running different
 // versions of this client (an old tab next to a reloaded one) never mix
 // messages they do not both understand. v2: presence, which a v1 tab
-// holding the connection would pass on as an event.
-const SHARE_PREFIX = 'eventrelay-v2:';
+// holding the connection would pass on as an event. v3: several scopes
+// per stream, whose resyncs, revocations and member lists a v2 tab would
+// take for the stream's one scope.
+const SHARE_PREFIX = 'eventrelay-v3:';
 
 // The states a tab takes over from the one holding the connection (which
 // never announces `stopped`: another tab takes over instead).
@@ -51,7 +54,8 @@ export function isReservedEventType(type) {
  * `code` keeps its meaning across versions: `unauthorized` (with `status`),
  * `http_status` (with `status`, and `retryAfterMs` when the relay sent a
  * usable Retry-After), `ended_early`, `not_event_stream`, `malformed_ready`,
- * `malformed_presence`, `reserved_event_type` (with `eventType`), `revoked`.
+ * `malformed_presence`, `reserved_event_type` (with `eventType`), `revoked`
+ * (with `scope` when the relay took one scope out of a stream of several).
  */
 export class EventRelayError extends Error {
   constructor(code, message, details = {}) {
@@ -237,6 +241,70 @@ function canonicalJson(value) {
   return JSON.stringify(sort(value));
 }
 
+const isScopeList = (list) => Array.isArray(list) && list.every((key) => typeof key === 'string' && key !== '');
+
+/**
+ * The `scopes` option as the stream's query asks for them: sorted and
+ * without repeats, so that the same set in any order makes the same URL,
+ * and with it the same stream to share between tabs.
+ */
+function requestedScopes(scopes) {
+  if (scopes === undefined) return undefined;
+  if (!isScopeList(scopes) || scopes.length === 0) {
+    throw new TypeError('`scopes` must be a non-empty array of non-empty strings (scope keys)');
+  }
+  return Object.freeze([...new Set(scopes)].sort());
+}
+
+// A query parameter's name as a server reads it (`+` is a space there).
+function parameterName(pair) {
+  const name = pair.split('=', 1)[0].replaceAll('+', ' ');
+  try {
+    return decodeURIComponent(name);
+  } catch {
+    return name;
+  }
+}
+
+/**
+ * `url` (absolute or not) with one `scope` parameter per scope in place of
+ * any it had. Only the query is touched, and the rest of it as written, so
+ * that a URL without `scopes` reaches the relay as the application gave it.
+ */
+function withScopes(url, scopes) {
+  const hash = url.indexOf('#');
+  const fragment = hash === -1 ? '' : url.slice(hash);
+  const rest = hash === -1 ? url : url.slice(0, hash);
+  const question = rest.indexOf('?');
+  const path = question === -1 ? rest : rest.slice(0, question);
+  const query = question === -1 ? [] : rest.slice(question + 1).split('&');
+  const kept = query.filter((pair) => pair !== '' && parameterName(pair) !== 'scope');
+  const added = scopes.map((scope) => `scope=${encodeURIComponent(scope)}`);
+  return `${path}?${[...kept, ...added].join('&')}${fragment}`;
+}
+
+/**
+ * What a `ready` frame says, or undefined when it is none (no boolean
+ * `resync`). A stream of one scope says only `resync`. A stream of several
+ * (`multi`) also names its `scopes` and the ones to re-read, and `resync`
+ * is then that list. One whose lists are unreadable or disagree with
+ * `resync` is `malformed`, and everything it carries is re-read (`resync`
+ * true): re-reading too much costs a request, missing one leaves a page
+ * wrong without a sign.
+ */
+function readReady(data) {
+  if (!isObject(data) || typeof data.resync !== 'boolean') return undefined;
+  if (data.scopes === undefined && data.resyncScopes === undefined) {
+    return { multi: false, scopes: undefined, resync: data.resync };
+  }
+  const scopes = isScopeList(data.scopes) && data.scopes.length > 0 ? [...new Set(data.scopes)] : undefined;
+  const listed = isScopeList(data.resyncScopes) ? [...new Set(data.resyncScopes)] : undefined;
+  if (scopes && listed && listed.every((key) => scopes.includes(key)) && data.resync === listed.length > 0) {
+    return { multi: true, scopes, resync: listed };
+  }
+  return { multi: true, scopes, resync: true, malformed: true };
+}
+
 // A member: its id, its open streams on every relay together, and the
 // `info` its token carries, when it carries one. The presence: the scope,
 // the member count, and the members by id (empty, with `countsOnly`, past
@@ -356,12 +424,17 @@ export function createEventStreamClient(options) {
   if (typeof settings.buildRequest !== 'function' && typeof settings.url !== 'string') {
     throw new TypeError('createEventStreamClient needs `buildRequest` or `url`');
   }
+  const requested = requestedScopes(settings.scopes);
   const sharing = (settings.shareAcrossTabs ?? !isNode) && canShare();
   const seen = new SeenIds(settings.seenCapacity);
   let state = 'stopped';
   let lastEventId = settings.lastEventId;
-  /** @type {Presence|undefined} the scope's members, once a snapshot arrived */
-  let presence;
+  /** @type {Map<string, Presence>} each scope's members, once a snapshot arrived */
+  const presences = new Map();
+  /** @type {readonly string[]|undefined} the scopes the stream carries, from the last `ready` */
+  let carried;
+  // The last `ready` named several scopes: resyncs and presence go by scope.
+  let multi = false;
   // One run, from start() to stop(). Everything asynchronous checks that its
   // run is still active, so a stop() followed by a start() can never let
   // the old run call the application or touch the new one.
@@ -404,17 +477,56 @@ export function createEventStreamClient(options) {
       state = next;
       call(settings.onStateChange, next);
     }
-    if (s.leader) post(s, { kind: 'state', state: next, lastEventId, ...extra });
+    if (s.leader) post(s, { kind: 'state', state: next, lastEventId, multi, scopes: carried, ...extra });
   };
 
-  // The stream is live. A tab that joined a stream already in progress (or
-  // took over one it never saw live) cannot replay what went by before it
-  // listened, so it resyncs once on top of what the relay asks for.
-  const onConnected = (s, resync) => {
-    const missed = resync || (!s.joined && s.adopted);
+  /**
+   * The stream is live, and `ready` (from `readReady`, or as the tab
+   * holding the connection passed it on) says what to re-read: on a stream
+   * of one scope, everything or nothing (`onResync()`); on a stream of
+   * several, each scope named (`onResync(scope)`), or each it carries when
+   * `resync` is true. A tab that joined a stream already in progress (or
+   * took over one it never saw live) cannot replay what went by before it
+   * listened, so it re-reads everything, whatever the relay asks for.
+   */
+  const onConnected = (s, ready) => {
+    const everything = ready.resync === true || (!s.joined && s.adopted);
     s.joined = true;
-    setState(s, 'connected', { resync });
-    if (missed) call(settings.onResync);
+    multi = ready.multi;
+    // A relay names the scopes only on a stream of several; a stream of one
+    // opened for one scope carries that one. Unreadable names: the ones
+    // asked for, the best guess there is.
+    const scopes = ready.scopes ?? (multi || requested?.length === 1 ? requested : undefined);
+    carried = scopes && Object.freeze([...scopes]);
+    const perScope = multi && carried !== undefined;
+    if (perScope) {
+      // Scopes the stream no longer carries (the credentials changed) have
+      // no members to follow any more.
+      for (const key of presences.keys()) if (!carried.includes(key)) presences.delete(key);
+    }
+    let resyncs;
+    if (!perScope) resyncs = everything || ready.resync === true ? [undefined] : [];
+    else resyncs = everything ? carried : ready.resync;
+    setState(s, 'connected', { resync: perScope ? resyncs : resyncs.length > 0 });
+    for (const scope of resyncs) {
+      if (scope === undefined) call(settings.onResync);
+      else call(settings.onResync, scope);
+    }
+  };
+
+  /**
+   * An operator took `scope` out of the stream, which goes on with the
+   * others. Reported once: a stream opened to replace this one (a renewal)
+   * may say so again, and so may the tab holding the connection.
+   */
+  const onScopeRevoked = (s, scope) => {
+    if (!s.active) return;
+    if (carried !== undefined) {
+      if (!carried.includes(scope)) return;
+      carried = Object.freeze(carried.filter((key) => key !== scope));
+    }
+    presences.delete(scope);
+    report(new EventRelayError('revoked', `an operator took the scope ${JSON.stringify(scope)} out of this stream`, { scope }));
   };
 
   /**
@@ -426,18 +538,28 @@ export function createEventStreamClient(options) {
    */
   const updatePresence = (s, frame) => {
     if (!s.active) return;
-    const next = applyPresence(presence, frame);
+    const next = applyPresence(presences.get(frame.scopeKey), frame);
     if (!next || !next.change) return;
-    presence = next.presence;
-    call(settings.onPresence, presence, next.change);
+    // A stream of one scope has one list: one of another scope (the
+    // credentials changed) replaces it.
+    if (!multi) presences.clear();
+    presences.set(frame.scopeKey, next.presence);
+    call(settings.onPresence, next.presence, next.change);
+  };
+
+  /** Forgets what the last run knew about the stream: the next starts afresh. */
+  const forgetStream = () => {
+    presences.clear();
+    carried = undefined;
+    multi = false;
   };
 
   const stopSession = (s) => {
     if (session !== s) return;
     session = undefined;
     s.active = false;
-    // A stopped client knows nothing current; the next run starts afresh.
-    presence = undefined;
+    // A stopped client knows nothing current.
+    forgetStream();
     s.controller.abort(); // ends the attempt, the backoff wait, and a lock request
     s.channel?.close();
     if (state !== 'stopped') {
@@ -454,6 +576,7 @@ export function createEventStreamClient(options) {
    */
   async function streamRequest(s) {
     const request = settings.buildRequest ? await settings.buildRequest() : { url: settings.url };
+    const url = requested ? withScopes(String(request.url), requested) : request.url;
     const headers = new Headers(request.headers ?? {});
     let token;
     if (settings.getToken) {
@@ -468,7 +591,7 @@ export function createEventStreamClient(options) {
       }
       headers.set('authorization', `Bearer ${token}`);
     }
-    return { url: request.url, headers, token };
+    return { url, headers, token };
   }
 
   /**
@@ -537,16 +660,20 @@ export function createEventStreamClient(options) {
     // ones always carry an id. (`frame.id` would not do: it keeps the last
     // id across frames.)
     if (frame.event === 'ready' && !frame.ownId) {
-      const ready = parseJson(frame.data);
-      if (!isObject(ready) || typeof ready.resync !== 'boolean') {
+      const ready = readReady(parseJson(frame.data));
+      if (!ready) {
         report(new EventRelayError('malformed_ready', 'skipped a malformed `ready` frame'));
         return;
+      }
+      // Still the stream's ready: only its scope lists are unreadable.
+      if (ready.malformed) {
+        report(new EventRelayError('malformed_ready', 'a `ready` frame named its scopes wrongly: re-reading every scope'));
       }
       attempt.ready = true;
       s.failures = 0;
       s.renewedAfterRefusal = false;
       if (attempt !== s.current) takeOver(s, attempt);
-      onConnected(s, ready.resync);
+      onConnected(s, ready);
       return;
     }
     // The relay's warning that the stream's token expires in `expiresIn`
@@ -559,8 +686,15 @@ export function createEventStreamClient(options) {
     // An operator disconnected the subscriber: the stream ends now. The
     // client reconnects as after any end; while the operator's denial lasts
     // the relay answers 403, which ends in `stopped` unless a fresh token
-    // or `onUnauthorized` says otherwise.
+    // or `onUnauthorized` says otherwise. With a `scope`, only that scope
+    // left a stream of several, which goes on with the others.
     if (frame.event === 'revoked' && !frame.ownId) {
+      const revoked = parseJson(frame.data);
+      if (isObject(revoked) && typeof revoked.scope === 'string') {
+        post(s, { kind: 'revoked', scope: revoked.scope });
+        onScopeRevoked(s, revoked.scope);
+        return;
+      }
       report(new EventRelayError('revoked', 'an operator disconnected this subscriber'));
       return;
     }
@@ -733,14 +867,18 @@ export function createEventStreamClient(options) {
       // A tab that just opened asks where the stream stands, and who is
       // here: the changes it hears from now on apply to this snapshot.
       if (message.kind === 'hello') {
-        post(s, { kind: 'state', state, lastEventId });
-        if (presence) post(s, { kind: 'presence', frame: presenceSnapshot(presence) });
+        post(s, { kind: 'state', state, lastEventId, multi, scopes: carried });
+        for (const presence of presences.values()) post(s, { kind: 'presence', frame: presenceSnapshot(presence) });
       }
       return;
     }
     if (message.kind === 'presence') {
       const frame = readPresenceFrame(message.frame);
       if (frame) updatePresence(s, frame);
+      return;
+    }
+    if (message.kind === 'revoked') {
+      if (typeof message.scope === 'string') onScopeRevoked(s, message.scope);
       return;
     }
     if (message.kind !== 'event' && message.kind !== 'state') return;
@@ -751,7 +889,13 @@ export function createEventStreamClient(options) {
     if (message.kind === 'event') {
       if (isObject(message.event) && seen.add(message.event.id)) call(settings.onEvent, message.event);
     } else if (message.state === 'connected') {
-      onConnected(s, message.resync === true);
+      // As the tab holding the connection read the relay's `ready`; what
+      // does not read as such re-reads everything.
+      const perScope = message.multi === true && isScopeList(message.scopes) && message.scopes.length > 0;
+      let resync = message.resync === true;
+      if (perScope && message.resync !== undefined) resync = isScopeList(message.resync) ? message.resync : true;
+      else if (perScope) resync = [];
+      onConnected(s, { multi: message.multi === true, scopes: perScope ? message.scopes : undefined, resync });
     } else if (FOLLOWED_STATES.has(message.state)) {
       setState(s, message.state);
     }
@@ -807,7 +951,7 @@ export function createEventStreamClient(options) {
         renewedAfterRefusal: false, // a refusal fetched a fresh token since the last `ready`
       };
       session = s;
-      presence = undefined;
+      forgetStream();
       setState(s, 'connecting');
       (sharing ? share(s) : lead(s)).catch((error) => {
         if (s.active) report(error);
@@ -825,9 +969,17 @@ export function createEventStreamClient(options) {
     get isLeader() {
       return session?.leader ?? false;
     },
-    /** The scope's members, once the relay sent a snapshot; undefined in a scope without presence. */
+    /** The members of a stream of one scope, once the relay sent a snapshot; undefined in a scope without presence. */
     get presence() {
-      return presence;
+      return multi ? undefined : presences.values().next().value;
+    },
+    /** The scopes the stream carries, from the last `ready`. */
+    get scopes() {
+      return carried;
+    },
+    /** The members of one of the stream's scopes, once the relay sent its snapshot. */
+    presenceOf(scope) {
+      return presences.get(scope);
     },
   };
   return client;

@@ -1,7 +1,9 @@
 // End to end in a real browser: headless Chromium on the relay's inspector
 // page. Events emitted in Postgres appear on the page; the relay restarts
 // mid-test and the page replays from its watermark, losing nothing; the
-// resync callback fires on a fresh connection. Saves a screenshot.
+// resync callback fires on a fresh connection. Then the page watches two
+// scopes on one stream, with a token minted for both, and shows the events
+// of each. Saves a screenshot.
 //
 // Needs Chromium (CHROMIUM, default /usr/bin/chromium; scripts/test installs
 // it) and the eventrelay binary (EVENTRELAY_BIN).
@@ -93,6 +95,27 @@ test('the inspector shows live events and replays across a relay restart', { ski
       { timeout: 15000 },
     );
     assert.ok(receiver.received.length >= 4);
+
+    // Two scope keys in the field: a token granting both, and one stream
+    // carrying both.
+    const streams = [];
+    page.on('request', (request) => {
+      if (new URL(request.url()).pathname === '/v1/events') streams.push(request.url());
+    });
+    const single = await page.inputValue('#token');
+    await page.fill('#mint-scope', 'org-1, doc-7');
+    await page.click('#mint');
+    await page.waitForFunction((old) => document.getElementById('token').value !== old, single);
+    await page.click('#connect');
+    await page.waitForSelector('#state[data-state="connected"]');
+    assert.equal(new URL(streams.at(-1)).search, '?scope=doc-7&scope=org-1');
+    const both = [emit('order.created', { orderId: 2 }), emit('doc.edited', { docId: 7 }, 'doc-7')];
+    for (const event of both) {
+      await page.waitForSelector(`tr[data-id="${event.id}"]`, { timeout: 15000 });
+      const cells = await page.$$eval(`tr[data-id="${event.id}"] td`, (tds) => tds.map((td) => td.textContent));
+      assert.equal(cells[3], event.scopeKey, 'the row shows its scope');
+    }
+    assert.deepEqual(both.map((e) => e.scopeKey), ['org-1', 'doc-7']);
 
     mkdirSync(path.dirname(screenshot), { recursive: true });
     await page.screenshot({ path: screenshot, fullPage: true });

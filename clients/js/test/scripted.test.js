@@ -24,7 +24,7 @@ async function scripted(script) {
   const requests = [];
   const server = createServer((request, response) => {
     const n = requests.length;
-    requests.push({ at: Date.now(), headers: request.headers });
+    requests.push({ at: Date.now(), url: request.url, headers: request.headers });
     script(n, request, response);
   });
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -851,6 +851,449 @@ test('presence: while a renewal overlaps two streams, the new one’s snapshot t
     assert.deepEqual(seen.errors, []);
   } finally {
     instance.stop();
+    await relay.close();
+  }
+});
+
+// Several scopes on one stream: `scope` query parameters, a `ready` that
+// names the scopes and those to re-read, a compound cursor as the `id:`,
+// `revoked` for one scope, and a member list per scope.
+
+/** The `ready` of a stream of several scopes, re-reading `resyncScopes`. */
+const readyFor = (scopes, resyncScopes = []) =>
+  `event: ready\ndata: ${JSON.stringify({ resync: resyncScopes.length > 0, scopes, resyncScopes })}\n\n`;
+
+/** A durable event of `scopeKey` with a compound cursor as its `id:`, as a stream of several scopes sends it. */
+function scoped(n, scopeKey) {
+  const event = { ...envelope(n), scopeKey };
+  return { event, cursor: `${n.toString(36)}.1g.9zk2a~k3j2~p0aa${n}.1b` };
+}
+const scopedFrame = ({ event, cursor }) => `id: ${cursor}\nevent: ${event.type}\ndata: ${JSON.stringify(event)}\n\n`;
+
+/** A client recording each `onResync` call's arguments (an empty list for a call without any). */
+function resyncClient(url, options = {}) {
+  const resyncs = [];
+  const result = client(url, { onResync: (...args) => resyncs.push(args), ...options });
+  return { ...result, resyncs };
+}
+
+const revokedScope = (scope) => `event: revoked\ndata: ${JSON.stringify({ reason: 'disconnected', scope })}\n\n`;
+
+/** A presence frame of `scopeKey`, as `presence` writes one for org-1. */
+function scopePresence(scopeKey, options) {
+  const text = presence(options);
+  const data = JSON.parse(text.slice(text.indexOf('data: ') + 6));
+  return `event: presence\ndata: ${JSON.stringify({ ...data, scopeKey })}\n\n`;
+}
+
+test('scopes: one scope parameter each, sorted and without repeats, in place of any the URL had', async () => {
+  const relay = await scripted((_n, _request, response) => stream(response, readyFor(['a', 'z'])));
+  const withUrl = createEventStreamClient({
+    url: `${relay.url}?scope=old&x=a%20b&Scope=kept`,
+    scopes: ['org-1', 'doc 7', 'b/c', 'org-1'],
+    onError: () => {},
+  });
+  const built = createEventStreamClient({ buildRequest: () => ({ url: relay.url }), scopes: ['z', 'a'], onError: () => {} });
+  const one = createEventStreamClient({ url: relay.url, scopes: ['org-1'], onError: () => {} });
+  try {
+    withUrl.start();
+    await until(() => relay.requests.length === 1, 'the first stream');
+    built.start();
+    await until(() => relay.requests.length === 2, 'the second stream');
+    one.start();
+    await until(() => relay.requests.length === 3, 'the third stream');
+    assert.deepEqual(
+      relay.requests.map((r) => r.url),
+      [
+        '/v1/events?x=a%20b&Scope=kept&scope=b%2Fc&scope=doc%207&scope=org-1',
+        '/v1/events?scope=a&scope=z',
+        '/v1/events?scope=org-1',
+      ],
+    );
+  } finally {
+    for (const instance of [withUrl, built, one]) instance.stop();
+    await relay.close();
+  }
+  // Without `scopes`, the URL is left as written.
+  const plain = await scripted((_n, _request, response) => stream(response, ready(false)));
+  const untouched = createEventStreamClient({ url: `${plain.url}?scope=old&x=1`, onError: () => {} });
+  try {
+    untouched.start();
+    await until(() => plain.requests.length === 1, 'the stream');
+    assert.equal(plain.requests[0].url, '/v1/events?scope=old&x=1');
+  } finally {
+    untouched.stop();
+    await plain.close();
+  }
+});
+
+test('scopes must be a non-empty array of non-empty strings', () => {
+  for (const scopes of [[], [''], 'org-1', [1], ['org-1', undefined], {}, null]) {
+    assert.throws(
+      () => createEventStreamClient({ url: 'http://127.0.0.1:9/v1/events', scopes }),
+      (error) => error instanceof TypeError && /scopes/.test(error.message),
+      JSON.stringify(scopes),
+    );
+  }
+  createEventStreamClient({ url: 'http://127.0.0.1:9/v1/events', scopes: ['org-1'] });
+});
+
+/**
+ * Puts `value` in place of `navigator` (Node has none, or, from Node 21,
+ * one without Web Locks); answers a function that puts the original back.
+ */
+function standInNavigator(value) {
+  const original = Object.getOwnPropertyDescriptor(globalThis, 'navigator');
+  Object.defineProperty(globalThis, 'navigator', { value, configurable: true, writable: true });
+  return () => {
+    if (original) Object.defineProperty(globalThis, 'navigator', original);
+    else delete globalThis.navigator;
+  };
+}
+
+/**
+ * The lock name a client started with `options` asks for, with a stand-in
+ * for the browser's Web Locks that never grants it.
+ */
+async function lockNameOf(options) {
+  const names = [];
+  const restore = standInNavigator({ locks: { request: (name) => (names.push(name), new Promise(() => {})) } });
+  try {
+    const instance = createEventStreamClient({ shareAcrossTabs: true, ...options });
+    instance.start();
+    await until(() => names.length === 1, 'the lock request');
+    instance.stop();
+  } finally {
+    restore();
+  }
+  return names[0];
+}
+
+test('tabs share a stream by its set of scopes: the same set in any order, never another set', async () => {
+  const url = 'https://relay.example/v1/events';
+  const headers = { authorization: 'Bearer opaque' };
+  const name = (scopes, form = 'url') =>
+    lockNameOf(form === 'url' ? { url, scopes } : { buildRequest: () => ({ url, headers }), scopes });
+  const ab = await name(['a', 'b']);
+  assert.match(ab, /^eventrelay-v3:[0-9a-f]{32}$/);
+  assert.equal(await name(['b', 'a']), ab);
+  assert.equal(await name(['b', 'a', 'b']), ab);
+  assert.notEqual(await name(['a']), ab);
+  assert.notEqual(await name(['a', 'b', 'c']), ab);
+  assert.notEqual(await name(undefined), ab);
+  assert.notEqual(await name(undefined), await name(['a']));
+  const abBuilt = await name(['a', 'b'], 'build');
+  assert.equal(await name(['b', 'a'], 'build'), abBuilt);
+  assert.notEqual(await name(['a', 'c'], 'build'), abBuilt);
+  // The digest of the URL the client opens, as deriveShareName takes it.
+  assert.equal(abBuilt, `eventrelay-v3:${await deriveShareName({ url: `${url}?scope=a&scope=b`, headers })}`);
+});
+
+test('several scopes: onResync is called for each scope the ready names, and the compound cursor is sent back as it came', async () => {
+  const a1 = scoped(1, 'a');
+  const b2 = scoped(2, 'b');
+  const c3 = scoped(3, 'c');
+  const a4 = scoped(4, 'a');
+  const relay = await driven();
+  const { instance, seen, resyncs } = resyncClient(relay.url, { scopes: ['c', 'a', 'b'] });
+  try {
+    await until(() => relay.connections.length === 1, 'the first stream');
+    assert.equal(instance.scopes, undefined, 'nothing known before ready');
+    relay.connections[0].response.write(readyFor(['a', 'b', 'c'], ['a', 'c']) + scopedFrame(a1) + scopedFrame(b2));
+    await until(() => seen.events.length === 2, 'the first events');
+    assert.deepEqual(resyncs, [['a'], ['c']]);
+    assert.deepEqual(instance.scopes, ['a', 'b', 'c']);
+    assert.equal(instance.lastEventId, b2.cursor);
+    relay.connections[0].response.end(scopedFrame(c3));
+    await until(() => relay.connections.length === 2, 'the reconnect');
+    assert.equal(relay.requests[1].headers['last-event-id'], c3.cursor);
+    assert.equal(relay.requests[1].url, '/v1/events?scope=a&scope=b&scope=c');
+
+    // Nothing to re-read: no call at all.
+    relay.connections[1].response.write(readyFor(['a', 'b', 'c']) + scopedFrame(a4));
+    await until(() => seen.events.length === 4, 'the event after the reconnect');
+    assert.deepEqual(resyncs, [['a'], ['c']]);
+    relay.connections[1].response.end();
+    await until(() => relay.connections.length === 3, 'the second reconnect');
+    relay.connections[2].response.write(readyFor(['a', 'b', 'c'], ['b']));
+    await until(() => resyncs.length === 3, 'the resync of b');
+    assert.deepEqual(resyncs[2], ['b']);
+    assert.deepEqual(seen.events.map((e) => [e.scopeKey, e.seq]), [['a', 1], ['b', 2], ['c', 3], ['a', 4]]);
+    assert.deepEqual(seen.errors, []);
+    assert.deepEqual(seen.states, ['connecting', 'connected', 'reconnecting', 'connected', 'reconnecting', 'connected']);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+  assert.equal(instance.scopes, undefined, 'a stopped client forgets them');
+});
+
+test('one scope: onResync is called without an argument, and scopes is the one asked for, if any', async () => {
+  const relay = await scripted((n, _request, response) => stream(response, ready(n === 0) + frame(envelope(n + 1))));
+  const asked = resyncClient(relay.url, { scopes: ['org-1'] });
+  try {
+    await until(() => asked.seen.events.length === 1, 'the event');
+    assert.deepEqual(asked.resyncs, [[]]);
+    assert.deepEqual(asked.instance.scopes, ['org-1']);
+  } finally {
+    asked.instance.stop();
+  }
+  const unnamed = resyncClient(relay.url);
+  try {
+    await until(() => unnamed.seen.events.length === 1, 'the event');
+    assert.deepEqual(unnamed.resyncs, [], 'the relay asked for none');
+    assert.equal(unnamed.instance.scopes, undefined, 'the stream carries the credentials’ scope, which the relay did not name');
+  } finally {
+    unnamed.instance.stop();
+    await relay.close();
+  }
+});
+
+test('a ready whose scope lists are unreadable is reported, still connects, and re-reads every scope', async () => {
+  const scopes = ['a', 'b'];
+  const each = [['a'], ['b']];
+  // The ready's data, the onResync calls' arguments, the scopes asked for.
+  const cases = [
+    [{ resync: true, scopes, resyncScopes: 'a' }, each],
+    [{ resync: true, scopes, resyncScopes: ['a', 7] }, each],
+    [{ resync: true, scopes }, each],
+    [{ resync: true, scopes, resyncScopes: [] }, each],
+    [{ resync: false, scopes, resyncScopes: ['a'] }, each],
+    [{ resync: true, scopes, resyncScopes: ['x'] }, each],
+    // The scopes unreadable: those asked for, else everything in one call.
+    [{ resync: false, scopes: [], resyncScopes: [] }, [['p'], ['q']], ['q', 'p']],
+    [{ resync: false, scopes: 'a,b', resyncScopes: [] }, [['p'], ['q']], ['q', 'p']],
+    [{ resync: false, scopes: ['a', ''], resyncScopes: [] }, [[]]],
+  ];
+  for (const [data, expected, asked] of cases) {
+    const relay = await scripted((_n, _request, response) =>
+      stream(response, `event: ready\ndata: ${JSON.stringify(data)}\n\n${frame(envelope(1))}`),
+    );
+    const { instance, seen, resyncs } = resyncClient(relay.url, { scopes: asked });
+    try {
+      await until(() => seen.events.length === 1, `the event after ${JSON.stringify(data)}`);
+      assert.equal(instance.state, 'connected', JSON.stringify(data));
+      assert.deepEqual(seen.errors.map((e) => e.code), ['malformed_ready'], JSON.stringify(data));
+      assert.deepEqual(resyncs, expected, JSON.stringify(data));
+      assert.equal(relay.requests.length, 1);
+    } finally {
+      instance.stop();
+      await relay.close();
+    }
+  }
+});
+
+test('revoked with a scope takes that scope out and the stream goes on; without one it ends the stream', async () => {
+  const relay = await driven();
+  const { instance, seen, resyncs } = resyncClient(relay.url, { scopes: ['a', 'b', 'c'] });
+  const members = (scope) => [...(instance.presenceOf(scope)?.members.keys() ?? [])];
+  try {
+    await until(() => relay.connections.length === 1, 'the stream');
+    const [connection] = relay.connections;
+    connection.response.write(readyFor(['a', 'b', 'c']) + scopePresence('b', { snapshot: true, members: ['ada'] }));
+    await until(() => members('b').length === 1, 'b’s member list');
+    connection.response.write(scopedFrame(scoped(1, 'a')) + scopedFrame(scoped(2, 'b')) + revokedScope('b') + scopedFrame(scoped(3, 'c')));
+    await until(() => seen.events.length === 3, 'the event after the revocation');
+    assert.deepEqual(seen.errors.map((e) => [e.name, e.code, e.scope]), [['EventRelayError', 'revoked', 'b']]);
+    assert.deepEqual(instance.scopes, ['a', 'c']);
+    assert.deepEqual(members('b'), [], 'no member list for a scope the stream no longer carries');
+    assert.equal(instance.state, 'connected');
+    assert.deepEqual(seen.states, ['connecting', 'connected']);
+    assert.equal(relay.requests.length, 1, 'no reconnect');
+
+    // Said again (a second stream, another tab): reported once.
+    connection.response.write(revokedScope('b') + scopedFrame(scoped(4, 'a')));
+    await until(() => seen.events.length === 4, 'the next event');
+    assert.equal(seen.errors.length, 1);
+
+    // Without a scope: the subscriber is disconnected, and the stream ends.
+    connection.response.end(`event: revoked\ndata: {"reason":"disconnected"}\n\n`);
+    await until(() => relay.connections.length === 2, 'the reconnect');
+    assert.deepEqual(seen.errors.map((e) => [e.code, e.scope]), [['revoked', 'b'], ['revoked', undefined]]);
+    assert.equal(relay.requests[1].url, '/v1/events?scope=a&scope=b&scope=c', 'a reconnect asks for every scope again');
+    relay.connections[1].response.write(readyFor(['a', 'b', 'c']));
+    await until(() => instance.state === 'connected', 'connected again');
+    assert.deepEqual(instance.scopes, ['a', 'b', 'c'], 'as the new stream’s ready says');
+    assert.deepEqual(resyncs, []);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+test('several scopes: each scope with presence has its own member list', async () => {
+  const relay = await driven();
+  const { instance, seen, reported } = presenceClient(relay.url, { scopes: ['a', 'b', 'c'] });
+  const scopeOf = (entry) => entry.state.scopeKey;
+  try {
+    await until(() => relay.connections.length === 1, 'the stream');
+    const [connection] = relay.connections;
+    connection.response.write(
+      readyFor(['a', 'b', 'c'], ['a', 'b', 'c']) +
+        scopePresence('a', { snapshot: true, members: ['ada', 'bob'] }) +
+        scopePresence('b', { snapshot: true, members: ['bob'] }),
+    );
+    await until(() => reported.length === 2, 'both snapshots');
+    assert.deepEqual(reported.map(scopeOf), ['a', 'b']);
+    assert.deepEqual(memberIds(instance.presenceOf('a')), ['ada', 'bob']);
+    assert.deepEqual(memberIds(instance.presenceOf('b')), ['bob']);
+    assert.equal(instance.presenceOf('c'), undefined, 'a scope without presence');
+    assert.equal(instance.presence, undefined, 'no one list stands for a stream of several scopes');
+
+    // A change in one scope leaves the other's list as it was.
+    const b = instance.presenceOf('b');
+    connection.response.write(scopePresence('a', { count: 1, left: ['bob'] }) + scopePresence('b', { count: 2, members: ['cyd'] }));
+    await until(() => reported.length === 4, 'a change in each');
+    assert.deepEqual(reported.slice(2).map((r) => [scopeOf(r), r.joined, r.left]), [
+      ['a', [], ['bob']],
+      ['b', ['cyd'], []],
+    ]);
+    assert.deepEqual(memberIds(instance.presenceOf('a')), ['ada']);
+    assert.deepEqual(memberIds(instance.presenceOf('b')), ['bob', 'cyd']);
+    assert.equal(instance.presenceOf('b').members.get('bob'), b.members.get('bob'));
+
+    // After a reconnect whose stream no longer carries b, b's list is gone;
+    // a's stays until its next snapshot.
+    connection.response.end();
+    await until(() => relay.connections.length === 2, 'the reconnect');
+    relay.connections[1].response.write(readyFor(['a', 'c']) + frame(envelope(1)));
+    await until(() => seen.events.length === 1, 'the event after ready');
+    assert.deepEqual(memberIds(instance.presenceOf('a')), ['ada']);
+    assert.equal(instance.presenceOf('b'), undefined);
+    assert.deepEqual(seen.errors, []);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+  assert.equal(instance.presenceOf('a'), undefined, 'a stopped client forgets who was there');
+});
+
+test('one scope: a snapshot of another scope (the credentials changed) replaces the member list', async () => {
+  const relay = await driven();
+  const { instance, reported } = presenceClient(relay.url);
+  try {
+    await until(() => relay.connections.length === 1, 'the first stream');
+    relay.connections[0].response.write(ready(true) + scopePresence('org-1', { snapshot: true, members: ['ada'] }));
+    await until(() => reported.length === 1, 'the first snapshot');
+    assert.equal(instance.presence, instance.presenceOf('org-1'));
+    relay.connections[0].response.end();
+    await until(() => relay.connections.length === 2, 'the reconnect');
+    relay.connections[1].response.write(ready(true) + scopePresence('org-2', { snapshot: true, members: ['bob'] }));
+    await until(() => reported.length === 2, 'the second snapshot');
+    assert.equal(instance.presence.scopeKey, 'org-2');
+    assert.deepEqual(memberIds(instance.presence), ['bob']);
+    assert.equal(instance.presenceOf('org-1'), undefined);
+  } finally {
+    instance.stop();
+    await relay.close();
+  }
+});
+
+/**
+ * A stand-in for the browser's Web Locks: one holder per
+ * name at a time, the others waiting in turn, and a waiter whose signal
+ * aborts leaves the queue.
+ */
+function fakeLocks() {
+  const tails = new Map();
+  return {
+    request(name, options, callback) {
+      const previous = tails.get(name) ?? Promise.resolve();
+      let release;
+      const released = new Promise((resolve) => {
+        release = resolve;
+      });
+      tails.set(name, previous.then(() => released));
+      return new Promise((resolve, reject) => {
+        let granted = false;
+        options.signal?.addEventListener(
+          'abort',
+          () => {
+            if (granted) return;
+            release();
+            reject(new DOMException('aborted', 'AbortError'));
+          },
+          { once: true },
+        );
+        previous.then(async () => {
+          if (options.signal?.aborted) return;
+          granted = true;
+          try {
+            resolve(await callback());
+          } catch (error) {
+            reject(error);
+          } finally {
+            release();
+          }
+        });
+      });
+    },
+  };
+}
+
+test('a tab following another’s stream of several scopes gets the same resyncs, member lists and revocations', async () => {
+  const relay = await driven();
+  const restore = standInNavigator({ locks: fakeLocks() });
+  const tabs = [];
+  const open = () => {
+    const reported = [];
+    const tab = resyncClient(relay.url, {
+      scopes: ['a', 'b', 'c'],
+      shareAcrossTabs: true,
+      onPresence: (state) => reported.push(state.scopeKey),
+    });
+    tabs.push(tab);
+    return { ...tab, reported };
+  };
+  try {
+    const leader = open();
+    await until(() => relay.connections.length === 1, 'the stream');
+    const [connection] = relay.connections;
+    connection.response.write(
+      readyFor(['a', 'b', 'c'], ['a', 'b', 'c']) +
+        scopePresence('a', { snapshot: true, members: ['ada'] }) +
+        scopePresence('b', { snapshot: true, members: ['bob'] }),
+    );
+    await until(() => leader.reported.length === 2, 'the leader’s member lists');
+
+    // It joins a stream already live: it re-reads every scope, and learns
+    // who is connected to each from the tab holding the stream.
+    const follower = open();
+    await until(() => follower.instance.state === 'connected' && follower.reported.length === 2, 'the follower to join');
+    assert.equal(follower.instance.isLeader, false);
+    assert.deepEqual(follower.resyncs, [['a'], ['b'], ['c']]);
+    assert.deepEqual(follower.instance.scopes, ['a', 'b', 'c']);
+    assert.deepEqual(memberIds(follower.instance.presenceOf('a')), ['ada']);
+    assert.deepEqual(memberIds(follower.instance.presenceOf('b')), ['bob']);
+    assert.equal(follower.instance.presence, undefined);
+
+    connection.response.write(scopedFrame(scoped(1, 'a')) + scopePresence('b', { count: 2, members: ['cyd'] }) + revokedScope('b'));
+    for (const tab of [leader, follower]) {
+      await until(() => tab.seen.errors.length === 1 && tab.seen.events.length === 1, 'the event and the revocation');
+      assert.deepEqual(tab.seen.errors.map((e) => [e.code, e.scope]), [['revoked', 'b']]);
+      assert.deepEqual(tab.instance.scopes, ['a', 'c']);
+      assert.equal(tab.instance.presenceOf('b'), undefined);
+    }
+
+    // The next stream asks the tabs to re-read c alone.
+    connection.response.end();
+    await until(() => relay.connections.length === 2, 'the reconnect');
+    relay.connections[1].response.write(readyFor(['a', 'c'], ['c']) + scopedFrame(scoped(2, 'c')));
+    for (const tab of [leader, follower]) await until(() => tab.seen.events.length === 2, 'the event after the reconnect');
+    assert.deepEqual(leader.resyncs, [['a'], ['b'], ['c'], ['c']]);
+    assert.deepEqual(follower.resyncs, [['a'], ['b'], ['c'], ['c']]);
+    assert.equal(relay.requests.length, 2, 'the follower never opened a stream');
+    for (const tab of [leader, follower]) assert.deepEqual(tab.seen.events.map((e) => [e.scopeKey, e.seq]), [['a', 1], ['c', 2]]);
+
+    // A tab that joins now re-reads the scopes the stream carries now.
+    const late = open();
+    await until(() => late.instance.state === 'connected' && late.reported.length === 1, 'the late tab to join');
+    assert.deepEqual(late.resyncs, [['a'], ['c']]);
+    assert.deepEqual(late.instance.scopes, ['a', 'c']);
+    assert.deepEqual(memberIds(late.instance.presenceOf('a')), ['ada']);
+  } finally {
+    for (const tab of tabs.reverse()) tab.instance.stop();
+    restore();
     await relay.close();
   }
 });

@@ -1,11 +1,11 @@
 // What the tests that start a relay share: where the relay binary and
 // Chromium are, the relay's environment, starting and stopping the relay
-// (with a headless Chromium for the end-to-end tests), the application
-// origin that serves a test's page, emitting and publishing events, and
-// waiting for a condition with a deadline. Not a test file itself: it
-// defines no test.
+// (with a headless Chromium for the end-to-end tests), a throwaway Postgres
+// for the logical wake-up mode, the application origin that serves a
+// test's page, emitting and publishing events, and waiting for a condition
+// with a deadline. Not a test file itself: it defines no test.
 import { spawn, execFile, execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { createServer, request as httpRequest } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { createInterface } from 'node:readline';
@@ -156,6 +156,83 @@ export async function stopRelayAndBrowser({ relay, browser } = {}, env) {
   dropSchema(env.DATABASE_URL, env.EVENTRELAY_DATABASE__SCHEMA);
 }
 
+/** Postgres's server programs (initdb, pg_ctl): PG_BINDIR, else the newest of Debian's packages; undefined without any. */
+function postgresBinaries() {
+  const hasInitdb = (dir) => (existsSync(path.join(dir, 'initdb')) ? dir : undefined);
+  if (process.env.PG_BINDIR) return hasInitdb(process.env.PG_BINDIR);
+  let versions = [];
+  try {
+    versions = readdirSync('/usr/lib/postgresql').filter((v) => /^[0-9]+$/.test(v));
+  } catch {}
+  versions.sort((a, b) => Number(b) - Number(a));
+  for (const version of versions) {
+    const dir = hasInitdb(`/usr/lib/postgresql/${version}/bin`);
+    if (dir) return dir;
+  }
+  return undefined;
+}
+
+const isRoot = typeof process.getuid === 'function' && process.getuid() === 0;
+
+/** Runs a Postgres server program, as the postgres user when this runs as root (Postgres refuses root). */
+function runPostgresTool(bin, program, args) {
+  const tool = path.join(bin, program);
+  const [command, all] = isRoot ? ['runuser', ['-u', 'postgres', '--', tool, ...args]] : [tool, args];
+  return execFileSync(command, all, { stdio: ['ignore', 'pipe', 'pipe'] });
+}
+
+/** A free TCP port on 127.0.0.1 (free when asked; a test takes it at once). */
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+/** A test's `skip` option for the logical wake-up mode: false with Postgres's server programs, else why not. */
+export const skipWithoutPostgresBinaries = !postgresBinaries() && 'no Postgres server programs (initdb, pg_ctl): install them or set PG_BINDIR';
+
+/**
+ * Starts a throwaway Postgres cluster with `wal_level = logical` on a free
+ * loopback port, for relays in the logical wake-up mode (the shared server
+ * need not have it); resolves with its URL and `stop()`, which removes it.
+ */
+export async function startLogicalCluster() {
+  const bin = postgresBinaries();
+  if (!bin) throw new Error(skipWithoutPostgresBinaries);
+  const root = mkdtempSync(path.join(tmpdir(), 'eventrelay-pg-'));
+  const data = path.join(root, 'data');
+  if (isRoot) {
+    const uid = Number(execFileSync('id', ['-u', 'postgres']).toString());
+    const gid = Number(execFileSync('id', ['-g', 'postgres']).toString());
+    chownSync(root, uid, gid);
+  }
+  const port = await freePort();
+  const stop = () => {
+    try {
+      runPostgresTool(bin, 'pg_ctl', ['-D', data, '-m', 'immediate', 'stop']);
+    } catch {}
+    rmSync(root, { recursive: true, force: true });
+  };
+  try {
+    runPostgresTool(bin, 'initdb', ['-A', 'trust', '-U', 'postgres', '--no-sync', '-D', data]);
+    const options = `-p ${port} -k ${root} -c listen_addresses=127.0.0.1 -c fsync=off -c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10`;
+    runPostgresTool(bin, 'pg_ctl', ['-D', data, '-w', '-l', path.join(root, 'log'), '-o', options, 'start']);
+  } catch (error) {
+    let log = '';
+    try {
+      log = readFileSync(path.join(root, 'log'), 'utf8');
+    } catch {}
+    stop();
+    throw new Error(`the logical cluster did not start: ${error.stderr ?? error.message}\n${log}`);
+  }
+  return { url: `postgres://postgres@127.0.0.1:${port}/postgres`, stop };
+}
+
 /** Drops a test's Postgres schema and what is in it, so runs leave nothing behind; never fails. */
 export function dropSchema(url, schema) {
   try {
@@ -163,17 +240,18 @@ export function dropSchema(url, schema) {
   } catch {}
 }
 
-/** Returns emit(type, data): `eventrelay emit` in scope org-1 straight into Postgres, as an application's transaction would; answers the event. */
+/** Returns emit(type, data, scope): `eventrelay emit` in `scope` (default org-1) straight into Postgres, as an application's transaction would; answers the event. */
 export function emitter(env, { cwd } = {}) {
-  return (type, data) => {
-    const out = execFileSync(binary, ['emit', '--type', type, '--scope', 'org-1', '--data', JSON.stringify(data)], { env, cwd });
+  return (type, data, scope = 'org-1') => {
+    const out = execFileSync(binary, ['emit', '--type', type, '--scope', scope, '--data', JSON.stringify(data)], { env, cwd });
     return JSON.parse(out.toString());
   };
 }
 
-/** A token from `eventrelay token` for `subscriber` in `scope`, living `ttlSecs`, as an application's backend would mint it. */
+/** A token from `eventrelay token` for `subscriber` in `scope` (a scope key, or an array of them to grant several), living `ttlSecs`, as an application's backend would mint it. */
 export async function mintToken(env, subscriber, scope, ttlSecs) {
-  const args = ['token', '--subscriber', subscriber, '--scope', scope, '--ttl-secs', String(ttlSecs)];
+  const scopes = (Array.isArray(scope) ? scope : [scope]).flatMap((key) => ['--scope', key]);
+  const args = ['token', '--subscriber', subscriber, ...scopes, '--ttl-secs', String(ttlSecs)];
   const { stdout } = await promisify(execFile)(binary, args, { env });
   return stdout.trim();
 }
@@ -240,7 +318,12 @@ export async function serveApp(page, routes = {}) {
   };
 }
 
-/** Passes a GET (an event stream) through to the relay at `relayBase`, and ends it upstream when the browser goes. */
+/**
+ * Passes a GET (an event stream) through to the relay at `relayBase`, ends
+ * it upstream when the browser goes, and cuts the browser's off when the
+ * relay's is cut off (a relay that stops mid-stream): piping alone would
+ * leave it open, and the browser would never reconnect.
+ */
 export function forwardStream(relayBase, request, response) {
   const relay = new URL(relayBase);
   const headers = { ...request.headers, host: relay.host };
@@ -249,6 +332,9 @@ export function forwardStream(relayBase, request, response) {
     (answer) => {
       response.writeHead(answer.statusCode, answer.headers);
       answer.pipe(response);
+      answer.on('close', () => {
+        if (!answer.complete) response.destroy();
+      });
     },
   );
   upstream.on('error', () => response.destroy());
