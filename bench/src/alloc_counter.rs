@@ -19,10 +19,8 @@ fn class_of(size: usize) -> usize {
 }
 
 pub fn live_blocks() -> Vec<isize> {
-    LIVE_BLOCKS
-        .iter()
-        .map(|count| count.load(Ordering::SeqCst))
-        .collect()
+    let load = |count: &AtomicIsize| count.load(Ordering::SeqCst);
+    LIVE_BLOCKS.iter().map(load).collect()
 }
 
 pub fn live_bytes() -> isize {
@@ -34,21 +32,21 @@ fn count(size: usize, sign: isize) {
     LIVE_BLOCKS[class_of(size)].fetch_add(sign, Ordering::Relaxed);
 }
 
+/// Counts a new block of `size` bytes at `pointer`, unless the allocation failed.
+fn counted(pointer: *mut u8, size: usize) -> *mut u8 {
+    if !pointer.is_null() {
+        count(size, 1);
+    }
+    pointer
+}
+
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let pointer = unsafe { System.alloc(layout) };
-        if !pointer.is_null() {
-            count(layout.size(), 1);
-        }
-        pointer
+        counted(unsafe { System.alloc(layout) }, layout.size())
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let pointer = unsafe { System.alloc_zeroed(layout) };
-        if !pointer.is_null() {
-            count(layout.size(), 1);
-        }
-        pointer
+        counted(unsafe { System.alloc_zeroed(layout) }, layout.size())
     }
 
     unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {

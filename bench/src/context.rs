@@ -1,7 +1,6 @@
 //! What every scenario is handed: the command line ([`Args`]), the sizes
-//! of the run ([`Scale`]), the bench's schema and the few things scenarios
-//! keep asking of them; and the shape of a [`Scenario`], so that the binary
-//! is a table of them.
+//! of the run ([`Scale`]) and the bench's schema ([`Context`]); and the
+//! shape of a [`Scenario`], so that the binary is a table of them.
 
 use std::future::Future;
 use std::net::SocketAddr;

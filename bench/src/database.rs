@@ -35,9 +35,7 @@ pub fn test_database_url() -> String {
 }
 
 pub fn unique_schema(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.subsec_nanos());
+    let nanos = crate::stream_client::realtime_ns() % 1_000_000_000;
     format!("{prefix}_{}_{nanos}", std::process::id())
 }
 

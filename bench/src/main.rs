@@ -91,11 +91,8 @@ fn main() -> BenchResult<()> {
         outcome
     });
     println!("\n{}", table.render());
-    println!(
-        "machine: {} cores, {}",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        cpu_model()
-    );
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!("machine: {cores} cores, {}", cpu_model());
     result
 }
 

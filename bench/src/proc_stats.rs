@@ -11,9 +11,8 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
     Some(after_name.split_whitespace().map(str::to_owned).collect())
 }
 
-/// User and system CPU seconds used so far by `pids`, apart: a server's
-/// system time is mostly its sockets' work in the kernel, which any server
-/// writing the same frames pays alike.
+/// User and system CPU seconds of `pids` so far, apart: system time is mostly
+/// socket work in the kernel, which any server writing the same frames pays.
 pub fn cpu_split(pids: &[u32]) -> (f64, f64) {
     pids.iter()
         .filter_map(|pid| {

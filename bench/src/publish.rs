@@ -1,8 +1,7 @@
 //! Event sources that put numbered bench events in front of subscribers:
-//! an emit committed in Postgres (the publisher crate), eventrelay's HTTP
-//! publish API, and an nchan publisher endpoint. Each records the event's
-//! time on the shared clock: after COMMIT returned for an emit, just before
-//! the request for HTTP publishing (the commit happens inside the server).
+//! an emit committed in Postgres, eventrelay's HTTP publish API, and nchan's
+//! publisher endpoint. Each stamps the event on the shared clock: after
+//! COMMIT returned for an emit, just before the request for HTTP publishing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,9 +33,8 @@ pub enum Source {
     Nchan {
         url: String,
     },
-    /// Two sources taking turns in slices of `slice` consecutive event
-    /// numbers, in the order A B B A (see [`slice_side`]), so that neither
-    /// always goes first and both see the same stretch of the run.
+    /// Two sources taking turns in slices of `slice` events (see [`slice_side`]),
+    /// so that both see the same stretch of the run.
     Alternating {
         sources: Box<[Source; 2]>,
         slice: usize,
@@ -114,8 +112,7 @@ pub async fn publish_for(
     let mut tasks = Vec::new();
     for _ in 0..writers {
         let mut writer = Writer::open(source).await?;
-        let next = Arc::clone(&next);
-        let log = Arc::clone(&log);
+        let (next, log) = (Arc::clone(&next), Arc::clone(&log));
         let scope_of = Arc::clone(&scope_of);
         tasks.push(tokio::spawn(async move {
             let mut published = 0usize;

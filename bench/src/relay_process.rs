@@ -1,7 +1,6 @@
-//! The eventrelay binary as a separate process, with a generated
-//! configuration file: started, awaited until ready, stopped when dropped.
-//! The scenarios and the fault campaign start their relays through it. Also
-//! the load tool's one reader of `/metrics` (the Prometheus text format).
+//! The eventrelay binary as a process of its own, with a generated
+//! configuration: started, awaited until ready, stopped when dropped, for
+//! the scenarios and the fault campaign; and the reader of `/metrics`.
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;
@@ -141,18 +140,15 @@ impl RelayProcess {
         let log = File::options().create(true).append(true).open(log_path)?;
         let mut command = Command::new(binary);
         command
-            .arg("serve")
-            .arg("--config")
+            .args(["serve", "--config"])
             .arg(&config_path)
             .env_remove("DATABASE_URL")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
         if settings.own_session {
-            // Out of the load tool's process group, Ctrl-C no longer
-            // reaches the relay: it stops when the thread that started it
-            // ends instead.
-            //
+            // Out of our process group, Ctrl-C no longer reaches the relay:
+            // it stops when the thread that started it ends instead.
             // SAFETY: runs in the child between fork and exec, where only
             // async-signal-safe calls (setsid and prctl are) are allowed.
             unsafe {
@@ -210,9 +206,8 @@ impl RelayProcess {
         for _ in 0..600 {
             if let Some(status) = self.child.try_wait()? {
                 let log = work_dir.join(format!("relay-{}.log", self.port));
-                return Err(
-                    format!("the relay exited with {status}; see {}", log.display()).into(),
-                );
+                let log = log.display();
+                return Err(format!("the relay exited with {status}; see {log}").into());
             }
             if ready(&client, &self.base).await {
                 return Ok(());

@@ -1,6 +1,5 @@
-//! The figures: one monotonic clock for commit-to-receive latency,
-//! percentiles, and the result table, printed as Markdown so that it can be
-//! pasted into bench/README.md as is.
+//! The figures: a clock for commit-to-receive latency, percentiles, and the
+//! result table, in Markdown to paste into bench/README.md as is.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,8 +59,12 @@ pub async fn alternating<T>(
     Ok(figures)
 }
 
+pub fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
 pub fn ms(duration: Duration) -> String {
-    format!("{:.2} ms", duration.as_secs_f64() * 1000.0)
+    format!("{:.2} ms", millis(duration))
 }
 
 pub fn size(bytes: f64) -> String {
@@ -78,8 +81,18 @@ pub fn joined(values: &[f64], decimals: usize, separator: &str) -> String {
     shown.join(separator)
 }
 
+/// `target` where it applies, `–` elsewhere.
+pub fn target_if(applies: bool, target: String) -> String {
+    if applies { target } else { "–".to_owned() }
+}
+
 pub fn verdict(met: bool) -> &'static str {
     if met { "**met**" } else { "**missed**" }
+}
+
+/// The median of `of` over `figures`.
+pub fn median_of<T>(figures: &[T], of: impl Fn(&T) -> f64) -> f64 {
+    median(&figures.iter().map(of).collect::<Vec<_>>())
 }
 
 pub fn median(values: &[f64]) -> f64 {

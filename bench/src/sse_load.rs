@@ -1,7 +1,6 @@
 //! Many SSE subscribers over plain TCP in this process, cheap enough to run
-//! 10,000 next to the server: each notes the arrival of every frame that
-//! carries a bench event number (`"bn":<n>` in its data line). Also the
-//! frame parser the stream client processes share.
+//! 10,000 next to the server, each noting when frames carrying a bench event
+//! number (`"bn":<n>`) arrive; and the frame parser client processes share.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -62,10 +61,8 @@ impl Subscribers {
         let tasks = targets
             .into_iter()
             .map(|target| {
-                let log = Arc::clone(&log);
-                let received = Arc::clone(&received);
-                let handshakes = Arc::clone(&handshakes);
-                let ready = ready_tx.clone();
+                let (log, received) = (Arc::clone(&log), Arc::clone(&received));
+                let (handshakes, ready) = (Arc::clone(&handshakes), ready_tx.clone());
                 let stopped = stopped.clone();
                 tokio::spawn(async move {
                     let permit = handshakes.acquire_owned().await.ok();
@@ -81,20 +78,15 @@ impl Subscribers {
         };
         let all_ready = async {
             for _ in 0..count {
-                match ready_rx.recv().await {
-                    Some(Ok(())) => {}
-                    Some(Err(error)) => return Err(error),
-                    None => return Err("a subscriber ended before it was ready".to_owned()),
-                }
+                let ready = ready_rx.recv().await;
+                ready.ok_or("a subscriber ended before it was ready")??;
             }
-            Ok(())
+            BenchResult::Ok(())
         };
         // Dropping the subscribers on an error closes every stream.
-        match tokio::time::timeout(READY_TIMEOUT, all_ready).await {
-            Ok(Ok(())) => Ok(subscribers),
-            Ok(Err(error)) => Err(error.into()),
-            Err(_) => Err(format!("not all {count} subscribers were ready in time").into()),
-        }
+        let ready = tokio::time::timeout(READY_TIMEOUT, all_ready).await;
+        ready.map_err(|_| format!("not all {count} subscribers were ready in time"))??;
+        Ok(subscribers)
     }
 
     pub async fn wait_for(&self, expected: u64, patience: Duration) {
@@ -157,8 +149,7 @@ async fn subscribe(
                     None => Err("the server closed the stream before it was ready".to_owned()),
                 };
             }
-            let now = log.now();
-            let before = outcome.receipts.len();
+            let (now, before) = (log.now(), outcome.receipts.len());
             let became_ready = parser.feed(&buffer[..read], now, &mut outcome.receipts)?;
             received.fetch_add((outcome.receipts.len() - before) as u64, Ordering::Relaxed);
             if became_ready {
@@ -207,17 +198,15 @@ pub(crate) struct FrameParser {
     pub(crate) status: Option<u16>,
     /// The last `id:` seen: what a reconnect sends as `Last-Event-ID`.
     pub(crate) last_id: Option<i64>,
-    /// The closing chunk of a chunked response arrived: the server ended
-    /// the stream.
+    /// The closing chunk of the chunked response came: the server ended it.
     pub(crate) ended: bool,
 }
 
 impl FrameParser {
     pub(crate) fn new(ready_when: ReadyWhen) -> Self {
-        let parser = FrameParser::default();
         FrameParser {
             ready_when,
-            ..parser
+            ..FrameParser::default()
         }
     }
 
@@ -281,8 +270,7 @@ impl FrameParser {
     }
 }
 
-/// The bench event number in `text` (`"bn":<n>`, JSON as any encoder
-/// writes it).
+/// The bench event number in `text` (`"bn":<n>`, as JSON encoders write it).
 pub(crate) fn event_number(text: &[u8]) -> Option<u32> {
     let marker = NUMBER_MARKER.len();
     let at = text.windows(marker).position(|w| w == NUMBER_MARKER)?;

@@ -1,12 +1,10 @@
-//! The stream-holding client processes of the `streams`, `box` and `storm`
-//! scenarios: the hidden `stream-client` subcommand, which opens a share of
-//! the subscribers from a loopback source address of its own (one process
-//! holds at most 20,000 files, one address about 28,000 ports), keeps them
-//! streaming, reconnecting with their `Last-Event-ID`, and answers commands
-//! on stdin (`status`, `report` of the first phase's arrivals, `phase`,
-//! `finish <emitted> <patience_ms>`) with JSON lines; and [`ClientProcess`],
-//! the parent's handle on one. Times are `CLOCK_REALTIME` nanoseconds, the
-//! one clock the parent, which records commit times, and every child share.
+//! The client processes holding the streams of the `streams`, `box` and
+//! `storm` scenarios: the hidden `stream-client` subcommand opens a share of
+//! the subscribers from a loopback address of its own (a process holds at
+//! most 20,000 files, an address about 28,000 ports), keeps them streaming
+//! from `Last-Event-ID`, and answers stdin commands (`status`, `report`,
+//! `phase`, `finish <emitted> <patience_ms>`) with JSON lines. Times are
+//! `CLOCK_REALTIME` nanoseconds, the one clock parent and children share.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -22,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use crate::report::Percentiles;
 use crate::sse_load::{FrameParser, ReadyWhen, request_head};
@@ -43,17 +41,15 @@ pub enum Reconnect {
     /// At once after a stream ends, every 50 ms while nothing listens,
     /// 250 ms after a refusal: the harshest a client can be.
     Immediate,
-    /// As eventrelay's browser client does (full jitter): after a stream
-    /// ends, a random wait up to the relay's retry interval (3 s); after a
-    /// failed attempt, up to that interval doubled per failure in a row,
-    /// at most 30 s.
+    /// As eventrelay's browser client (full jitter): a random wait up to the
+    /// retry interval (3 s) after a stream ends; after failed attempts, up to
+    /// that interval doubled per failure in a row, at most 30 s.
     Jittered,
 }
 
 impl Reconnect {
-    /// The wait before the next attempt: after a stream ended (`fixed` is
-    /// `None`), or after the `failures`-th failed attempt in a row, which
-    /// the immediate policy waits `fixed` after.
+    /// The wait after a stream ended (`fixed` is `None`) or after the
+    /// `failures`-th failed attempt in a row (`fixed`: the immediate wait).
     fn wait(self, failures: u32, fixed: Option<Duration>) -> Duration {
         let doubled = RETRY_INTERVAL.saturating_mul(1 << failures.saturating_sub(1).min(16));
         match (self, fixed) {
@@ -114,8 +110,7 @@ pub fn scope_name(prefix: &str, index: usize) -> String {
     format!("{prefix}-{index}")
 }
 
-/// Nanoseconds since the epoch on `CLOCK_REALTIME`: the clock every process
-/// on the machine reads alike.
+/// Nanoseconds since the epoch on `CLOCK_REALTIME`, which all processes share.
 pub fn realtime_ns() -> u64 {
     let since = SystemTime::now().duration_since(UNIX_EPOCH);
     since.map_or(0, |elapsed| elapsed.as_nanos() as u64)
@@ -123,8 +118,7 @@ pub fn realtime_ns() -> u64 {
 
 struct Shared {
     relays: usize,
-    /// Each phase's counters, the last one current: sent to the parent,
-    /// which sums the processes'.
+    /// Each phase's counters, the last current; the parent sums processes'.
     phases: Mutex<Vec<PhaseFigures>>,
     arrivals: Mutex<Vec<Arrival>>,
     timing: AtomicBool,
@@ -188,16 +182,12 @@ impl Stream {
     async fn run(
         mut self,
         shared: Arc<Shared>,
-        mut first_permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        mut permit: Option<OwnedSemaphorePermit>,
     ) -> Stream {
-        let mut stop = shared.stop.subscribe();
-        let policy = shared.reconnect;
-        let mut failures = 0;
+        let (mut stop, mut failures) = (shared.stop.subscribe(), 0);
         while !*stop.borrow() {
             let phase = shared.phase();
-            let ended = self
-                .attempt(&shared, phase, &mut stop, &mut first_permit)
-                .await;
+            let ended = self.attempt(&shared, phase, &mut stop, &mut permit).await;
             if matches!(ended, Ended::Stopped) {
                 break;
             }
@@ -221,7 +211,7 @@ impl Stream {
                 }
             });
             failures = if fixed.is_some() { failures + 1 } else { 0 };
-            let wait = policy.wait(failures, fixed);
+            let wait = shared.reconnect.wait(failures, fixed);
             if !wait.is_zero() {
                 tokio::select! {
                     _ = stop.changed() => break,
@@ -258,7 +248,7 @@ impl Stream {
         shared: &Shared,
         phase: usize,
         stop: &mut watch::Receiver<bool>,
-        first_permit: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+        permit: &mut Option<OwnedSemaphorePermit>,
     ) -> Ended {
         let started = Instant::now();
         shared.count(phase, |t| {
@@ -276,8 +266,7 @@ impl Stream {
             return Ended::Broken("sending the request".to_owned());
         }
         let mut parser = FrameParser::new(ReadyWhen::ReadyEvent);
-        let mut streaming = false;
-        let mut receipts = Vec::new();
+        let (mut streaming, mut receipts) = (false, Vec::new());
         let ended = loop {
             tokio::select! {
                 _ = stop.changed() => break Ended::Stopped,
@@ -333,7 +322,7 @@ impl Stream {
             }
             if became_ready {
                 streaming = true;
-                first_permit.take();
+                permit.take();
                 shared.streaming.fetch_add(1, Ordering::Relaxed);
                 shared.count(phase, |t| {
                     t.streams_opened += 1;
@@ -419,8 +408,7 @@ async fn run_client(spec: ClientSpec) -> BenchResult<()> {
             last_event_id: spec.last_event_id,
             received: Vec::new(),
         };
-        let shared = Arc::clone(&shared);
-        let handshakes = Arc::clone(&handshakes);
+        let (shared, handshakes) = (Arc::clone(&shared), Arc::clone(&handshakes));
         tasks.push(tokio::spawn(async move {
             let permit = handshakes.acquire_owned().await.ok();
             stream.run(shared, permit).await
@@ -597,9 +585,7 @@ pub struct Clients(pub Vec<ClientProcess>);
 
 impl Clients {
     pub fn send(&mut self, command: &str) -> BenchResult<()> {
-        self.0
-            .iter_mut()
-            .try_for_each(|client| client.send(command))
+        self.0.iter_mut().try_for_each(|c| c.send(command))
     }
 
     pub async fn expect(&mut self, event: &str, patience: Duration) -> BenchResult<Vec<Value>> {
@@ -617,10 +603,7 @@ impl Clients {
 }
 
 pub fn sum(lines: &[Value], key: &str) -> u64 {
-    lines
-        .iter()
-        .map(|line| line[key].as_u64().unwrap_or(0))
-        .sum()
+    lines.iter().map(|l| l[key].as_u64().unwrap_or(0)).sum()
 }
 
 impl Drop for ClientProcess {

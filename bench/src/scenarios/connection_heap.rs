@@ -1,8 +1,7 @@
-//! Where an idle stream's memory goes (`--only memory`): a relay inside
-//! this process, whose counting allocator sees every heap byte, N idle
-//! streams against as many bare TCP connections, the peak of a surge of
-//! streams connecting at once, and what many durable events add to a live
-//! stream's heap. The in-process relay also serves the harness's fan-out.
+//! Where an idle stream's memory goes (`--only memory`), on a relay inside
+//! this process whose counting allocator sees every heap byte: N idle
+//! streams against as many bare TCP connections, the peak of a surge of them
+//! connecting at once, and what many durable events add to a live stream.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,8 +24,7 @@ use crate::{BenchResult, PUBLISH_TOKEN, SUBSCRIBER_SECRET, subscriber_token};
 const SETTLE: Duration = Duration::from_millis(500);
 const CARRY_SCOPE: &str = "carry";
 const CARRY_TYPE: &str = "bench.carry";
-/// Events per transaction: well under a stream's queue, so fast readers
-/// are never dropped as slow.
+/// Events per transaction: well under a stream's queue, so none is dropped as slow.
 const CARRY_BATCH: usize = 250;
 /// Events before the baseline: past every per-scope memory that fills up
 /// and then stays (the tail, the relay's delivered set).
@@ -53,23 +51,22 @@ fn blocks(
     shown: impl Fn(f64) -> bool,
     decimals: usize,
 ) -> String {
-    let mut found: Vec<String> = later
+    let found: Vec<String> = later
         .iter()
         .zip(earlier)
         .enumerate()
+        .rev()
         .map(|(class, (l, e))| (SIZE_CLASS * (class + 1), (l - e) as f64 / n as f64))
         .filter(|(_, per_stream)| shown(*per_stream))
         .map(|(size, count)| format!("{count:.decimals$} × ≤ {size} B"))
         .collect();
-    found.reverse();
     found.join(" · ")
 }
 
 async fn idle_streams(database_url: &str, schema: &str, n: usize) -> BenchResult<(f64, String)> {
     let (relay, _first) = warm_relay(database_url, schema).await?;
     let mut streams = Vec::with_capacity(n);
-    let blocks_before = live_blocks();
-    let before = live_bytes();
+    let (blocks_before, before) = (live_blocks(), live_bytes());
     for index in 0..n {
         streams.push(open_stream(relay.address, &format!("heap-{index}"), "heap").await?);
     }
@@ -85,15 +82,9 @@ async fn idle_streams(database_url: &str, schema: &str, n: usize) -> BenchResult
 
 async fn surge(database_url: &str, schema: &str, n: usize) -> BenchResult<(f64, String)> {
     let (relay, _first) = warm_relay(database_url, schema).await?;
-    let address = relay.address;
-    let before = live_bytes();
-    let opening: Vec<_> = (0..n)
-        .map(|index| {
-            tokio::spawn(
-                async move { open_stream(address, &format!("surge-{index}"), "heap").await },
-            )
-        })
-        .collect();
+    let (address, before) = (relay.address, live_bytes());
+    let open = |index| async move { open_stream(address, &format!("surge-{index}"), "heap").await };
+    let opening: Vec<_> = (0..n).map(|index| tokio::spawn(open(index))).collect();
     let mut peak = (before, live_blocks());
     while opening.iter().any(|task| !task.is_finished()) {
         let now = live_bytes();
@@ -130,11 +121,9 @@ async fn bare_sockets(n: usize) -> BenchResult<f64> {
 
 async fn carried(database_url: &str, schema: &str, n: usize, events: usize) -> BenchResult<f64> {
     let relay = InProcessRelay::start(database_url, schema).await?;
-    let mut received = Vec::with_capacity(n);
-    let mut readers = Vec::with_capacity(n);
+    let (mut received, mut readers) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for index in 0..n {
-        let subscriber = format!("carry-{index}");
-        let socket = open_stream(relay.address, &subscriber, CARRY_SCOPE).await?;
+        let socket = open_stream(relay.address, &format!("carry-{index}"), CARRY_SCOPE).await?;
         let count = Arc::new(AtomicUsize::new(0));
         received.push(Arc::clone(&count));
         readers.push(tokio::spawn(count_events(socket, count)));
@@ -176,10 +165,8 @@ async fn every_stream_has(received: &[Arc<AtomicUsize>], events: usize) -> Bench
     };
     while behind() > 0 {
         if Instant::now() > deadline {
-            let behind = behind();
-            return Err(
-                format!("{behind} streams had not received {events} events in 30 s").into(),
-            );
+            let late = behind();
+            return Err(format!("{late} streams had not received {events} events in 30 s").into());
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -188,19 +175,19 @@ async fn every_stream_has(received: &[Arc<AtomicUsize>], events: usize) -> Bench
 
 async fn count_events(mut socket: TcpStream, count: Arc<AtomicUsize>) -> BenchResult<()> {
     let pattern = format!("event: {CARRY_TYPE}\n").into_bytes();
+    let size = pattern.len();
     let mut buffer = vec![0u8; 16 * 1024];
     // The end of the previous read, where a frame's line may have begun.
-    let mut carried: Vec<u8> = Vec::with_capacity(buffer.len() + pattern.len());
+    let mut carried: Vec<u8> = Vec::with_capacity(buffer.len() + size);
     loop {
         let read = socket.read(&mut buffer).await?;
         if read == 0 {
             return Ok(());
         }
         carried.extend_from_slice(&buffer[..read]);
-        let size = pattern.len();
         let found = carried.windows(size).filter(|w| *w == pattern).count();
         count.fetch_add(found, Ordering::Relaxed);
-        let keep = carried.len().min(pattern.len() - 1);
+        let keep = carried.len().min(size - 1);
         carried.drain(..carried.len() - keep);
     }
 }
@@ -210,8 +197,7 @@ async fn open_stream(address: SocketAddr, subscriber: &str, scope: &str) -> Benc
     let authorization = format!("Bearer {}", subscriber_token(subscriber, scope, Null));
     let request = request_head(address, "/v1/events", Some(&authorization), None);
     socket.write_all(request.as_bytes()).await?;
-    let mut seen = [0u8; 2048];
-    let mut filled = 0;
+    let (mut seen, mut filled) = ([0u8; 2048], 0);
     while !seen[..filled].windows(12).any(|w| w == b"event: ready") {
         if filled == seen.len() {
             return Err("the stream's start did not fit 2 KiB".into());
@@ -307,7 +293,7 @@ impl InProcessRelay {
             if crate::relay_process::ready(&client, &format!("http://{address}")).await {
                 return Ok(relay);
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Err("the in-process relay never became ready".into())
     }

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use eventrelay_publisher::{NewEvent, Publisher};
 use serde_json::json;
 
-use crate::{BenchResult, context::Context, report::Table, report::verdict};
+use crate::report::{Table, target_if, verdict};
+use crate::{BenchResult, context::Context};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriteKind {
@@ -102,11 +103,7 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         let (plain, publisher, sql) = (tps[0], tps[1], tps[2]);
         let (ratio, sql_ratio) = (publisher / plain, sql / plain);
         let met = verdict(ratio >= 0.8 && sql_ratio >= 0.8);
-        let target = if writers == 8 {
-            format!("≥ 0.8× plain at 8 writers: {met}")
-        } else {
-            "–".to_owned()
-        };
+        let target = target_if(writers == 8, format!("≥ 0.8× plain at 8 writers: {met}"));
         table.add(
             format!("emit cost, {writers} writer(s)"),
             format!(

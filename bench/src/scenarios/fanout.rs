@@ -1,8 +1,7 @@
-//! Fan-out (`--only fanout`): N SSE subscribers of one scope, events
-//! published at a fixed rate or unthrottled, against eventrelay or nchan:
-//! deliveries per second, latency, server CPU per 1,000 deliveries, server
-//! RSS, and the RSS of the idle connections. The floor and the wake-up
-//! modes build on its run.
+//! Fan-out (`--only fanout`): N SSE subscribers of one scope, events at a
+//! fixed rate or unthrottled, against eventrelay or nchan: deliveries per
+//! second, latency, server CPU per 1,000 deliveries, server RSS and idle
+//! connections' RSS. The floor, wake-up, scopes and traces runs build on it.
 
 use crate::context::Context;
 use crate::report::{CommitLog, Percentiles, Table, ms, size, verdict};
@@ -49,10 +48,7 @@ impl Server {
     /// A stream of `scopes` (several: `?scope=` each).
     pub(crate) fn target_of(&self, subscriber: usize, scopes: &[&str]) -> StreamTarget {
         let token = || crate::token_for_scopes(&format!("s{subscriber}"), scopes, Null);
-        let query: Vec<String> = scopes
-            .iter()
-            .map(|scope| format!("scope={scope}"))
-            .collect();
+        let query: Vec<String> = scopes.iter().map(|s| format!("scope={s}")).collect();
         let path = match scopes.len() {
             1 => "/v1/events".to_owned(),
             _ => format!("/v1/events?{}", query.join("&")),
@@ -104,9 +100,8 @@ pub struct FanoutFigures {
     pub delivered: u64,
     pub deliveries_per_second: f64,
     pub latency: Percentiles,
-    /// Per event, the latency of its first receipt: how long the server
-    /// took to start writing it, apart from how long writing it to every
-    /// subscriber took.
+    /// Per event, the latency of its first receipt: when the server started
+    /// writing it, apart from how long writing it to everyone took.
     pub first_arrival: Percentiles,
     pub cpu_seconds_per_1000: f64,
     pub system_seconds_per_1000: f64,
@@ -191,10 +186,9 @@ fn per_1000(seconds: f64, delivered: u64) -> f64 {
     seconds / delivered as f64 * 1000.0
 }
 
-/// Fan-out at one scope: eventrelay (emit, HTTP publish, and the ephemeral
-/// lane beside nchan) and nchan, at a fixed rate for both sizes, then
-/// unthrottled, side by side. Each of eventrelay's lanes runs on a fresh
-/// relay in a session of its own, as nginx's workers do.
+/// Fan-out at one scope, eventrelay (emit, HTTP publish, the ephemeral lane
+/// beside nchan) and nchan side by side, at fixed rates, then unthrottled.
+/// Each lane runs on a fresh relay in a session of its own, as nginx does.
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let nchan = cx.nchan();
     let (small, large) = (cx.scale.small_fanout, cx.scale.large_fanout);
@@ -267,20 +261,16 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         );
         for (lane, ours) in ours {
             let ratio = ours.deliveries_per_second / f.deliveries_per_second.max(1.0);
-            let (p50, p99) = (ours.latency.p50, ours.latency.p99);
-            let p99_below = p99 < f.latency.p99;
+            let (as_many, p99_below) = (ratio >= 0.995, ours.latency.p99 < f.latency.p99);
+            let p50_near = ours.latency.p50.as_secs_f64() <= 1.2 * f.latency.p50.as_secs_f64();
             let (target, met) = if matches!(pace, Pace::Unthrottled) {
                 ("≥ 1.5× nchan's, p99 below", ratio >= 1.5 && p99_below)
             } else if subscribers == large {
-                (
-                    "deliveries/s ≥ nchan's, p99 below",
-                    ratio >= 0.995 && p99_below,
-                )
+                ("deliveries/s ≥ nchan's, p99 below", as_many && p99_below)
             } else {
-                let p50_met = p50.as_secs_f64() <= 1.2 * f.latency.p50.as_secs_f64();
                 (
                     "deliveries/s ≥ nchan's, p50 ≤ 1.2× nchan's",
-                    ratio >= 0.995 && p50_met,
+                    as_many && p50_near,
                 )
             };
             table.add(
@@ -296,14 +286,11 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
 }
 
 pub fn against(ours: &FanoutFigures, theirs: &FanoutFigures) -> String {
+    let (p50, p99) = (ms(ours.latency.p50), ms(ours.latency.p99));
+    let (their_p50, their_p99) = (ms(theirs.latency.p50), ms(theirs.latency.p99));
+    let (cpu, their_cpu) = (ours.cpu_seconds_per_1000, theirs.cpu_seconds_per_1000);
     format!(
-        "p50 {} vs {} · p99 {} vs {} · CPU s/1k {:.3} vs {:.3}",
-        ms(ours.latency.p50),
-        ms(theirs.latency.p50),
-        ms(ours.latency.p99),
-        ms(theirs.latency.p99),
-        ours.cpu_seconds_per_1000,
-        theirs.cpu_seconds_per_1000
+        "p50 {p50} vs {their_p50} · p99 {p99} vs {their_p99} · CPU s/1k {cpu:.3} vs {their_cpu:.3}"
     )
 }
 
@@ -322,14 +309,10 @@ fn fanout_target(subscribers: usize, pace: Pace, http: bool, f: &FanoutFigures) 
 }
 
 pub fn fanout_summary(f: &FanoutFigures) -> String {
+    let (delivered, expected, published) = (f.delivered, f.expected, f.published);
+    let (rate, cpu) = (f.deliveries_per_second, f.cpu_seconds_per_1000);
+    let (latency, rss) = (f.latency.summary(), size(f.rss_bytes as f64));
     format!(
-        "{:.0} deliveries/s · {} of {} received from {} events · {} · {:.3} CPU s per 1,000 deliveries · RSS {}",
-        f.deliveries_per_second,
-        f.delivered,
-        f.expected,
-        f.published,
-        f.latency.summary(),
-        f.cpu_seconds_per_1000,
-        size(f.rss_bytes as f64)
+        "{rate:.0} deliveries/s · {delivered} of {expected} received from {published} events · {latency} · {cpu:.3} CPU s per 1,000 deliveries · RSS {rss}"
     )
 }

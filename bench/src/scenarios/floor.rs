@@ -1,12 +1,10 @@
-//! Latency at the floor (`--only floor`): eventrelay's two lanes of HTTP
-//! publish (durable and ephemeral) against nchan at the same loads, in
-//! rounds of turning order, since nchan's own figures swing from run to
-//! run; `--floor-control` runs nchan twice per round, the spread two runs
-//! of one server show here. Also timed: one commit on this machine (back
-//! to back and at each load's pace), the relay's publishing statement at
-//! each load's pace with no relay running (the database's part of the
-//! durable lane, which no relay in notify mode can go under), and the
-//! relay's stages from its `eventrelay_latency_stage_seconds` histograms.
+//! Latency at the floor (`--only floor`): eventrelay's durable and ephemeral
+//! lanes of HTTP publish against nchan at the same loads, in rounds of
+//! turning order, as nchan's figures swing from run to run (`--floor-control`
+//! runs nchan twice a round to show that spread). Also timed: one commit
+//! (back to back and at each load's pace); the relay's publishing statement
+//! at each pace with no relay running, the least a notify-mode relay can
+//! take; and the relay's stages from its latency stage histograms.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -21,7 +19,7 @@ use crate::BenchResult;
 use crate::context::Context;
 use crate::publish::{Pace, Source, tick};
 use crate::relay_process::Metrics;
-use crate::report::{Percentiles, Table, joined, median, ms, verdict};
+use crate::report::{Percentiles, Table, joined, median, millis, ms, verdict};
 use crate::scenarios::fanout::{self, FanoutFigures, FanoutPlan, Server};
 
 const COMMITS: usize = 400;
@@ -80,8 +78,7 @@ pub fn round_order(round: usize, control: bool) -> Vec<Side> {
         order.rotate_left(round % 3);
         return order;
     }
-    let mut lanes = [Durable, Ephemeral];
-    let mut nchan = [Nchan, NchanAgain];
+    let (mut lanes, mut nchan) = ([Durable, Ephemeral], [Nchan, NchanAgain]);
     if round % 2 == 1 {
         lanes.reverse();
     }
@@ -118,12 +115,6 @@ pub struct CommitTime {
     pub unflushed: Percentiles,
 }
 
-impl CommitTime {
-    pub fn flush_p50(&self) -> Duration {
-        self.flushed.p50.saturating_sub(self.unflushed.p50)
-    }
-}
-
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let (small, large) = (cx.scale.small_fanout, cx.scale.large_fanout);
     let loads = [(small, 100.0), (small, 20.0), (large, 10.0), (large, 2.0)];
@@ -149,13 +140,10 @@ async fn run_load(
     // One relay serves both lanes; the stage histograms are read around
     // each run, so each lane's stages are its own.
     let relay = cx.start_relay(cx.settings().in_own_session()).await?;
-    let ours = Server::of(&relay);
-    let nchan = cx.nchan();
+    let (ours, nchan) = (Server::of(&relay), cx.nchan());
     let mut runs = Vec::new();
-    let mut stages = vec![
-        (Side::Durable, Stages::default()),
-        (Side::Ephemeral, Stages::default()),
-    ];
+    let lanes = [Side::Durable, Side::Ephemeral];
+    let mut stages = Vec::from(lanes.map(|side| (side, Stages::default())));
     for round in 0..cx.args.floor_rounds {
         for side in round_order(round, cx.args.floor_control) {
             let (server, source) = match (side.lane(), &nchan) {
@@ -198,7 +186,8 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
     let both =
         |of: fn(&CommitTime) -> Duration| format!("{} / {}", ms(of(&before)), ms(of(&after)));
     let (flushed50, flushed99) = (both(|c| c.flushed.p50), both(|c| c.flushed.p99));
-    let (unflushed50, flush50) = (both(|c| c.unflushed.p50), both(CommitTime::flush_p50));
+    let unflushed50 = both(|c| c.unflushed.p50);
+    let flush50 = both(|c| c.flushed.p50.saturating_sub(c.unflushed.p50));
     table.note(
         "floor: one-row commit on this machine, before / after the loads",
         format!(
@@ -241,15 +230,12 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
             let all = runs.iter().all(|f| f.delivered == f.expected);
             let (p50, p99) = (median(&p50s), median(&p99s));
             medians.push((side, (p50, p99)));
+            let [each50, each99, firsts] = [p50s, p99s, firsts].map(|v| joined(&v, 2, ", "));
+            let (cpu, system) = (median(&cpu), median(&system));
             table.add(
                 format!("floor {name}, {} (send-to-receive), {} rounds", side.label(), runs.len()),
                 format!(
-                    "p50 {} ms (median {p50:.2}) · p99 {} ms (median {p99:.2}) · first subscriber p50 {} ms · CPU per delivery {:.2} µs, of it in the kernel {:.2} · {}",
-                    joined(&p50s, 2, ", "),
-                    joined(&p99s, 2, ", "),
-                    joined(&firsts, 2, ", "),
-                    median(&cpu),
-                    median(&system),
+                    "p50 {each50} ms (median {p50:.2}) · p99 {each99} ms (median {p99:.2}) · first subscriber p50 {firsts} ms · CPU per delivery {cpu:.2} µs, of it in the kernel {system:.2} · {}",
                     if all { "all received" } else { "some not received" }
                 ),
                 format!("all received: {}", verdict(all)),
@@ -260,9 +246,11 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
             (of(Side::Nchan), of(Side::Durable), of(Side::Ephemeral))
         {
             let large = load.subscribers >= 10_000;
+            let which = if large { "p99 ≤" } else { "p50 and p99 ≤" };
             let ephemeral_met = ephemeral.1 <= nchan.1 && (large || ephemeral.0 <= nchan.0);
             let (commit50, commit99) = (millis(commit_p50), millis(commit_p99));
             let durable_met = durable.0 <= nchan.0 + commit50 && durable.1 <= nchan.1 + commit99;
+            let [ephemeral_met, durable_met] = [ephemeral_met, durable_met].map(verdict);
             // A commit made as seldom as this load's costs more than one
             // back to back; the verdict keeps the stricter, back-to-back one.
             let (paced50, paced99) = (millis(load.paced_commit.p50), millis(load.paced_commit.p99));
@@ -281,27 +269,17 @@ fn report(commit: [CommitTime; 2], loads: &[LoadFigures], table: &mut Table) {
                     heard50,
                 ),
                 format!(
-                    "ephemeral {} nchan's: {} · durable ≤ nchan's + one commit: {}",
-                    if large { "p99 ≤" } else { "p50 and p99 ≤" },
-                    verdict(ephemeral_met),
-                    verdict(durable_met)
+                    "ephemeral {which} nchan's: {ephemeral_met} · durable ≤ nchan's + one commit: {durable_met}"
                 ),
             );
         }
-        let quotients = [
-            (
-                "each round's p50 / p99 over nchan's of the same round",
-                against_nchan_by_round(load),
-            ),
-            (
-                "each lane's median quotient against nchan's spread against itself",
-                against_nchan_spread(load),
-            ),
-        ];
-        for (what, row) in quotients {
-            if let Some(row) = row {
-                table.note(format!("floor {name}: {what}"), row);
-            }
+        if let Some(row) = against_nchan_by_round(load) {
+            let what = "each round's p50 / p99 over nchan's of the same round";
+            table.note(format!("floor {name}: {what}"), row);
+        }
+        if let Some(row) = against_nchan_spread(load) {
+            let what = "each lane's median quotient against nchan's spread against itself";
+            table.note(format!("floor {name}: {what}"), row);
         }
         for (side, stages) in &load.stages {
             let label = side.label();
@@ -340,8 +318,7 @@ fn against_nchan_by_round(load: &LoadFigures) -> Option<String> {
 /// where each lane's median quotient lies against it. A lane inside it is
 /// as far from nchan as nchan is from itself. `None` without the control.
 fn against_nchan_spread(load: &LoadFigures) -> Option<String> {
-    let nchan = load.of(Side::Nchan);
-    let again = load.of(Side::NchanAgain);
+    let (nchan, again) = (load.of(Side::Nchan), load.of(Side::NchanAgain));
     let p50 = |runs: &[&FanoutFigures]| quotients(runs, &nchan, |f| f.latency.p50);
     let p99 = |runs: &[&FanoutFigures]| quotients(runs, &nchan, |f| f.latency.p99);
     let spread = [spread(&p50(&again))?, spread(&p99(&again))?];
@@ -413,10 +390,6 @@ fn breakdown(stages: &Stages) -> String {
     format!("{} ms", parts.join(" · "))
 }
 
-fn millis(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1000.0
-}
-
 fn thousands(n: usize) -> String {
     if n >= 1000 && n % 1000 == 0 {
         format!("{},000", n / 1000)
@@ -439,11 +412,10 @@ pub struct AnnouncedCommit {
     pub heard: Percentiles,
 }
 
-/// Writes `commits` durable events, one every `1 / per_second` seconds, as
-/// the relay writes a publish request of one event (its publisher and
-/// pool, statements prepared, `BEGIN`, statement and `COMMIT` in one round
-/// trip), with no relay running: the time until it is heard is the least
-/// a relay in notify mode can take from a publish to its first write.
+/// Writes `commits` durable events, `per_second` a second, as the relay
+/// writes a one-event publish (its publisher and pool, prepared statements,
+/// `BEGIN`, statement and `COMMIT` in one round trip), with no relay running:
+/// the time until it is heard is the least a notify-mode relay can take.
 pub async fn announced_commit_time(
     database_url: &str,
     schema: &str,
@@ -469,8 +441,7 @@ pub async fn announced_commit_time(
     tokio::time::timeout(STARTUP, listener.next(None)).await??;
 
     let mut ticks = pacer(per_second);
-    let mut committed = Vec::with_capacity(commits);
-    let mut heard = Vec::with_capacity(commits);
+    let (mut committed, mut heard) = (Vec::with_capacity(commits), Vec::with_capacity(commits));
     for number in 1..=commits {
         ticks.tick().await;
         let batch = event(number)?;
@@ -507,14 +478,11 @@ pub async fn timed_commits(
 ) -> BenchResult<Percentiles> {
     let client = eventrelay::connect(database_url).await?;
     let table = format!("{schema}.floor_commits");
-    client
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {table} (n int); SET synchronous_commit = {setting}"
-        ))
-        .await?;
-    let statement = client
-        .prepare(&format!("INSERT INTO {table} VALUES ($1)"))
-        .await?;
+    let setup =
+        format!("CREATE TABLE IF NOT EXISTS {table} (n int); SET synchronous_commit = {setting}");
+    client.batch_execute(&setup).await?;
+    let insert = format!("INSERT INTO {table} VALUES ($1)");
+    let statement = client.prepare(&insert).await?;
     let mut ticks = per_second.map(pacer);
     let mut samples = Vec::with_capacity(commits);
     for n in 0..commits as i32 {
@@ -535,8 +503,7 @@ fn pacer(per_second: f64) -> tokio::time::Interval {
     ticks
 }
 
-/// The relay's stage histograms as `/metrics` serves them (cumulative
-/// counts per bucket), by stage.
+/// The relay's stage histograms by stage, as `/metrics` serves them (cumulative).
 #[derive(Debug, Clone, Default)]
 pub struct Stages(BTreeMap<String, StageHistogram>);
 
@@ -605,8 +572,7 @@ impl StageHistogram {
     /// The `q` quantile, interpolated inside its bucket (as Prometheus's
     /// `histogram_quantile` does); past the last finite bound, that bound.
     pub fn quantile(&self, q: f64) -> Duration {
-        let rank = q * self.count;
-        let mut lower = (0.0, 0.0);
+        let (rank, mut lower) = (q * self.count, (0.0, 0.0));
         for &(bound, cumulative) in &self.buckets {
             if cumulative >= rank && cumulative > 0.0 {
                 if bound.is_infinite() {
@@ -727,10 +693,8 @@ eventrelay_events_delivered_total 5
         };
         assert!(against_nchan_by_round(&without(Side::Nchan)).is_none());
         assert!(against_nchan_spread(&without(Side::NchanAgain)).is_none());
-        let (ours, theirs) = (
-            [figures(3, 6), figures(4, 8)],
-            [figures(0, 4), figures(2, 4)],
-        );
+        let ours = [figures(3, 6), figures(4, 8)];
+        let theirs = [figures(0, 4), figures(2, 4)];
         let (ours, theirs): (Vec<_>, Vec<_>) = (ours.iter().collect(), theirs.iter().collect());
         assert_eq!(quotients(&ours, &theirs, |f| f.latency.p50), vec![2.0]);
         assert_eq!(place(spread(&[1.1, 0.9, 1.0]).unwrap(), 0.9), "inside");

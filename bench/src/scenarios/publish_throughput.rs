@@ -1,11 +1,10 @@
-//! Publishing at scale (`--only publish`): durable events per second the
-//! HTTP publish API accepts from concurrent publishers, each waiting for
-//! its answer (which comes after the commit) before the next, with group
-//! commit off and on and, given `--baseline-relay-bin`, against an earlier
-//! release; and the publisher crate's batch emit against one emit per event.
+//! Publishing at scale (`--only publish`): durable events per second the HTTP
+//! API takes from publishers each awaiting its answer (sent after the commit),
+//! group commit off and on, and against an earlier release given
+//! `--baseline-relay-bin`; and the publisher crate's batch emit against emit.
 
 use crate::context::Context;
-use crate::report::{Percentiles, Table, alternating, median, ms, verdict};
+use crate::report::{Percentiles, Table, alternating, median, ms, target_if, verdict};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -16,7 +15,8 @@ use std::time::{Duration, Instant};
 use eventrelay_publisher::{NewEvent, Publisher};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
 
 use crate::database::{drop_schema, unique_schema};
 use crate::relay_process::{RelayProcess, RelaySettings};
@@ -29,9 +29,8 @@ pub struct PublishFigures {
     pub failed: usize,
 }
 
-/// `publishers` concurrent publishers against the relay at `address` for
-/// `duration`, each on a keep-alive connection of its own (see
-/// [`RawPublisher`] for why not a general-purpose client).
+/// `publishers` concurrent publishers to the relay at `address` for
+/// `duration`, each on a keep-alive connection of its own ([`RawPublisher`]).
 pub async fn http_publish(
     address: SocketAddr,
     publishers: usize,
@@ -79,20 +78,15 @@ pub async fn http_publish(
         samples.extend(mine);
         failed += lost;
     }
-    let elapsed = started.elapsed().as_secs_f64();
     Ok(PublishFigures {
-        events_per_second: samples.len() as f64 / elapsed,
+        events_per_second: samples.len() as f64 / started.elapsed().as_secs_f64(),
         latency: Percentiles::of(&mut samples),
         failed,
     })
 }
 
-pub async fn emit_versus_batch(
-    database_url: &str,
-    schema: &str,
-    count: usize,
-) -> BenchResult<(f64, f64)> {
-    let mut client = eventrelay::connect(database_url).await?;
+pub async fn emit_versus_batch(db: &str, schema: &str, count: usize) -> BenchResult<(f64, f64)> {
+    let mut client = eventrelay::connect(db).await?;
     let publisher = Publisher::new(schema)?;
     let events = || -> Vec<NewEvent> {
         (0..count)
@@ -113,8 +107,8 @@ pub async fn emit_versus_batch(
     let batched = count as f64 / started.elapsed().as_secs_f64();
     Ok((one_by_one, batched))
 }
+
 pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
-    let (db, schema) = (cx.db(), cx.schema.as_str());
     let baseline_at_64 = match &cx.args.baseline_relay_bin {
         Some(binary) => Some(baseline_publish_row(cx, binary, table).await?),
         None => None,
@@ -124,32 +118,25 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         let mut settings = cx.settings();
         settings.group_commit_ms = group_commit_ms;
         let relay = cx.start_relay(settings).await?;
-        let label = if group_commit_ms == 0 {
-            "group commit off".to_owned()
-        } else {
-            format!("group commit on ({group_commit_ms} ms)")
+        let label = match group_commit_ms {
+            0 => "group commit off".to_owned(),
+            ms => format!("group commit on ({ms} ms)"),
         };
         for publishers in [1, 64] {
             eprintln!("HTTP publish, {publishers} publishers, {label}");
             let f = http_publish(relay.address(), publishers, cx.scale.emit_run * 2).await?;
-            let target = match (group_commit_ms, publishers) {
-                (0, 64) => {
-                    off_at_64 = Some(f.events_per_second);
-                    "–".to_owned()
-                }
-                (_, 64) => {
-                    let off = f.events_per_second / off_at_64.unwrap_or(f64::INFINITY);
-                    let mut target = format!("{off:.1}× group commit off");
-                    if let Some(baseline) = baseline_at_64 {
-                        // One pair of runs, half a minute apart; the
-                        // alternating rounds below judge the target.
-                        let ratio = f.events_per_second / baseline;
-                        target = format!("{ratio:.1}× the earlier release ({target})");
-                    }
-                    target
-                }
-                _ => "–".to_owned(),
-            };
+            if (group_commit_ms, publishers) == (0, 64) {
+                off_at_64 = Some(f.events_per_second);
+            }
+            let off = f.events_per_second / off_at_64.unwrap_or(f64::INFINITY);
+            let mut target = format!("{off:.1}× group commit off");
+            if let Some(baseline) = baseline_at_64 {
+                // One pair of runs, half a minute apart; the
+                // alternating rounds below judge the target.
+                let ratio = f.events_per_second / baseline;
+                target = format!("{ratio:.1}× the earlier release ({target})");
+            }
+            let target = target_if(group_commit_ms > 0 && publishers == 64, target);
             table.add(
                 format!("HTTP publish, durable, {publishers} concurrent publisher(s), {label}"),
                 publish_figures(&f),
@@ -158,27 +145,23 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         }
     }
     if let Some(binary) = &cx.args.baseline_relay_bin {
-        alternating_publish_rounds(cx, binary, table).await?;
+        baseline_rounds(cx, binary, table).await?;
     }
     let count = if cx.args.quick { 1_000 } else { 5_000 };
-    let (one_by_one, batched) = emit_versus_batch(db, schema, count).await?;
+    let (one_by_one, batched) = emit_versus_batch(cx.db(), &cx.schema, count).await?;
+    let speedup = batched / one_by_one;
     table.note(
         format!("publisher: {count} durable events in one transaction, emit each vs emit_batch"),
         format!(
-            "emit: {one_by_one:.0} events/s · emit_batch: {batched:.0} events/s ({:.1}×)",
-            batched / one_by_one
+            "emit: {one_by_one:.0} events/s · emit_batch: {batched:.0} events/s ({speedup:.1}×)"
         ),
     );
     Ok(())
 }
 
 fn publish_figures(f: &PublishFigures) -> String {
-    format!(
-        "{:.0} events/s · publish latency {} · {} failed",
-        f.events_per_second,
-        f.latency.p50_p99(),
-        f.failed
-    )
+    let (rate, latency, failed) = (f.events_per_second, f.latency.p50_p99(), f.failed);
+    format!("{rate:.0} events/s · publish latency {latency} · {failed} failed")
 }
 
 fn baseline_settings(cx: &Context) -> (String, RelaySettings) {
@@ -214,15 +197,10 @@ async fn baseline_publish_row(cx: &Context, binary: &Path, table: &mut Table) ->
 
 const PUBLISH_ROUNDS: usize = 3;
 
-/// 64 publishers against the earlier release and this one (group commit
-/// on), both relays running, in rounds of alternating order: this machine's
-/// speed drifts within minutes, so one pair of runs half a minute apart can
-/// be off by a third either way. The target is judged on the median ratio.
-async fn alternating_publish_rounds(
-    cx: &Context,
-    binary: &Path,
-    table: &mut Table,
-) -> BenchResult<()> {
+/// 64 publishers against the earlier release and this one (group commit on)
+/// in rounds of alternating order, as this machine's speed drifts within
+/// minutes (a third either way); the target is judged on the median ratio.
+async fn baseline_rounds(cx: &Context, binary: &Path, table: &mut Table) -> BenchResult<()> {
     let (baseline_schema, baseline_settings) = baseline_settings(cx);
     let rounds = async {
         let baseline = RelayProcess::start(binary, &cx.args.work_dir, &baseline_settings).await?;
@@ -252,24 +230,21 @@ async fn alternating_publish_rounds(
     drop_schema(cx.db(), &baseline_schema).await;
     let (shown, ratios) = rounds?;
     let ratio = median(&ratios);
+    let met = verdict(ratio >= 10.0);
     table.add(
         format!(
             "HTTP publish, durable, 64 concurrent publishers, earlier release vs group commit on, \
              {PUBLISH_ROUNDS} rounds in alternating order"
         ),
         format!("{} · median {ratio:.1}×", shown.join(" · ")),
-        format!(
-            "≥ 10× the earlier release: {ratio:.1}× {}",
-            verdict(ratio >= 10.0)
-        ),
+        format!("≥ 10× the earlier release: {ratio:.1}× {met}"),
     );
     Ok(())
 }
 
 /// A lean HTTP/1.1 publisher: one keep-alive connection, each request
-/// written in one piece and its answer read by hand. The relay shares the
-/// machine's cores with its load, so a general-purpose client's own work
-/// per request would come out of the figure being measured.
+/// written in one piece, its answer read by hand. The relay shares the cores
+/// with its load, so a general-purpose client's work would cost the figure.
 pub struct RawPublisher {
     stream: TcpStream,
     head: String,
@@ -328,6 +303,34 @@ pub(crate) fn message_length(bytes: &[u8]) -> BenchResult<Option<usize>> {
         .transpose()?
         .ok_or("a message without Content-Length")?;
     Ok((bytes.len() >= end + 4 + body).then_some(end + 4 + body))
+}
+
+/// Answers every request on `listener` with an empty `200 OK`, `delay`
+/// after it came whole, handing it to `on_request` first.
+pub(crate) fn serve_ok(
+    listener: TcpListener,
+    delay: Duration,
+    on_request: impl Fn(&[u8]) + Clone + Send + 'static,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let on_request = on_request.clone();
+            tokio::spawn(async move {
+                let mut buffer = Vec::with_capacity(8192);
+                while let Ok(1..) = stream.read_buf(&mut buffer).await {
+                    while let Ok(Some(length)) = message_length(&buffer) {
+                        on_request(&buffer[..length]);
+                        buffer.drain(..length);
+                        tokio::time::sleep(delay).await;
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if stream.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    })
 }
 
 /// The status of the answer in `bytes` (`HTTP/1.1 200 OK`).

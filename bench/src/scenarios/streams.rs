@@ -1,12 +1,10 @@
 //! Streams held by client processes (`stream_client`). `--only streams`:
 //! idle streams on one relay in steps up to 19,000; `--only box`: 100,000
-//! over six relays on one database. Both then send one event per second to
-//! every stream, commit-to-receive timed; the box restarts every relay at
-//! once under its streams. `--only storm`: N subscribers stream while
-//! durable events are emitted, the relay gets SIGTERM and a new process
-//! starts on its port; subscribers retry every 50 ms (a browser's
-//! `EventSource` without its retry delay) and none may miss an event. Then
-//! more waves arrive, each while the previous one hangs up.
+//! over six relays on one database; then one event per second to each, and
+//! the box restarts every relay at once under them. `--only storm`: the
+//! relay is SIGTERMed and restarted on its port while events are emitted and
+//! subscribers retry every 50 ms; none may miss an event. Then more waves
+//! arrive, each while the previous one hangs up.
 
 use crate::context::Context;
 use crate::report::{Percentiles, Table, size, verdict};
@@ -74,14 +72,11 @@ impl BoxPlan {
     }
 
     pub fn streams(quick: bool) -> BoxPlan {
+        let scale = if quick { 1 } else { 10 };
         BoxPlan {
             label: "streams",
             relays: 1,
-            steps: if quick {
-                vec![500, 1_000, 1_900]
-            } else {
-                vec![5_000, 10_000, 19_000]
-            },
+            steps: vec![500 * scale, 1_000 * scale, 1_900 * scale],
             settle: Duration::from_secs(if quick { 1 } else { 5 }),
             clients: 1,
             run: Duration::from_secs(if quick { 5 } else { 30 }),
@@ -116,10 +111,9 @@ impl BoxPlan {
     }
 }
 
-/// Picks `database.pool_size` so that `relays × (pool_size + 1)` (each relay
-/// also holds its LISTEN connection) fits in what Postgres allows, less the
-/// superuser reserve, the connections open now and [`HEADROOM`]; answers it
-/// with `max_connections`, the reserve and the connections in use.
+/// A `database.pool_size` for which `relays × (pool_size + 1)` (with each
+/// relay's LISTEN connection) fits in `max_connections` less the superuser
+/// reserve, the connections in use and [`HEADROOM`]; and those three.
 pub async fn pool_budget(database_url: &str, relays: usize) -> BenchResult<(usize, [usize; 3])> {
     let client = eventrelay::connect(database_url).await?;
     let settings = "SELECT current_setting('max_connections')::int,
@@ -129,9 +123,8 @@ pub async fn pool_budget(database_url: &str, relays: usize) -> BenchResult<(usiz
     let row = client.query_one(settings, &[]).await?;
     let [max_connections, reserved, in_use] = [0, 1, 2].map(|i| row.get::<_, i32>(i) as usize);
     let budget = max_connections.saturating_sub(reserved + in_use + HEADROOM);
-    let pool_size = (budget / relays.max(1))
-        .saturating_sub(1)
-        .clamp(1, POOL_CEILING);
+    let per_relay = budget / relays.max(1);
+    let pool_size = per_relay.saturating_sub(1).clamp(1, POOL_CEILING);
     Ok((pool_size, [max_connections, reserved, in_use]))
 }
 
@@ -144,10 +137,9 @@ struct Emitter {
 }
 
 impl Emitter {
-    /// Numbered durable emits, one transaction each, at `rate` per second
-    /// spread round robin over the scopes, from `first` on, until
-    /// `deadline` or until `stop` turns true. Answers each event's commit
-    /// time (realtime ns), indexed from `first`.
+    /// Numbered durable emits from `first` on, one transaction each, `rate`
+    /// a second round robin over the scopes, until `deadline` or `stop`;
+    /// answers each one's commit time (realtime ns), indexed from `first`.
     async fn run(
         &self,
         first: usize,
@@ -184,10 +176,8 @@ async fn count_connections(database_url: String, mut stop: watch::Receiver<bool>
     let Ok(client) = eventrelay::connect(&database_url).await else {
         return -1;
     };
-    let (count, mut most) = (
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-        0,
-    );
+    let count = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
+    let mut most = 0;
     loop {
         if let Ok(row) = client.query_one(count, &[&APPLICATION_NAME]).await {
             most = most.max(row.get::<_, i64>(0));
@@ -198,6 +188,11 @@ async fn count_connections(database_url: String, mut stop: watch::Receiver<bool>
         }
     }
     most
+}
+
+/// Realtime nanoseconds `from` to `to`, in seconds; 0 if `to` came first.
+fn seconds_between(from: u64, to: u64) -> f64 {
+    to.saturating_sub(from) as f64 / 1e9
 }
 
 fn with_application_name(url: &str) -> String {
@@ -223,10 +218,8 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let (sampling, sampler_stop) = watch::channel(false);
     let sampler = tokio::spawn(count_connections(database_url.to_owned(), sampler_stop));
 
-    let mut relays: Vec<RelayProcess> = futures_util::future::try_join_all(
-        (0..relays_n).map(|_| RelayProcess::start(relay_bin, work_dir, &settings)),
-    )
-    .await?;
+    let starting = (0..relays_n).map(|_| RelayProcess::start(relay_bin, work_dir, &settings));
+    let mut relays = futures_util::future::try_join_all(starting).await?;
     let ports: Vec<u16> = relays.iter().map(|relay| relay.port).collect();
     let usages = |relays: &[RelayProcess]| -> Vec<Usage> {
         relays.iter().map(|r| usage(&[r.pid()])).collect()
@@ -238,8 +231,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let (mut clients, mut at_step) = (Clients(Vec::new()), Vec::new());
     let (mut opened, mut connecting) = (0, Duration::ZERO);
     for &step in &plan.steps {
-        let started = Instant::now();
-        let from = clients.0.len();
+        let (started, from) = (Instant::now(), clients.0.len());
         let spec = ClientSpec {
             index: from,
             relay_ports: ports.clone(),
@@ -279,8 +271,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let mut committed = emitter.run(0, rate, Some(run_deadline), no_stop).await?;
     let run_events = committed.len();
     let expected_run = plan.expected(run_events);
-    let drain_deadline = Instant::now() + DRAIN;
-    let mut received_run = 0;
+    let (drain_deadline, mut received_run) = (Instant::now() + DRAIN, 0);
     while Instant::now() < drain_deadline {
         received_run = clients.received(Duration::from_secs(10)).await?;
         if received_run >= expected_run {
@@ -288,8 +279,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let after_run = usages(&relays);
-    let clients_rss = proc_stats::rss_bytes(&client_pids);
+    let (after_run, clients_rss) = (usages(&relays), proc_stats::rss_bytes(&client_pids));
     clients.send("report")?;
     let reports = clients.expect("report", Duration::from_secs(60)).await?;
     let mut arrivals: Vec<Arrival> = Vec::new();
@@ -299,8 +289,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let first = PhaseFigures::merge(reports.iter().map(|r| &r["tally"]), relays_n);
 
     let mut per_relay_latency = vec![Vec::new(); relays_n];
-    let mut all_latency = Vec::with_capacity(arrivals.len());
-    let mut last_arrival = 0u64;
+    let (mut all_latency, mut last_arrival) = (Vec::with_capacity(arrivals.len()), 0u64);
     for arrival in &arrivals {
         let Some(&commit) = committed.get(arrival.number as usize) else {
             continue;
@@ -314,13 +303,11 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     }
     drop(arrivals);
     let delivered = all_latency.len() as u64;
-    let span = last_arrival.saturating_sub(committed.first().copied().unwrap_or(0)) as f64 / 1e9;
+    let span = seconds_between(committed.first().copied().unwrap_or(0), last_arrival);
     let latency = Percentiles::of(&mut all_latency);
-    let connect_secs = |relay: usize| {
-        (first.last_ready[relay].saturating_sub(first.first_attempt) as f64 / 1e9).max(1e-9)
-    };
-    let connect_all = connecting.as_secs_f64().max(1e-9);
-    let run_secs = plan.run.as_secs_f64();
+    let connect_secs =
+        |relay: usize| seconds_between(first.first_attempt, first.last_ready[relay]).max(1e-9);
+    let (connect_all, run_secs) = (connecting.as_secs_f64().max(1e-9), plan.run.as_secs_f64());
 
     let (processes, scopes) = (clients.0.len(), plan.scopes);
     let (last_source, per_relay, all_relays) =
@@ -364,13 +351,10 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         // The last step against the one before: RSS per stream stays flat.
         let target = match index.checked_sub(1).map(|before| &at_step[before]) {
             Some((middle, middle_usage)) if index + 1 == at_step.len() => {
-                let (at_middle, at_last) =
-                    (per_stream(middle_usage, *middle), per_stream(usages, *step));
-                format!(
-                    "≤ 14 KiB at {middle}: {} · {step} within 10% of {middle}: {}",
-                    verdict(at_middle <= 14.0 * 1024.0),
-                    verdict(at_last <= at_middle * 1.1)
-                )
+                let at_middle = per_stream(middle_usage, *middle);
+                let small = verdict(at_middle <= 14.0 * 1024.0);
+                let flat = verdict(per_stream(usages, *step) <= at_middle * 1.1);
+                format!("≤ 14 KiB at {middle}: {small} · {step} within 10% of {middle}: {flat}")
             }
             _ => "–".to_owned(),
         };
@@ -446,9 +430,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
         }
     }))
     .await;
-    let mut stopped_in = Vec::new();
-    let mut last_ready_relay = 0;
-    let mut failures = Vec::new();
+    let (mut stopped_in, mut last_ready_relay, mut failures) = (Vec::new(), 0, Vec::new());
     for outcome in restarted {
         match outcome {
             Ok((stopped, fresh, ready_at)) => {
@@ -459,8 +441,7 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
             Err(error) => failures.push(error.to_string()),
         }
     }
-    let mut all_back_at = 0u64;
-    let mut all_back = failures.is_empty();
+    let (mut all_back_at, mut all_back) = (0u64, failures.is_empty());
     for client in &mut clients.0 {
         let left = storm_deadline.saturating_duration_since(tokio::time::Instant::now());
         let left = left.max(Duration::from_millis(1));
@@ -475,16 +456,11 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop_storm.send_replace(true);
     committed.extend(storm_emitter.await??);
-    let emitted = committed.len();
-    let after_storm = usages(&relays);
-    let waiting = relays
-        .iter()
-        .map(|relay| relay.metric("database_pool_waiting"));
+    let (emitted, after_storm) = (committed.len(), usages(&relays));
+    let waiting = relays.iter().map(|r| r.metric("database_pool_waiting"));
     let pool_waiting = futures_util::future::join_all(waiting).await;
-    let most_connections = {
-        sampling.send_replace(true);
-        sampler.await.unwrap_or(-1)
-    };
+    sampling.send_replace(true);
+    let most_connections = sampler.await.unwrap_or(-1);
     let patience = if all_back { DRAIN } else { DRAIN / 4 };
     clients.send(&format!("finish {emitted} {}", patience.as_millis()))?;
     let finished = clients.expect("finished", patience + PATIENCE).await?;
@@ -492,37 +468,31 @@ async fn run(plan: &BoxPlan, cx: &Context, table: &mut Table) -> BenchResult<()>
     let total = |key| stream_client::sum(&finished, key);
     let (missing, missing_streams) = (total("missing"), total("missing_streams"));
     let storm = PhaseFigures::merge(finished.iter().map(|f| &f["phases"][1]), relays_n);
-    let from_sigterm = all_back_at.saturating_sub(sigterm_at) as f64 / 1e9;
-    let from_last_relay = all_back_at.saturating_sub(last_ready_relay) as f64 / 1e9;
-    let slowest_stop = stopped_in.iter().max().copied().unwrap_or_default();
+    let from_sigterm = seconds_between(sigterm_at, all_back_at);
+    let from_last_relay = seconds_between(last_ready_relay, all_back_at);
+    let slowest_stop = stopped_in.iter().max().map_or(0.0, Duration::as_secs_f64);
+    let last_ready = seconds_between(sigterm_at, last_ready_relay);
+    let (connect, errors) = (storm.connect.summary(), storm.errors());
+    let (refused, opened) = (storm.refused_while_down, storm.streams_opened);
+    let rss = size(sum_rss(&after_storm));
+    let failures: String = failures.iter().map(|f| format!(" · {f}")).collect();
+    let all_back_clean = verdict(all_back && storm.clean() && missing == 0);
     table.add(
         format!(
             "{label}: reconnect storm, all {relays_n} relays SIGTERMed at once and restarted on their ports under {n} streams, {} events/s emitted throughout, clients reconnecting as eventrelay's browser client (full jitter over 3 s, backoff after failures)",
             plan.storm_rate,
         ),
         format!(
-            "{} · slowest relay exited {:.2} s after SIGTERM, last one ready again {:.2} s after it · connect {} · {} · refused while down: {} · {} streams opened · {emitted} events emitted in all, {missing} (subscriber, event) pairs missed on {missing_streams} streams · relays' RSS after {} · most relay connections to Postgres at once {most_connections} · pool waiters at the end {:?}{}",
+            "{} · slowest relay exited {slowest_stop:.2} s after SIGTERM, last one ready again {last_ready:.2} s after it · connect {connect} · {errors} · refused while down: {refused} · {opened} streams opened · {emitted} events emitted in all, {missing} (subscriber, event) pairs missed on {missing_streams} streams · relays' RSS after {rss} · most relay connections to Postgres at once {most_connections} · pool waiters at the end {pool_waiting:?}{failures}",
             if all_back {
                 format!(
                     "all {n} streaming again {from_sigterm:.1} s after the SIGTERMs ({from_last_relay:.1} s after the last relay was ready)"
                 )
             } else {
                 format!("not all {n} streaming again within {STORM_PATIENCE:?}")
-            },
-            slowest_stop.as_secs_f64(),
-            last_ready_relay.saturating_sub(sigterm_at) as f64 / 1e9,
-            storm.connect.summary(),
-            storm.errors(),
-            storm.refused_while_down,
-            storm.streams_opened,
-            size(sum_rss(&after_storm)),
-            pool_waiting,
-            failures.iter().map(|f| format!(" · {f}")).collect::<String>()
+            }
         ),
-        format!(
-            "all back, no 408, 5xx or reset, none missed: {}",
-            verdict(all_back && storm.clean() && missing == 0)
-        ),
+        format!("all back, no 408, 5xx or reset, none missed: {all_back_clean}"),
     );
     let descriptors = first.out_of_descriptors + storm.out_of_descriptors;
     let ports = first.out_of_ports + storm.out_of_ports;
@@ -584,28 +554,6 @@ pub struct StormFigures {
     pub rss_settled_kib: u64,
 }
 
-fn open_wave(
-    client_bin: &Path,
-    work_dir: &Path,
-    plan: &StormPlan,
-    name: &str,
-    port: u16,
-    last_event_id: Option<i64>,
-) -> BenchResult<Clients> {
-    let spec = ClientSpec {
-        index: 0,
-        relay_ports: vec![port],
-        streams: 0..plan.subscribers,
-        scopes: plan.scopes,
-        scope_prefix: name.to_owned(),
-        last_event_id,
-        connect_concurrency: plan.subscribers.div_ceil(CLIENTS),
-        reconnect: Reconnect::Immediate,
-        work_dir: work_dir.to_owned(),
-    };
-    Ok(Clients(spec.spawn(client_bin, CLIENTS)?))
-}
-
 async fn all_streaming(wave: &mut Clients, since: u64) -> Option<Duration> {
     let lines = wave.expect("all_streaming", WAVE_PATIENCE).await.ok()?;
     let last = lines
@@ -633,12 +581,26 @@ pub async fn run_storm(
 ) -> BenchResult<StormFigures> {
     let n = plan.subscribers;
     let mut relay = RelayProcess::start(binary, work_dir, settings).await?;
-    let port = relay.port;
-    let rss_before_kib = rss_kib(&relay);
+    let (port, rss_before_kib) = (relay.port, rss_kib(&relay));
     let start_after = max_seq(&settings.database_url, &settings.schema).await?;
+    // A wave: every subscriber, on scopes named after the wave.
+    let open_wave = |name: &str, last_event_id| -> BenchResult<Clients> {
+        let spec = ClientSpec {
+            index: 0,
+            relay_ports: vec![port],
+            streams: 0..n,
+            scopes: plan.scopes,
+            scope_prefix: name.to_owned(),
+            last_event_id,
+            connect_concurrency: n.div_ceil(CLIENTS),
+            reconnect: Reconnect::Immediate,
+            work_dir: work_dir.to_owned(),
+        };
+        Ok(Clients(spec.spawn(client_bin, CLIENTS)?))
+    };
 
     let connecting = realtime_ns();
-    let mut storm = open_wave(client_bin, work_dir, plan, "storm", port, Some(start_after))?;
+    let mut storm = open_wave("storm", Some(start_after))?;
     let first_after = all_streaming(&mut storm, connecting).await.ok_or(format!(
         "not all {n} subscribers streamed within {WAVE_PATIENCE:?}"
     ))?;
@@ -676,8 +638,7 @@ pub async fn run_storm(
     let (mut left, mut waves) = (Vec::new(), Vec::new());
     for number in 0..plan.extra_waves {
         let arriving = realtime_ns();
-        let name = format!("wave{number}");
-        let mut wave = open_wave(client_bin, work_dir, plan, &name, port, None)?;
+        let mut wave = open_wave(&format!("wave{number}"), None)?;
         left.push(hang_up(&mut leaving, leaving_emitted).await?);
         waves.push(all_streaming(&mut wave, arriving).await);
         rss_streaming_kib.push(rss_kib(&relay));
@@ -733,15 +694,12 @@ pub async fn storm_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let client_bin = std::env::current_exe()?;
     let f = run_storm(&plan, relay_bin, &client_bin, work_dir, &cx.settings()).await?;
     let phase = |p: &Phase| {
-        format!(
-            "{} · connect {} · {}",
-            p.all_streaming_after.map_or_else(
-                || format!("not all {n} streaming"),
-                |d| format!("all {n} streaming after {:.2} s", d.as_secs_f64())
-            ),
-            p.figures.connect.p50_p99(),
-            p.figures.errors()
-        )
+        let streaming = match p.all_streaming_after {
+            Some(after) => format!("all {n} streaming after {:.2} s", after.as_secs_f64()),
+            None => format!("not all {n} streaming"),
+        };
+        let (connect, errors) = (p.figures.connect.p50_p99(), p.figures.errors());
+        format!("{streaming} · connect {connect} · {errors}")
     };
     table.add(
         format!("reconnect storm: {n} subscribers connect at once (100 scopes)"),
@@ -749,19 +707,16 @@ pub async fn storm_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         format!("no 408, 5xx or reset: {}", verdict(f.first.clean())),
     );
     let (stopped, restart) = (f.stopped_in.as_secs_f64(), phase(&f.restart));
+    let (emitted, missed) = (f.emitted, f.missed);
+    let all_back_clean = verdict(f.restart.clean() && f.missed == 0);
     table.add(
         format!(
             "reconnect storm: SIGTERM and restart under {n} subscribers, 20 ev/s emitted throughout"
         ),
         format!(
-            "old process exited {stopped:.2} s after SIGTERM · from the new process's start, {restart} · {} events, {} missed",
-            f.emitted,
-            f.missed
+            "old process exited {stopped:.2} s after SIGTERM · from the new process's start, {restart} · {emitted} events, {missed} missed"
         ),
-        format!(
-            "all back, no 408, 5xx or reset, none missed: {}",
-            verdict(f.restart.clean() && f.missed == 0)
-        ),
+        format!("all back, no 408, 5xx or reset, none missed: {all_back_clean}"),
     );
     for (index, wave) in f.waves.iter().enumerate() {
         let (number, previous) = (index + 2, index + 1);
@@ -775,14 +730,13 @@ pub async fn storm_rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
     let last = f.rss_streaming_kib.last().copied().unwrap_or(0) as f64;
     let kib = |kib: &u64| size(*kib as f64 * 1024.0);
     let streaming: Vec<String> = f.rss_streaming_kib.iter().map(kib).collect();
+    let [before, after, settled] =
+        [&f.rss_before_kib, &f.rss_after_kib, &f.rss_settled_kib].map(kib);
     table.add(
         format!("reconnect storm: relay RSS with each wave of {n} streaming"),
         format!(
-            "before: {} · {} · after the last wave left: {} · 5 s later: {}",
-            kib(&f.rss_before_kib),
-            streaming.join(" → "),
-            kib(&f.rss_after_kib),
-            kib(&f.rss_settled_kib)
+            "before: {before} · {} · after the last wave left: {after} · 5 s later: {settled}",
+            streaming.join(" → ")
         ),
         format!(
             "last wave within 10% of the first: {}",

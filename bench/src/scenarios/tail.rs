@@ -1,11 +1,10 @@
-//! Tail memory (`--only tail`): the heap one scope's tail holds for 128
-//! events of a size, and 10,000 active scopes' tails against the shared
-//! budget `hub.tails_max_bytes`, through real hubs; before any runtime or
-//! other thread exists, so the counting allocator sees only them.
+//! Tail memory (`--only tail`): the heap a scope's tail holds for 128 events
+//! of a size, and 10,000 active scopes' tails against `hub.tails_max_bytes`,
+//! in real hubs, before any other thread exists to allocate meanwhile.
 
 use crate::alloc_counter::live_bytes;
 use crate::context::Context;
-use crate::report::{Table, size, verdict};
+use crate::report::{Table, size, target_if, verdict};
 use actix::Actor;
 use eventrelay::actors::EncodedEvent;
 use eventrelay::actors::hub::{Hub, PublishDurable};
@@ -43,8 +42,7 @@ fn tail_rows(table: &mut Table) {
         ("64 KiB", 65_536),
         ("1 MiB", 1_048_576),
     ] {
-        let padding = padding("tail-scope", 100, bytes);
-        let before = live_bytes();
+        let (padding, before) = (padding("tail-scope", 100, bytes), live_bytes());
         let mut tail = Tail::new(Arc::new(|| TAIL_EVENTS), Arc::new(|| TAIL_BYTES));
         let batch: Vec<Arc<EncodedEvent>> = (1..=TAIL_EVENTS as i64)
             .map(|seq| event("tail-scope", seq, &padding))
@@ -52,11 +50,8 @@ fn tail_rows(table: &mut Table) {
         tail.publish(0, &batch);
         drop(batch);
         let heap_bytes = live_bytes() - before;
-        let target = if bytes == 300 {
-            format!("≤ 64 KiB: {}", verdict(heap_bytes <= 64 * 1024))
-        } else {
-            "–".to_owned()
-        };
+        let met = verdict(heap_bytes <= 64 * 1024);
+        let target = target_if(bytes == 300, format!("≤ 64 KiB: {met}"));
         let (held, bound) = (tail.len(), size(TAIL_BYTES as f64));
         let [counted, heap] = [tail.bytes() as f64, heap_bytes as f64].map(size);
         table.add(
@@ -72,11 +67,9 @@ fn tail_rows(table: &mut Table) {
 fn tails_budget_row(table: &mut Table, scopes: usize) {
     let budget_bytes = 64 * 1024 * 1024;
     actix::System::new().block_on(async move {
-        let started = Instant::now();
-        let metrics = Arc::new(Metrics::new());
+        let (started, metrics) = (Instant::now(), Arc::new(Metrics::new()));
         let budget = TailBudget::new(budget_bytes, metrics.tails_bytes.clone());
-        let padding = padding("scope-00000", 1, EVENT_BYTES);
-        let before = live_bytes();
+        let (padding, before) = (padding("scope-00000", 1, EVENT_BYTES), live_bytes());
         let hubs: Vec<_> = (0..scopes)
             .map(|n| {
                 Hub::new(
@@ -89,8 +82,7 @@ fn tails_budget_row(table: &mut Table, scopes: usize) {
                 .start()
             })
             .collect();
-        let mut peak = 0;
-        let mut unbounded = 0;
+        let (mut peak, mut unbounded) = (0, 0);
         for seq in 1..=EVENTS_PER_SCOPE as i64 {
             for (n, hub) in hubs.iter().enumerate() {
                 let event = event(&format!("scope-{n:05}"), seq, &padding);

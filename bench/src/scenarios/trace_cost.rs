@@ -1,21 +1,18 @@
-//! Tracing's cost (`--only traces`): HTTP publish throughput (64
-//! publishers) and fan-out p99 at 1,000 streams × 100 events/s published
-//! over HTTP, each on a fresh relay with tracing off, sampling 1% and
-//! sampling 100% of the traces it starts, exporting to a local OTLP sink
-//! that answers 200 to every batch. Alternating rounds; medians.
+//! Tracing's cost (`--only traces`): HTTP publish throughput (64 publishers)
+//! and fan-out p99 at 1,000 streams × 100 events/s over HTTP, on fresh relays
+//! tracing off, at 1% and at 100% into a local OTLP sink; alternating rounds.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::BenchResult;
 use crate::context::Context;
 use crate::publish::{Pace, Source};
-use crate::report::{Table, alternating, joined, median, verdict};
+use crate::report::{Table, alternating, joined, median_of, verdict};
 use crate::scenarios::fanout::{self, FanoutPlan, Server};
-use crate::scenarios::publish_throughput::{http_publish, message_length};
+use crate::scenarios::publish_throughput::{http_publish, serve_ok};
 
 const RATIOS: [Option<f64>; 3] = [None, Some(0.01), Some(1.0)];
 
@@ -23,21 +20,7 @@ const RATIOS: [Option<f64>; 3] = [None, Some(0.01), Some(1.0)];
 async fn otlp_sink() -> BenchResult<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buffer = Vec::new();
-                while stream.read_buf(&mut buffer).await.is_ok_and(|n| n > 0) {
-                    while let Ok(Some(length)) = message_length(&buffer) {
-                        buffer.drain(..length);
-                        let _ = stream
-                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                            .await;
-                    }
-                }
-            });
-        }
-    });
+    serve_ok(listener, Duration::ZERO, |_| {});
     Ok(address)
 }
 
@@ -50,16 +33,16 @@ async fn measure(cx: &Context, sink: SocketAddr, ratio: Option<f64>) -> BenchRes
         );
     }
     let relay = cx.start_relay(settings).await?;
-    let duration = Duration::from_secs(if cx.args.quick { 3 } else { 10 });
+    let (seconds, subscribers) = if cx.args.quick { (3, 200) } else { (10, 1_000) };
+    let duration = Duration::from_secs(seconds);
     let publish = http_publish(relay.address(), 64, duration).await?;
-    let (base, lane) = (relay.base.clone(), "durable");
     let plan = FanoutPlan {
-        subscribers: if cx.args.quick { 200 } else { 1_000 },
+        subscribers,
         scope: "trace-bench".into(),
         pace: Pace::PerSecond(100.0),
         duration,
         writers: 1,
-        source: Source::HttpPublish { base, lane },
+        source: Source::http(&relay.base, "durable"),
         spread: fanout::ONE_SCOPE,
     };
     let p99 = fanout::run(&plan, &Server::of(&relay)).await?.latency.p99;
@@ -73,9 +56,7 @@ pub async fn rows(cx: &Context, table: &mut Table) -> BenchResult<()> {
         measure(cx, sink, RATIOS[case]).await
     })
     .await?;
-    let of =
-        |case: usize, i: usize| median(&figures[case].iter().map(|f| f[i]).collect::<Vec<_>>());
-    let [publish, p99] = [0, 1].map(|i| [0, 1, 2].map(|case| of(case, i)));
+    let [publish, p99] = [0, 1].map(|i| [0, 1, 2].map(|case| median_of(&figures[case], |f| f[i])));
     let [publish_cost, p99_cost] = [publish, p99].map(|f| f[1] / f[0]);
     table.add(
         format!("traces: HTTP publish (64 publishers) and fan-out p99 at 1,000 × 100/s over HTTP, tracing off / 1% / 100% to a local OTLP sink, {rounds} alternating rounds"),

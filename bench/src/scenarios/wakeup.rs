@@ -1,8 +1,7 @@
-//! The two wake-up modes side by side (`--only wakeup`), on a server with
-//! `wal_level = logical`: what emitting costs a writer in each mode against
-//! the floor, then commit-to-receive with both modes' relays at once, the
-//! events alternating between them in slices of half a second (A B, B A,
-//! …) so that both see the same minutes of the machine.
+//! The two wake-up modes side by side (`--only wakeup`, `wal_level =
+//! logical`): what emitting costs a writer in each against the floor, then
+//! commit-to-receive with both modes' relays at once, the events taking
+//! turns in half-second slices (A B, B A, …) so both see the same minutes.
 
 use crate::BenchResult;
 use crate::context::Context;
@@ -10,7 +9,8 @@ use crate::database::{create_schema_for, drop_schema};
 use crate::proc_stats;
 use crate::publish::{Pace, Source, publish_for, slice_side};
 use crate::relay_process::RelaySettings;
-use crate::report::{CommitLog, Percentiles, Table, alternating, median, verdict};
+use crate::report::{CommitLog, Percentiles, Table, alternating, median, median_of, millis};
+use crate::report::{target_if, verdict};
 use crate::scenarios::emit_cost::{self, WriteKind};
 use crate::scenarios::fanout::{CONNECT_CONCURRENCY, DRAIN_PATIENCE, Server, cpu_per_1000};
 use crate::sse_load::{Subscribers, deliveries};
@@ -34,7 +34,7 @@ fn pair_differences(by_slice: &mut [Vec<u64>], slice: usize) -> Vec<f64> {
         } else {
             (second, first)
         };
-        let p50 = |samples: &mut Vec<u64>| Percentiles::of(samples).p50.as_secs_f64() * 1000.0;
+        let p50 = |samples: &mut Vec<u64>| millis(Percentiles::of(samples).p50);
         differences.push(p50(side1) - p50(side0));
     }
     differences
@@ -78,8 +78,7 @@ async fn wakeup_emit_cost(
         let run = cx.scale.emit_run;
         plain.push(emit_cost::measure(db, notify_schema, WriteKind::Plain, writers, run).await?);
     }
-    // The floor is the logical schema with no relay: its trigger sends
-    // nothing and nothing decodes.
+    // The floor: the logical schema with no relay, so nothing is sent or decoded.
     let cases = [
         (None, logical_schema),
         (Some(WakeupMode::Notify), notify_schema),
@@ -110,21 +109,11 @@ async fn wakeup_emit_cost(
         Ok(figures)
     })
     .await?;
-    let medians = |case: usize| -> Vec<f64> {
-        let of = |index: usize| median(&rounds[case].iter().map(|r| r[index]).collect::<Vec<_>>());
-        (0..WRITERS.len()).map(of).collect()
-    };
-    let (floor, notify, logical) = (medians(0), medians(1), medians(2));
     for (index, writers) in WRITERS.into_iter().enumerate() {
-        let of_floor = |tps: f64| tps / floor[index];
-        let ratio = of_floor(logical[index]);
-        let target = if writers == 1 {
-            "–".to_owned()
-        } else {
-            format!("logical ≥ 0.85× the floor: {}", verdict(ratio >= 0.85))
-        };
-        let (plain, floor, logical) = (plain[index], floor[index], logical[index]);
-        let (notify, notify_ratio) = (notify[index], of_floor(notify[index]));
+        let [floor, notify, logical] = [0, 1, 2].map(|case| median_of(&rounds[case], |r| r[index]));
+        let (plain, ratio, notify_ratio) = (plain[index], logical / floor, notify / floor);
+        let met = verdict(ratio >= 0.85);
+        let target = target_if(writers > 1, format!("logical ≥ 0.85× the floor: {met}"));
         table.add(
             format!("emit cost by wake-up mode, {writers} writer(s)"),
             format!(
@@ -206,8 +195,7 @@ async fn wakeup_pair_row(
     let mut by_slice: Vec<Vec<u64>> = vec![Vec::new(); published.div_ceil(SLICE)];
     let mut p50s = Vec::new();
     for (side, open) in opened.into_iter().enumerate() {
-        let outcomes = open.finish().await;
-        let mut latencies: Vec<u64> = deliveries(&outcomes, &log)
+        let mut latencies: Vec<u64> = deliveries(&open.finish().await, &log)
             .map(|(number, _, latency)| {
                 if let Some(samples) = by_slice.get_mut(number as usize / SLICE) {
                     samples.push(latency);
@@ -215,18 +203,14 @@ async fn wakeup_pair_row(
                 latency
             })
             .collect();
-        let delivered = latencies.len() as u64;
-        let latency = Percentiles::of(&mut latencies);
+        let (delivered, latency) = (latencies.len() as u64, Percentiles::of(&mut latencies));
         p50s.push(latency.p50);
-        let target = match WAKEUP_MODES[side] {
-            WakeupMode::Notify => "–".to_owned(),
-            WakeupMode::Logical => format!(
-                "p50 ≤ notify's: {:.3} against {:.3} ms {}",
-                latency.p50.as_secs_f64() * 1000.0,
-                p50s[0].as_secs_f64() * 1000.0,
-                verdict(latency.p50 <= p50s[0])
-            ),
-        };
+        let (p50, notify_p50) = (millis(latency.p50), millis(p50s[0]));
+        let met = verdict(latency.p50 <= p50s[0]);
+        let against_notify = format!("p50 ≤ notify's: {p50:.3} against {notify_p50:.3} ms {met}");
+        let target = target_if(WAKEUP_MODES[side] == WakeupMode::Logical, against_notify);
+        let (summary, events) = (latency.summary(), per_side[side]);
+        let cpu = cpu_per_1000(idle[side], after[side], delivered);
         table.add(
             format!(
                 "wake-up {}: {subscribers} sub(s), 1 scope, {PER_SECOND} ev/s, SQL emit (commit-to-receive), \
@@ -234,23 +218,19 @@ async fn wakeup_pair_row(
                 WAKEUP_MODES[side]
             ),
             format!(
-                "{} · {delivered} of {} received from {} events · {:.3} relay CPU s per 1,000 deliveries",
-                latency.summary(),
-                (per_side[side] * subscribers) as u64,
-                per_side[side],
-                cpu_per_1000(idle[side], after[side], delivered),
+                "{summary} · {delivered} of {} received from {events} events · {cpu:.3} relay CPU s per 1,000 deliveries",
+                events * subscribers
             ),
             target,
         );
     }
     let differences = pair_differences(&mut by_slice, SLICE);
+    let below = differences.iter().filter(|d| **d <= 0.0).count();
+    let (pairs, difference) = (differences.len(), median(&differences));
     table.note(
         format!("wake-up modes, {subscribers} sub(s): slice pairs (one slice of each mode, back to back)"),
         format!(
-            "logical's p50 ≤ notify's in {} of {} pairs · median difference (logical − notify) {:+.2} ms",
-            differences.iter().filter(|d| **d <= 0.0).count(),
-            differences.len(),
-            median(&differences)
+            "logical's p50 ≤ notify's in {below} of {pairs} pairs · median difference (logical − notify) {difference:+.2} ms"
         ),
     );
     Ok(())
