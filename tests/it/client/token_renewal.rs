@@ -83,7 +83,7 @@ async fn renews_without_a_gap(scopes: &'static [&'static str]) {
             .unwrap_or_else(|_| panic!("only {} of {} events", received.len(), emitted.len()))
             .expect("client still running");
         received.push((
-            scope_of(&scopes, &event.envelope.scope_key),
+            scope_of(scopes, &event.envelope.scope_key),
             event.envelope.id,
         ));
     }
