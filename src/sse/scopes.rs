@@ -145,11 +145,16 @@ impl SeveralScopes {
             .any(|(_, replay)| !matches!(replay, Replay::Nothing))
     }
 
-    /// The next scope's replay, once the current one is over.
+    /// The next scope's replay, once the current one is over; a scope
+    /// taken out of the stream meanwhile is not read.
     pub fn next_replay(&mut self) -> Option<Replay> {
-        let (lane, replay) = self.pending.pop_front()?;
-        self.replaying = lane;
-        Some(replay)
+        while let Some((lane, replay)) = self.pending.pop_front() {
+            if !self.lanes[lane].removed {
+                self.replaying = lane;
+                return Some(replay);
+            }
+        }
+        None
     }
 
     /// The subscriber the running replay is filtered for.
@@ -301,11 +306,15 @@ mod tests {
     #[test]
     fn a_removed_scope_sends_nothing_more_and_keeps_its_position() {
         let mut stream = lanes(&["a", "b"]);
+        stream.pending.push_back((1, Replay::Nothing));
         stream.frame(&durable("a", 5, 50)).unwrap();
         assert!(!stream.removal_due(0));
         assert!(stream.removal_due(0b01));
         assert_eq!(stream.take_removed(0b01).as_deref(), Some("a"));
         assert_eq!(stream.take_removed(0b01), None, "once");
+        assert!(stream.next_replay().is_some(), "b still replays");
+        stream.pending.push_back((0, Replay::Nothing));
+        assert!(stream.next_replay().is_none(), "a, taken out, does not");
         assert_eq!(stream.senders(), 1);
         assert!(stream.frame(&durable("a", 6, 50)).is_none());
         let frame = stream.frame(&durable("b", 7, 51)).unwrap();

@@ -2,8 +2,9 @@
 //! credentials grant) carries each scope's events with its own audience
 //! rule, under a compound `id:` from which each scope resumes exactly,
 //! on the same relay (the tail) or another (the outbox); a scope too old
-//! to resume resyncs alone; an operator can take one scope out; and bad
-//! input is refused with stable codes.
+//! to resume resyncs alone; an operator can take one scope out; a stream
+//! one scope's hub drops as too slow ends; and bad input is refused with
+//! stable codes.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
@@ -11,7 +12,9 @@ use eventrelay::store::WakeupMode;
 use eventrelay::wire::{Audience, LastEventId, NewEvent};
 use serde_json::{Value, json};
 
-use crate::support::server::{ADMIN_TOKEN, Frame, SseStream, TestServer, token, token_for_scopes};
+use crate::support::server::{
+    ADMIN_TOKEN, Frame, SseStream, TestServer, read_until_closed, token, token_for_scopes,
+};
 use crate::support::{TestDb, test_in_both_wakeup_modes};
 
 const SCOPES: [&str; 3] = ["doc-7", "org-1", "user-alice"];
@@ -359,4 +362,35 @@ async fn bad_scopes_and_bad_compound_ids_are_refused_with_stable_codes(mode: Wak
         (status, error["code"].as_str()),
         (429, Some("too_many_connections"))
     );
+}
+
+/// One scope's hub drops a stream of several that reads too slowly; the
+/// others' hubs still hold the stream's queue open, so the stream must see
+/// that one let go and end (the client then resumes from its id), rather
+/// than go on without that scope's events.
+#[tokio::test]
+async fn a_stream_one_scope_drops_as_too_slow_ends() {
+    let db = TestDb::new().await;
+    let server = TestServer::start(&db, |c| c.sse.queue_capacity = 64);
+    server.ready().await;
+    // A small receive window, so the relay's writes back up quickly.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let address = server.base.trim_start_matches("http://").parse().unwrap();
+    let connected = socket.connect(address).await.unwrap();
+    let both = token_for_scopes("slow", &["org-1", "org-2"], json!({}), TEN_MINUTES);
+    let (mut never_reads, status) = server.open_raw_stream_on(connected, &both).await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let (mut reader, _) = server
+        .subscribe(&token("fast", "org-1", json!({})), None, "")
+        .await;
+    server
+        .flood_until_a_slow_subscriber_is_dropped(&db, "org-1", Some(&mut reader))
+        .await;
+    // org-2's hub never dropped it; the stream ends all the same once it
+    // has written what it had queued.
+    read_until_closed(&mut never_reads).await;
+    server
+        .wait_for_metric("eventrelay_sse_connections", |open| open == 1.0)
+        .await;
 }
