@@ -88,8 +88,6 @@ pub struct ScopeLane {
     position: Option<ResumeCursor>,
     /// Whether the client must re-read this scope's state.
     resync: bool,
-    /// Taken out of the stream by an operator.
-    removed: bool,
 }
 
 impl ScopeLane {
@@ -99,8 +97,11 @@ impl ScopeLane {
             subscriber,
             position,
             resync,
-            removed: false,
         }
+    }
+
+    fn scope_key(&self) -> &str {
+        &self.subscriber.scope_key
     }
 }
 
@@ -113,13 +114,9 @@ pub struct SeveralScopes {
     pending: VecDeque<(usize, Replay)>,
     /// The lane whose replay runs now.
     replaying: usize,
-    /// How many senders the stream's queue has, one per hub of a scope
-    /// still carried. Fewer means a hub dropped the stream for reading too
-    /// slowly, and the stream must end, as a single scope's does when its
-    /// queue closes: the others' senders keep the queue open.
-    senders: usize,
-    /// The removed-scope bits already handled.
-    removed_seen: u64,
+    /// The lanes taken out of the stream (one bit each, by place), as far
+    /// as the stream has handled the operator's removals.
+    removed: u64,
     /// The compound `id:` text, kept to reuse its buffer.
     id: String,
 }
@@ -129,11 +126,10 @@ impl SeveralScopes {
     /// session holds); each other lane replays what `pending` gives it.
     pub fn new(lanes: Vec<ScopeLane>, pending: Vec<(usize, Replay)>) -> Self {
         SeveralScopes {
-            senders: lanes.len(),
             lanes,
             pending: pending.into(),
             replaying: 0,
-            removed_seen: 0,
+            removed: 0,
             id: String::new(),
         }
     }
@@ -149,7 +145,7 @@ impl SeveralScopes {
     /// taken out of the stream meanwhile is not read.
     pub fn next_replay(&mut self) -> Option<Replay> {
         while let Some((lane, replay)) = self.pending.pop_front() {
-            if !self.lanes[lane].removed {
+            if !self.is_removed(lane) {
                 self.replaying = lane;
                 return Some(replay);
             }
@@ -162,9 +158,16 @@ impl SeveralScopes {
         &self.lanes[self.replaying].subscriber
     }
 
-    /// See [`SeveralScopes::senders`].
+    /// How many senders the stream's queue should have: one per hub of a
+    /// scope still carried. Fewer means a hub dropped the stream for
+    /// reading too slowly, and the stream must end, as a single scope's
+    /// does when its queue closes: the others' senders keep the queue open.
     pub fn senders(&self) -> usize {
-        self.senders
+        self.lanes.len() - self.removed.count_ones() as usize
+    }
+
+    fn is_removed(&self, lane: usize) -> bool {
+        self.removed & (1 << lane) != 0
     }
 
     /// The `ready` frame: the scopes carried, and those to resync.
@@ -179,28 +182,28 @@ impl SeveralScopes {
     }
 
     fn carried(&self) -> impl Iterator<Item = &ScopeLane> {
-        self.lanes.iter().filter(|lane| !lane.removed)
+        (0..self.lanes.len())
+            .filter(|lane| !self.is_removed(*lane))
+            .map(|lane| &self.lanes[lane])
     }
 
     /// Whether `removed` (the stream's removed-scope bits) holds one not
     /// handled yet.
     pub fn removal_due(&self, removed: u64) -> bool {
-        removed & !self.removed_seen != 0
+        removed & !self.removed != 0
     }
 
     /// The next scope `removed` takes out that was not handled yet: marked
     /// removed, its events dropped from now on. Returns its key.
     pub fn take_removed(&mut self, removed: u64) -> Option<String> {
-        let new = removed & !self.removed_seen;
+        let new = removed & !self.removed;
         if new == 0 {
             return None;
         }
         let index = new.trailing_zeros() as usize;
-        self.removed_seen |= 1 << index;
-        let lane = self.lanes.get_mut(index)?;
-        lane.removed = true;
-        self.senders -= 1;
-        Some(lane.subscriber.scope_key.clone())
+        let lane = self.lanes.get(index)?;
+        self.removed |= 1 << index;
+        Some(lane.scope_key().to_owned())
     }
 
     /// `event`'s frame on this stream: a durable frame with the stream's
@@ -208,17 +211,17 @@ impl SeveralScopes {
     /// it; any other frame as it is. `None` for an event of a scope taken
     /// out of the stream.
     pub fn frame(&mut self, event: &EncodedEvent) -> Option<Bytes> {
-        let lane = self
+        let index = self
             .lanes
-            .iter_mut()
-            .find(|lane| lane.subscriber.scope_key == event.scope_key())?;
-        if lane.removed {
+            .iter()
+            .position(|lane| lane.scope_key() == event.scope_key())?;
+        if self.is_removed(index) {
             return None;
         }
         let Some((cursor, rest)) = event.frame_cursor() else {
             return Some(event.frame.clone());
         };
-        lane.position = Some(cursor);
+        self.lanes[index].position = Some(cursor);
         let positions = self
             .lanes
             .iter()
@@ -230,12 +233,6 @@ impl SeveralScopes {
         frame.extend_from_slice(b"\n");
         frame.extend_from_slice(rest);
         Some(frame.freeze())
-    }
-}
-
-impl ScopeLane {
-    fn scope_key(&self) -> &str {
-        &self.subscriber.scope_key
     }
 }
 

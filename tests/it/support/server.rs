@@ -362,25 +362,13 @@ pub fn token(subscriber: &str, scope: &str, grants: Value) -> String {
 }
 
 pub fn token_for(subscriber: &str, scope: &str, grants: Value, ttl: Duration) -> String {
-    mint_with(TEST_SECRET, subscriber, scope, grants, ttl)
+    mint_with(TEST_SECRET, subscriber, &[scope], grants, ttl)
 }
 
 /// A development token for the test secret granting several scopes (the
 /// scope claim an array).
 pub fn token_for_scopes(subscriber: &str, scopes: &[&str], grants: Value, ttl: Duration) -> String {
-    mint_token(
-        TEST_SECRET,
-        Algorithm::HS256,
-        &TokenSpec {
-            subscriber_id: subscriber.into(),
-            scope_key: scopes[0].into(),
-            more_scopes: scopes[1..].iter().map(|scope| scope.to_string()).collect(),
-            grants,
-            ttl,
-        },
-        &MintOptions::default(),
-    )
-    .unwrap()
+    mint_with(TEST_SECRET, subscriber, scopes, grants, ttl)
 }
 
 /// A token signed with `secret` instead of the test secret.
@@ -388,20 +376,27 @@ pub fn token_with_secret(secret: &str, subscriber: &str, scope: &str) -> String 
     mint_with(
         secret,
         subscriber,
-        scope,
+        &[scope],
         Value::Object(Default::default()),
         Duration::from_secs(600),
     )
 }
 
-fn mint_with(secret: &str, subscriber: &str, scope: &str, grants: Value, ttl: Duration) -> String {
+/// A token granting `scopes` (the first, and the rest as an array).
+fn mint_with(
+    secret: &str,
+    subscriber: &str,
+    scopes: &[&str],
+    grants: Value,
+    ttl: Duration,
+) -> String {
     mint_token(
         secret,
         Algorithm::HS256,
         &TokenSpec {
             subscriber_id: subscriber.into(),
-            scope_key: scope.into(),
-            more_scopes: Vec::new(),
+            scope_key: scopes[0].into(),
+            more_scopes: scopes[1..].iter().map(|scope| scope.to_string()).collect(),
             grants,
             ttl,
         },
