@@ -246,15 +246,18 @@ impl Registration {
     /// Counts the connection as it registers, so the gauge goes up exactly
     /// when the matching `Drop` will bring it down, however the stream ends
     /// (even before a session is built).
+    /// `scopes`: how many scopes the stream will subscribe to (sized
+    /// exactly: every idle stream keeps this list).
     pub fn new(
         relay: Counted<Addr<Relay>>,
         metrics: Arc<Metrics>,
         open: Option<tokio::sync::mpsc::Sender<()>>,
+        scopes: usize,
     ) -> Registration {
         metrics.connections.inc();
         Registration {
             relay,
-            subscriptions: Vec::new(),
+            subscriptions: Vec::with_capacity(scopes),
             metrics,
             _open: open,
             presence: Vec::new(),

@@ -163,6 +163,7 @@ pub async fn stream_events(
         state.relay.clone(),
         Arc::clone(&state.metrics),
         state.open_streams.hold(),
+        scopes.len(),
     );
     let mut opened = Vec::with_capacity(scopes.len());
     for ((scope, view), position) in scopes.iter().zip(&views).zip(positions) {
