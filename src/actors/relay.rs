@@ -227,37 +227,40 @@ impl Relay {
         let Some(scope) = self.scopes.get_mut(&msg.scope_key) else {
             return;
         };
-        match msg.result {
+        let failed = msg.result.is_err();
+        let batches = match msg.result {
             Ok(read) => {
                 // The last row of a read is as new as any it found.
                 let last = read.rows.len().saturating_sub(1);
                 remember_witnesses(&mut self.witnesses, &read.rows[last..]);
-                for batch in scope
+                scope
                     .state
                     .read_done(msg.plan, read.rows, read.end, PAGE as usize)
-                {
-                    scope.hub.publish_durable(PublishDurable {
-                        read_after: batch.read_after,
-                        events: batch.events,
-                        heard_at: None,
-                    });
-                }
             }
             Err(error) => {
-                scope.state.read_failed(msg.plan);
                 tracing::warn!(scope_key = %msg.scope_key, %error, "outbox read failed; retrying");
-                let scope_key = msg.scope_key.clone();
-                ctx.run_later(READ_RETRY, move |relay, ctx| {
-                    let retry = relay
-                        .scopes
-                        .get_mut(&scope_key)
-                        .and_then(|scope| scope.state.take_pending());
-                    if let Some(plan) = retry {
-                        relay.spawn_read(&scope_key, plan, ctx);
-                    }
-                });
-                return;
+                scope.state.read_failed(msg.plan, PAGE as usize)
             }
+        };
+        for batch in batches {
+            scope.hub.publish_durable(PublishDurable {
+                read_after: batch.read_after,
+                events: batch.events,
+                heard_at: None,
+            });
+        }
+        if failed {
+            let scope_key = msg.scope_key.clone();
+            ctx.run_later(READ_RETRY, move |relay, ctx| {
+                let retry = relay
+                    .scopes
+                    .get_mut(&scope_key)
+                    .and_then(|scope| scope.state.take_pending());
+                if let Some(plan) = retry {
+                    relay.spawn_read(&scope_key, plan, ctx);
+                }
+            });
+            return;
         }
         if let Some(next) = self
             .scopes
@@ -508,7 +511,7 @@ impl Handler<Decoded> for Relay {
 
 impl Relay {
     /// Hands each active scope its new rows. A scope whose read is running
-    /// leaves them to the read after it, which that read's end starts.
+    /// keeps them and hands them on when the read ends.
     fn decoded(&mut self, rows: Vec<StoredEvent>, heard_at: Instant) {
         remember_witnesses(&mut self.witnesses, &rows);
         let mut by_scope: HashMap<String, Vec<StoredEvent>> = HashMap::new();

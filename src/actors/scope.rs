@@ -40,6 +40,11 @@ const RECENT_MEMORY: usize = 4096;
 /// past this many (a transaction held open for minutes in a busy scope)
 /// the lowest seqs go first, and a re-read could hand one on again.
 const ABOVE_HORIZON_MEMORY: usize = 65_536;
+/// Rows heard while a read runs, kept to hand on when it ends. Past this
+/// many (a read that takes seconds in a busy scope) the rest go out as they
+/// are heard, ahead of what the read finds: out of seq order, but never
+/// lost, and the read's copies are dropped as already handed on.
+const HEARD_WHILE_READING_MEMORY: usize = 4096;
 
 /// The events a scope had when it was activated.
 pub struct History {
@@ -113,6 +118,15 @@ pub struct ScopeState {
     reading: bool,
     /// The read to start once the running one ends.
     pending: Option<Pending>,
+    /// Rows heard while a read runs, as heard (one entry per transaction
+    /// or notification), handed on after what the read finds. They are not
+    /// left to a later read: a commit can reach the replication stream
+    /// before it is visible to other sessions' snapshots, so a read started
+    /// at once may not see it, and a mark heard next would raise the
+    /// horizon past it. Empty whenever no read runs or carries on.
+    heard_while_reading: Vec<Vec<StoredEvent>>,
+    /// How many rows `heard_while_reading` holds.
+    heard_rows: usize,
     /// Rows handed on at or above the horizon: seq to txid.
     above_horizon: BTreeMap<i64, u64>,
     /// The newest seqs handed on, whatever their transaction.
@@ -132,6 +146,8 @@ impl ScopeState {
             history,
             reading: false,
             pending: Some(Pending::Whole),
+            heard_while_reading: Vec::new(),
+            heard_rows: 0,
             above_horizon: BTreeMap::new(),
             recent: BTreeSet::new(),
         }
@@ -191,8 +207,10 @@ impl ScopeState {
 
     /// Ends the running read, which failed: it stays owed, as the pending
     /// read, so no mark raises the horizon past what it was to find. The
-    /// caller starts it again later ([`ScopeState::take_pending`]).
-    pub fn read_failed(&mut self, plan: ReadPlan) {
+    /// caller starts it again later ([`ScopeState::take_pending`]). What
+    /// was heard while it ran goes out now, rather than waiting for the
+    /// retry; the retry drops it as already handed on.
+    pub fn read_failed(&mut self, plan: ReadPlan, batch: usize) -> Vec<Batch> {
         self.reading = false;
         let again = match plan.carries_on_from {
             Some(first_xmin) => Pending::CarryOn {
@@ -205,6 +223,7 @@ impl ScopeState {
             Some(Pending::Whole) => Pending::Whole,
             _ => again,
         });
+        self.hand_on_heard_while_reading(batch)
     }
 
     /// Ends the running read and returns what in `rows` is new, in batches
@@ -224,8 +243,14 @@ impl ScopeState {
                 // is in this read or was handed on before: the events go
                 // out under the raised horizon.
                 let raised = plan.carries_on_from.unwrap_or(first_xmin).max(self.horizon);
-                let batches = self.accept(plan.read_after, rows, batch, raised);
+                let mut batches = self.accept(plan.read_after, rows, batch, raised);
                 self.raise_horizon(raised);
+                // Then what was heard meanwhile and the read did not find
+                // (committed after its snapshot, or not yet visible to it).
+                // What it did find is dropped as handed on; a row below
+                // the raised horizon had finished before the read began,
+                // so the read found it.
+                batches.extend(self.hand_on_heard_while_reading(batch));
                 batches
             }
             ReadEnd::Stopped { after, first_xmin } => {
@@ -242,18 +267,34 @@ impl ScopeState {
 
     /// Committed rows that reached the relay with their notification (or
     /// from the replication stream), in commit order: what is new, as a
-    /// read would hand it on. While a read runs they are left to a whole
-    /// read after it instead (they have committed, so it finds them), which
-    /// keeps one scope's deliveries in the order reads give them.
+    /// read would hand it on. While a read runs they are kept and handed
+    /// on when it ends, after what it finds, which keeps one scope's
+    /// deliveries in the order reads give them.
     pub fn decoded(&mut self, rows: Vec<StoredEvent>, batch: usize) -> Vec<Batch> {
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        if self.reading && self.heard_rows + rows.len() <= HEARD_WHILE_READING_MEMORY {
+            self.heard_rows += rows.len();
+            self.heard_while_reading.push(rows);
+            return Vec::new();
+        }
+        self.hand_on_heard(rows, batch)
+    }
+
+    fn hand_on_heard_while_reading(&mut self, batch: usize) -> Vec<Batch> {
+        self.heard_rows = 0;
+        let mut batches = Vec::new();
+        for rows in std::mem::take(&mut self.heard_while_reading) {
+            batches.extend(self.hand_on_heard(rows, batch));
+        }
+        batches
+    }
+
+    fn hand_on_heard(&mut self, mut rows: Vec<StoredEvent>, batch: usize) -> Vec<Batch> {
         let Some(lowest) = rows.iter().filter_map(|row| row.envelope.seq).min() else {
             return Vec::new();
         };
-        if self.reading {
-            self.start(Pending::Whole);
-            return Vec::new();
-        }
-        let mut rows = rows;
         rows.sort_by_key(|row| row.envelope.seq);
         let read_after = self.watermark.min(lowest - 1).max(self.history.newest);
         self.accept(read_after, rows, batch, self.horizon)
@@ -562,10 +603,7 @@ mod tests {
         let mut state = activated_at(2_000);
         let plan = state.whole_read().unwrap();
         assert!(state.whole_read().is_none());
-        assert!(
-            state.decoded(rows(&[2_005]), 500).is_empty(),
-            "left to the next read"
-        );
+        assert!(state.whole_read().is_none());
         assert!(state.is_reading());
         state.read_done(
             plan,
@@ -589,10 +627,93 @@ mod tests {
     }
 
     #[test]
+    fn rows_heard_while_a_read_runs_go_out_after_it_even_when_it_did_not_see_them() {
+        // A commit reaches the replication stream before other sessions'
+        // snapshots see it: the read running misses seq 2_003 (its
+        // transaction, 210, still counts as running there), and a mark
+        // heard next says 210 has finished.
+        let mut state = activated_at(2_000);
+        let plan = state.whole_read().unwrap();
+        assert!(state.decoded(vec![row(2_002, 205)], 500).is_empty());
+        assert!(state.decoded(vec![row(2_003, 210)], 500).is_empty());
+        assert_eq!(
+            handed_on(&state.read_done(
+                plan,
+                vec![row(2_001, 200), row(2_002, 205)],
+                ReadEnd::Whole { first_xmin: 210 },
+                500
+            )),
+            vec![
+                (2_000, vec!["2001.210".into(), "2002.210".into()]),
+                (2_002, vec!["2003.210".into()]),
+            ],
+            "in seq order, each once"
+        );
+        assert!(state.take_pending().is_none(), "no read is owed for them");
+        state.horizon_heard(211);
+        assert_eq!(state.horizon(), 211);
+        assert!(
+            state.decoded(vec![row(2_003, 210)], 500).is_empty(),
+            "already handed on"
+        );
+    }
+
+    #[test]
+    fn past_the_memory_rows_heard_while_a_read_runs_go_out_at_once() {
+        let mut state = activated_at(0);
+        let plan = state.whole_read().unwrap();
+        let kept: Vec<i64> = (1..=HEARD_WHILE_READING_MEMORY as i64).collect();
+        assert!(state.decoded(rows(&kept), 500).is_empty());
+        let beyond = HEARD_WHILE_READING_MEMORY as i64 + 1;
+        assert_eq!(
+            handed_on(&state.decoded(rows(&[beyond]), 500)),
+            vec![(0, vec![format!("{beyond}.103")])]
+        );
+        let mut everything = kept.clone();
+        everything.push(beyond);
+        let found = state.read_done(
+            plan,
+            rows(&everything),
+            ReadEnd::Whole { first_xmin: 103 },
+            500,
+        );
+        let seqs: Vec<i64> = found
+            .iter()
+            .flat_map(|b| b.events.iter().filter_map(|e| e.seq()))
+            .collect();
+        assert_eq!(seqs, kept, "the one handed on early is not sent again");
+    }
+
+    #[test]
+    fn a_failed_read_hands_on_what_was_heard_while_it_ran() {
+        let mut state = activated_at(10);
+        let plan = state.whole_read().unwrap();
+        assert!(state.decoded(rows(&[12]), 500).is_empty());
+        assert_eq!(
+            handed_on(&state.read_failed(plan, 500)),
+            vec![(10, vec!["12.103".into()])]
+        );
+        assert!(
+            state.decoded(rows(&[13]), 500).len() == 1,
+            "no read runs until the retry"
+        );
+        let retry = state.take_pending().expect("still owed");
+        assert_eq!(
+            handed_on(&state.read_done(
+                retry,
+                rows(&[11, 12, 13]),
+                ReadEnd::Whole { first_xmin: 150 },
+                500
+            )),
+            vec![(13, vec!["11.150".into()])]
+        );
+    }
+
+    #[test]
     fn a_failed_read_stays_owed_and_holds_the_horizon_until_it_is_done() {
         let mut state = activated_at(10);
         let plan = state.whole_read().unwrap();
-        state.read_failed(plan);
+        assert!(state.read_failed(plan, 500).is_empty());
         assert!(!state.is_reading());
         state.horizon_heard(500);
         assert_eq!(

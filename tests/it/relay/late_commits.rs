@@ -8,6 +8,7 @@ use eventrelay::wire::{EventEnvelope, NewEvent};
 use serde_json::json;
 use tokio_postgres::Client;
 
+use crate::support::cluster::Cluster;
 use crate::support::freezer::{Freezer, postgres_addr};
 use crate::support::server::{SseStream, TestServer, token};
 use crate::support::{TestDb, eventually};
@@ -279,4 +280,82 @@ async fn a_late_commit_pruned_before_the_resume_makes_it_resync() {
     assert!(resync, "the late commit is gone: the client must re-read");
     assert!(resumed.replayed.is_empty());
     assert_eq!(server.metric(PRUNED).await, 1.0);
+}
+
+/// A commit reaches the replication stream once its WAL is flushed, which
+/// can be well before other sessions' snapshots see it: here a commit held
+/// waiting for a synchronous standby that never comes. Heard while the
+/// scope's first read (a long one: a transaction held open keeps the
+/// horizon below 20,000 rows) still runs, it must reach the stream when
+/// that read ends, not be left to a read that cannot see it yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_heard_during_a_read_before_it_is_visible_is_delivered() {
+    let cluster = Cluster::start_logical_and(
+        20,
+        20,
+        "-c synchronous_standby_names=eventrelay_never_there -c synchronous_commit=local",
+    )
+    .expect("Postgres server binaries");
+    let db = TestDb::logical_on(&cluster.url()).await;
+    let server = TestServer::start(&db, |_| {});
+    server.ready().await;
+
+    let mut long = db.connect().await;
+    let open = long.transaction().await.unwrap();
+    open.execute("SELECT pg_current_xact_id()", &[])
+        .await
+        .unwrap();
+    let filler = db.connect().await;
+    fill(&db, &filler, "org-x", 20_000).await;
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-x", json!({})), None, "")
+        .await;
+
+    let held = db.connect().await;
+    held.batch_execute("SET synchronous_commit = on")
+        .await
+        .unwrap();
+    let held_pid: i32 = held
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let publisher = db.publisher();
+    let committing = tokio::spawn(async move {
+        publisher
+            .emit(&held, NewEvent::durable("held", "org-x", json!({})))
+            .await
+            .unwrap()
+    });
+    let control = db.connect().await;
+    eventually("the commit waits for the standby", async || {
+        let waiting: bool = control
+            .query_one(
+                "SELECT wait_event IS NOT DISTINCT FROM 'SyncRep' FROM pg_stat_activity WHERE pid = $1",
+                &[&held_pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        waiting.then_some(())
+    })
+    .await;
+
+    let heard = stream.next_event().await;
+    assert_eq!(heard.event.as_deref(), Some("held"));
+    control
+        .execute("SELECT pg_cancel_backend($1)", &[&held_pid])
+        .await
+        .unwrap();
+    let held_event = committing.await.unwrap();
+    assert_eq!(heard.json()["id"], held_event.id.to_string());
+    open.rollback().await.unwrap();
+    let next = db
+        .emit(NewEvent::durable("after", "org-x", json!({})))
+        .await;
+    assert_eq!(
+        stream.next_event().await.json()["id"],
+        next.id.to_string(),
+        "the held event is not sent again"
+    );
 }
