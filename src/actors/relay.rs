@@ -24,7 +24,7 @@ use super::directory::HubDirectory;
 use super::encoded::EncodedEvent;
 use super::hub::{Attach, FrameSender, Hub, HubHandle, Joining, PublishDurable, PublishEphemeral};
 use super::mailbox::Counted;
-use super::scope::{History, ReadEnd, ReadPlan, ScopeState};
+use super::scope::{History, ReadEnd, ReadPlan, ScopeState, SnapshotBounds};
 use super::tail::Bound;
 use super::tail_budget::TailBudget;
 use crate::metrics::{ActorKind, Metrics};
@@ -392,7 +392,7 @@ async fn read_plan(
     let client = db.get().await?;
     let mut events = Vec::new();
     let mut bytes = 0;
-    let mut first_xmin = None;
+    let mut first = None;
     let mut window = Window {
         after: plan.after,
         since_txid: Some(plan.since_txid),
@@ -400,7 +400,10 @@ async fn read_plan(
     };
     loop {
         let page = outbox.read_window(&client, scope_key, window, PAGE).await?;
-        let first_xmin = *first_xmin.get_or_insert(page.snapshot_xmin);
+        let first = *first.get_or_insert(SnapshotBounds {
+            xmin: page.snapshot_xmin,
+            xmax: page.snapshot_xmax,
+        });
         let done = (page.returned as i64) < PAGE;
         if let Some(last) = page.last_seq {
             window.after = last;
@@ -410,7 +413,7 @@ async fn read_plan(
         if done {
             return Ok(ReadRows {
                 rows: events,
-                end: ReadEnd::Whole { first_xmin },
+                end: ReadEnd::Whole { first },
             });
         }
         if events.len() >= READ_MAX_ROWS || bytes >= READ_MAX_BYTES {
@@ -418,7 +421,7 @@ async fn read_plan(
                 rows: events,
                 end: ReadEnd::Stopped {
                     after: window.after,
-                    first_xmin,
+                    first,
                 },
             });
         }
@@ -662,10 +665,16 @@ pub struct HorizonHeard {
 impl Handler<HorizonHeard> for Relay {
     type Result = ();
 
-    fn handle(&mut self, msg: HorizonHeard, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: HorizonHeard, ctx: &mut Context<Self>) {
         let _handling = self.metrics.actor(ActorKind::Relay).handling();
-        for scope in self.scopes.values_mut() {
-            scope.state.horizon_heard(msg.xmin);
+        let mut owed = Vec::new();
+        for (scope_key, scope) in &mut self.scopes {
+            if let Some(plan) = scope.state.horizon_heard(msg.xmin) {
+                owed.push((scope_key.clone(), plan));
+            }
+        }
+        for (scope_key, plan) in owed {
+            self.spawn_read(&scope_key, plan, ctx);
         }
     }
 }

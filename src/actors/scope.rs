@@ -74,19 +74,34 @@ pub struct ReadPlan {
     /// Where the tail may claim the read's rows follow on from.
     read_after: i64,
     /// For a read that carries on one that stopped at its bound: the
-    /// snapshot xmin of that read's first page, which the horizon rises
-    /// to once the whole read is done.
-    carries_on_from: Option<u64>,
+    /// snapshot of that read's first page, whose xmin the horizon rises to
+    /// once the whole read is done.
+    carries_on_from: Option<SnapshotBounds>,
+}
+
+/// The bounds of the snapshot a read's first page was read in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotBounds {
+    /// The oldest transaction still running (`xmax` when none was).
+    pub xmin: u64,
+    /// The first transaction id not yet assigned.
+    pub xmax: u64,
+}
+
+impl SnapshotBounds {
+    /// Whether some transaction was still running.
+    fn had_running(&self) -> bool {
+        self.xmin < self.xmax
+    }
 }
 
 /// How a read ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadEnd {
-    /// Every matching row was read; `first_xmin` is the snapshot xmin of
-    /// the read's first page.
-    Whole { first_xmin: u64 },
+    /// Every matching row was read.
+    Whole { first: SnapshotBounds },
     /// The read stopped at its bound after seq `after`, with rows left.
-    Stopped { after: i64, first_xmin: u64 },
+    Stopped { after: i64, first: SnapshotBounds },
 }
 
 /// A read asked for while another ran.
@@ -95,7 +110,27 @@ enum Pending {
     /// Everything at or above the horizon, from the start.
     Whole,
     /// The rest of a read that stopped at its bound.
-    CarryOn { after: i64, first_xmin: u64 },
+    CarryOn { after: i64, first: SnapshotBounds },
+}
+
+/// Whether the scope owes one more whole read for what was heard before it
+/// was active here. A row heard while the scope had no subscriber on this
+/// relay is dropped, and a commit is heard on the replication stream a
+/// moment before other sessions' snapshots see it (longer when it waits
+/// for a synchronous standby): such a row is neither history (the join's
+/// snapshot did not see it) nor found by the scope's first read. Its
+/// transaction was still running in that read's snapshot, so once a mark
+/// shows every such transaction finished, one more read finds it; until
+/// then no mark raises the horizon past it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recheck {
+    /// The first read has not ended yet.
+    FirstRead,
+    /// Transactions were running at the first read: read again at the
+    /// first mark whose xmin is at least `after` (that read's xmax).
+    Once { after: u64 },
+    /// Nothing is owed.
+    Settled,
 }
 
 /// Events new to the hub, in seq order, that follow on from `read_after`.
@@ -118,6 +153,8 @@ pub struct ScopeState {
     reading: bool,
     /// The read to start once the running one ends.
     pending: Option<Pending>,
+    /// Whether a second read is owed for rows heard before activation.
+    recheck: Recheck,
     /// Rows heard while a read runs, as heard (one entry per transaction
     /// or notification), handed on after what the read finds. They are not
     /// left to a later read: a commit can reach the replication stream
@@ -146,6 +183,7 @@ impl ScopeState {
             history,
             reading: false,
             pending: Some(Pending::Whole),
+            recheck: Recheck::FirstRead,
             heard_while_reading: Vec::new(),
             heard_rows: 0,
             above_horizon: BTreeMap::new(),
@@ -196,11 +234,11 @@ impl ScopeState {
                 read_after: self.watermark.max(self.history.newest),
                 carries_on_from: None,
             },
-            Pending::CarryOn { after, first_xmin } => ReadPlan {
+            Pending::CarryOn { after, first } => ReadPlan {
                 since_txid: self.horizon,
                 after,
                 read_after: after.max(self.history.newest),
-                carries_on_from: Some(first_xmin),
+                carries_on_from: Some(first),
             },
         })
     }
@@ -213,9 +251,9 @@ impl ScopeState {
     pub fn read_failed(&mut self, plan: ReadPlan, batch: usize) -> Vec<Batch> {
         self.reading = false;
         let again = match plan.carries_on_from {
-            Some(first_xmin) => Pending::CarryOn {
+            Some(first) => Pending::CarryOn {
                 after: plan.after,
-                first_xmin,
+                first,
             },
             None => Pending::Whole,
         };
@@ -237,12 +275,14 @@ impl ScopeState {
     ) -> Vec<Batch> {
         self.reading = false;
         match end {
-            ReadEnd::Whole { first_xmin } => {
+            ReadEnd::Whole { first } => {
                 // Every transaction below the first page's xmin had
                 // finished before the read began, so each row it wrote here
                 // is in this read or was handed on before: the events go
                 // out under the raised horizon.
-                let raised = plan.carries_on_from.unwrap_or(first_xmin).max(self.horizon);
+                let first = plan.carries_on_from.unwrap_or(first);
+                self.settle_recheck(first);
+                let raised = first.xmin.max(self.horizon);
                 let mut batches = self.accept(plan.read_after, rows, batch, raised);
                 self.raise_horizon(raised);
                 // Then what was heard meanwhile and the read did not find
@@ -253,9 +293,9 @@ impl ScopeState {
                 batches.extend(self.hand_on_heard_while_reading(batch));
                 batches
             }
-            ReadEnd::Stopped { after, first_xmin } => {
-                let first_xmin = plan.carries_on_from.unwrap_or(first_xmin);
-                let carry_on = Pending::CarryOn { after, first_xmin };
+            ReadEnd::Stopped { after, first } => {
+                let first = plan.carries_on_from.unwrap_or(first);
+                let carry_on = Pending::CarryOn { after, first };
                 self.pending = Some(match self.pending {
                     Some(Pending::Whole) => Pending::Whole,
                     _ => carry_on,
@@ -303,10 +343,40 @@ impl ScopeState {
     /// A horizon mark: every transaction below `xmin` had finished when it
     /// was sent, and everything they announced was heard before it. With
     /// no read outstanding, all of that has been handed on.
-    pub fn horizon_heard(&mut self, xmin: u64) {
-        if !self.reading && self.pending.is_none() && xmin > self.horizon {
-            self.raise_horizon(xmin);
+    ///
+    /// Returns the read to start instead, once: the first mark after the
+    /// transactions running at the scope's first read have all finished
+    /// (see [`Recheck`]).
+    pub fn horizon_heard(&mut self, xmin: u64) -> Option<ReadPlan> {
+        if self.reading || self.pending.is_some() {
+            return None;
         }
+        match self.recheck {
+            Recheck::FirstRead => None,
+            Recheck::Once { after } if xmin < after => None,
+            Recheck::Once { .. } => {
+                self.recheck = Recheck::Settled;
+                self.start(Pending::Whole)
+            }
+            Recheck::Settled => {
+                if xmin > self.horizon {
+                    self.raise_horizon(xmin);
+                }
+                None
+            }
+        }
+    }
+
+    /// After a whole read whose first page was read in `first`: the first
+    /// one decides whether a second is owed; a later one that began after
+    /// every transaction the first saw running had finished is that second.
+    fn settle_recheck(&mut self, first: SnapshotBounds) {
+        self.recheck = match self.recheck {
+            Recheck::FirstRead if first.had_running() => Recheck::Once { after: first.xmax },
+            Recheck::FirstRead => Recheck::Settled,
+            Recheck::Once { after } if first.xmin >= after => Recheck::Settled,
+            unchanged => unchanged,
+        };
     }
 
     /// The read asked for while the last one ran, to start once it ended.
@@ -379,7 +449,7 @@ mod tests {
             newest,
         ));
         let first = state.take_pending().expect("a new scope reads first");
-        state.read_done(first, Vec::new(), ReadEnd::Whole { first_xmin: 103 }, 500);
+        state.read_done(first, Vec::new(), ReadEnd::Whole { first: idle(103) }, 500);
         state
     }
 
@@ -402,12 +472,17 @@ mod tests {
         let found = state.read_done(
             first,
             vec![row(6, 104)],
-            ReadEnd::Whole { first_xmin: 400 },
+            ReadEnd::Whole { first: idle(400) },
             500,
         );
         assert_eq!(handed_on(&found), vec![(5, vec!["6.400".into()])]);
         state.horizon_heard(500);
         assert_eq!(state.horizon(), 500);
+    }
+
+    /// A first page's snapshot with no transaction running.
+    fn idle(xmin: u64) -> SnapshotBounds {
+        SnapshotBounds { xmin, xmax: xmin }
     }
 
     fn row(seq: i64, txid: u64) -> StoredEvent {
@@ -450,7 +525,7 @@ mod tests {
         let plan = state.whole_read().expect("no read was running");
         assert_eq!(plan.since_txid, state.horizon(), "reads from the horizon");
         assert_eq!(plan.after, 0, "whatever the seq");
-        handed_on(&state.read_done(plan, rows, ReadEnd::Whole { first_xmin: xmin }, 500))
+        handed_on(&state.read_done(plan, rows, ReadEnd::Whole { first: idle(xmin) }, 500))
     }
 
     #[test]
@@ -528,7 +603,7 @@ mod tests {
             "a read may still hand on rows below 130"
         );
         assert!(state.whole_read().is_none(), "one read at a time");
-        state.read_done(plan, Vec::new(), ReadEnd::Whole { first_xmin: 125 }, 500);
+        state.read_done(plan, Vec::new(), ReadEnd::Whole { first: idle(125) }, 500);
         assert_eq!(state.horizon(), 125, "the read's own snapshot");
         state.horizon_heard(140);
         assert_eq!(
@@ -538,7 +613,7 @@ mod tests {
         );
         let next = state.take_pending().unwrap();
         assert_eq!(next.since_txid, 125);
-        state.read_done(next, Vec::new(), ReadEnd::Whole { first_xmin: 135 }, 500);
+        state.read_done(next, Vec::new(), ReadEnd::Whole { first: idle(135) }, 500);
         state.horizon_heard(140);
         assert_eq!(state.horizon(), 140);
     }
@@ -552,7 +627,7 @@ mod tests {
             rows(&[11, 12]),
             ReadEnd::Stopped {
                 after: 12,
-                first_xmin: 150,
+                first: idle(150),
             },
             500,
         );
@@ -564,7 +639,7 @@ mod tests {
         assert_eq!(state.horizon(), 103);
         let rest = state.take_pending().expect("the rest follows");
         assert_eq!((rest.after, rest.since_txid), (12, 103));
-        let second = state.read_done(rest, rows(&[13]), ReadEnd::Whole { first_xmin: 170 }, 500);
+        let second = state.read_done(rest, rows(&[13]), ReadEnd::Whole { first: idle(170) }, 500);
         assert_eq!(handed_on(&second), vec![(12, vec!["13.150".into()])]);
         assert_eq!(
             state.horizon(),
@@ -608,7 +683,7 @@ mod tests {
         state.read_done(
             plan,
             rows(&[2_001]),
-            ReadEnd::Whole { first_xmin: 103 },
+            ReadEnd::Whole { first: idle(103) },
             500,
         );
         assert!(!state.is_reading());
@@ -619,7 +694,7 @@ mod tests {
             handed_on(&state.read_done(
                 next,
                 rows(&[2_001, 2_005]),
-                ReadEnd::Whole { first_xmin: 103 },
+                ReadEnd::Whole { first: idle(103) },
                 500
             )),
             vec![(2_001, vec!["2005.103".into()])]
@@ -640,7 +715,7 @@ mod tests {
             handed_on(&state.read_done(
                 plan,
                 vec![row(2_001, 200), row(2_002, 205)],
-                ReadEnd::Whole { first_xmin: 210 },
+                ReadEnd::Whole { first: idle(210) },
                 500
             )),
             vec![
@@ -656,6 +731,67 @@ mod tests {
             state.decoded(vec![row(2_003, 210)], 500).is_empty(),
             "already handed on"
         );
+    }
+
+    /// A scope whose first read found nothing while transaction 107 (on
+    /// the stream before anyone here followed the scope, so its row was
+    /// dropped) was still running in the snapshots of the join and of the
+    /// read.
+    fn first_read_with_107_running() -> ScopeState {
+        let mut state = ScopeState::new(History::new(
+            Arc::new(Snapshot::parse("103:110:103,107").unwrap()),
+            5,
+        ));
+        let first = state.take_pending().unwrap();
+        let running = SnapshotBounds {
+            xmin: 107,
+            xmax: 110,
+        };
+        state.read_done(first, Vec::new(), ReadEnd::Whole { first: running }, 500);
+        state
+    }
+
+    #[test]
+    fn a_row_heard_before_activation_and_not_yet_visible_is_found_by_one_more_read() {
+        let mut state = first_read_with_107_running();
+        assert_eq!(state.horizon(), 107);
+        assert!(state.horizon_heard(109).is_none());
+        assert_eq!(
+            state.horizon(),
+            107,
+            "not past what that read could not see"
+        );
+        let again = state.horizon_heard(110).expect("one more read");
+        assert_eq!((again.since_txid, again.after), (107, 0));
+        assert_eq!(
+            handed_on(&state.read_done(
+                again,
+                vec![row(6, 107)],
+                ReadEnd::Whole { first: idle(111) },
+                500
+            )),
+            vec![(5, vec!["6.111".into()])]
+        );
+        assert!(state.horizon_heard(200).is_none(), "owed once");
+        assert_eq!(state.horizon(), 200);
+    }
+
+    #[test]
+    fn a_later_read_begun_after_those_transactions_ended_settles_the_recheck() {
+        let mut state = activated_at(5);
+        let mut fresh = first_read_with_107_running();
+        let reconnect = fresh.whole_read().unwrap();
+        fresh.read_done(
+            reconnect,
+            Vec::new(),
+            ReadEnd::Whole { first: idle(112) },
+            500,
+        );
+        assert!(fresh.horizon_heard(300).is_none(), "nothing owed");
+        assert_eq!(fresh.horizon(), 300);
+        // A scope whose first read saw nothing running owes nothing either.
+        assert!(state.horizon_heard(300).is_none());
+        assert_eq!(state.horizon(), 300);
     }
 
     #[test]
@@ -674,7 +810,7 @@ mod tests {
         let found = state.read_done(
             plan,
             rows(&everything),
-            ReadEnd::Whole { first_xmin: 103 },
+            ReadEnd::Whole { first: idle(103) },
             500,
         );
         let seqs: Vec<i64> = found
@@ -702,7 +838,7 @@ mod tests {
             handed_on(&state.read_done(
                 retry,
                 rows(&[11, 12, 13]),
-                ReadEnd::Whole { first_xmin: 150 },
+                ReadEnd::Whole { first: idle(150) },
                 500
             )),
             vec![(13, vec!["11.150".into()])]
@@ -724,9 +860,9 @@ mod tests {
         let retry = state.take_pending().unwrap();
         assert_eq!(retry, plan);
         assert!(state.whole_read().is_none(), "one read at a time");
-        state.read_done(retry, rows(&[11]), ReadEnd::Whole { first_xmin: 150 }, 500);
+        state.read_done(retry, rows(&[11]), ReadEnd::Whole { first: idle(150) }, 500);
         let next = state.take_pending().expect("the read asked for meanwhile");
-        state.read_done(next, Vec::new(), ReadEnd::Whole { first_xmin: 160 }, 500);
+        state.read_done(next, Vec::new(), ReadEnd::Whole { first: idle(160) }, 500);
         state.horizon_heard(500);
         assert_eq!(state.horizon(), 500);
     }
@@ -738,7 +874,7 @@ mod tests {
         let batches = state.read_done(
             plan,
             rows(&[11, 12, 13, 14, 15]),
-            ReadEnd::Whole { first_xmin: 103 },
+            ReadEnd::Whole { first: idle(103) },
             2,
         );
         let after: Vec<i64> = batches.iter().map(|b| b.read_after).collect();

@@ -83,6 +83,8 @@ pub struct WindowPage {
     /// transaction below it had finished, so every row it wrote that
     /// matches the window is on this page or the pages around it.
     pub snapshot_xmin: u64,
+    /// The first transaction id not yet assigned when the page was read.
+    pub snapshot_xmax: u64,
 }
 
 /// Rows deleted per statement when pruning, so a large backlog never holds
@@ -127,8 +129,9 @@ impl Outbox {
             // optional bound is folded away by the planner when null, so a
             // read since a txid takes the (scope_key, txid) index.
             window_sql: format!(
-                "WITH taken AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS snapshot_xmin)
-                 SELECT taken.snapshot_xmin, o.*
+                "WITH taken AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS snapshot_xmin,
+                                        pg_snapshot_xmax(pg_current_snapshot())::text AS snapshot_xmax)
+                 SELECT taken.snapshot_xmin, taken.snapshot_xmax, o.*
                  FROM taken LEFT JOIN LATERAL (
                      SELECT seq, id, type, scope_key, data, audience, resources, occurred_at, traceparent,
                             txid::text AS txid, pg_column_size(data) AS data_bytes
@@ -254,10 +257,14 @@ impl Outbox {
             )
             .await?;
         let first = rows.first().ok_or(StoreError::NoRow("an outbox window"))?;
-        let xmin: String = first.get("snapshot_xmin");
-        let snapshot_xmin = xmin
-            .parse()
-            .map_err(|_| StoreError::NoRow("a readable snapshot xmin"))?;
+        let bound = |column: &str| {
+            first
+                .get::<_, String>(column)
+                .parse::<u64>()
+                .map_err(|_| StoreError::NoRow("a readable snapshot bound"))
+        };
+        let snapshot_xmin = bound("snapshot_xmin")?;
+        let snapshot_xmax = bound("snapshot_xmax")?;
         let found: Vec<&Row> = rows
             .iter()
             .filter(|row| row.get::<_, Option<i64>>("seq").is_some())
@@ -271,6 +278,7 @@ impl Outbox {
                 .sum(),
             rows: found.into_iter().filter_map(stored_from_row).collect(),
             snapshot_xmin,
+            snapshot_xmax,
         })
     }
 

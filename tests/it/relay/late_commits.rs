@@ -282,14 +282,11 @@ async fn a_late_commit_pruned_before_the_resume_makes_it_resync() {
     assert_eq!(server.metric(PRUNED).await, 1.0);
 }
 
-/// A commit reaches the replication stream once its WAL is flushed, which
-/// can be well before other sessions' snapshots see it: here a commit held
-/// waiting for a synchronous standby that never comes. Heard while the
-/// scope's first read (a long one: a transaction held open keeps the
-/// horizon below 20,000 rows) still runs, it must reach the stream when
-/// that read ends, not be left to a read that cannot see it yet.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_heard_during_a_read_before_it_is_visible_is_delivered() {
+/// A relay on a throwaway logical cluster where a commit can be held on
+/// the replication stream but out of every snapshot: its
+/// `synchronous_standby_names` names a standby that never connects, and
+/// only a session that asks for `synchronous_commit = on` waits for it.
+async fn relay_with_a_standby_that_never_comes() -> (Cluster, TestDb, TestServer) {
     let cluster = Cluster::start_logical_and(
         20,
         20,
@@ -299,7 +296,68 @@ async fn a_commit_heard_during_a_read_before_it_is_visible_is_delivered() {
     let db = TestDb::logical_on(&cluster.url()).await;
     let server = TestServer::start(&db, |_| {});
     server.ready().await;
+    (cluster, db, server)
+}
 
+/// An event whose commit is flushed, and so on the replication stream, but
+/// waits for the standby: no other session sees it until it is released.
+struct HeldCommit {
+    pid: i32,
+    control: Client,
+    committing: tokio::task::JoinHandle<EventEnvelope>,
+}
+
+impl HeldCommit {
+    async fn emit(db: &TestDb, event: NewEvent) -> HeldCommit {
+        let held = db.connect().await;
+        held.batch_execute("SET synchronous_commit = on")
+            .await
+            .unwrap();
+        let pid: i32 = held
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let publisher = db.publisher();
+        let committing = tokio::spawn(async move { publisher.emit(&held, event).await.unwrap() });
+        let control = db.connect().await;
+        eventually("the commit waits for the standby", async || {
+            let waiting: bool = control
+                .query_one(
+                    "SELECT wait_event IS NOT DISTINCT FROM 'SyncRep' \
+                     FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            waiting.then_some(())
+        })
+        .await;
+        HeldCommit {
+            pid,
+            control,
+            committing,
+        }
+    }
+
+    /// Stops the wait: the commit, already durable here, becomes visible.
+    async fn release(self) -> EventEnvelope {
+        self.control
+            .execute("SELECT pg_cancel_backend($1)", &[&self.pid])
+            .await
+            .unwrap();
+        self.committing.await.unwrap()
+    }
+}
+
+/// A commit heard while a scope's first read (a long one: a transaction
+/// held open keeps it at 20,000 rows) still runs, and not visible to that
+/// read, reaches the stream when the read ends: it is not left to a read
+/// that cannot see it yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_heard_during_a_read_before_it_is_visible_is_delivered() {
+    let (_cluster, db, server) = relay_with_a_standby_that_never_comes().await;
     let mut long = db.connect().await;
     let open = long.transaction().await.unwrap();
     open.execute("SELECT pg_current_xact_id()", &[])
@@ -311,43 +369,10 @@ async fn a_commit_heard_during_a_read_before_it_is_visible_is_delivered() {
         .subscribe(&token("alice", "org-x", json!({})), None, "")
         .await;
 
-    let held = db.connect().await;
-    held.batch_execute("SET synchronous_commit = on")
-        .await
-        .unwrap();
-    let held_pid: i32 = held
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let publisher = db.publisher();
-    let committing = tokio::spawn(async move {
-        publisher
-            .emit(&held, NewEvent::durable("held", "org-x", json!({})))
-            .await
-            .unwrap()
-    });
-    let control = db.connect().await;
-    eventually("the commit waits for the standby", async || {
-        let waiting: bool = control
-            .query_one(
-                "SELECT wait_event IS NOT DISTINCT FROM 'SyncRep' FROM pg_stat_activity WHERE pid = $1",
-                &[&held_pid],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        waiting.then_some(())
-    })
-    .await;
-
+    let held = HeldCommit::emit(&db, NewEvent::durable("held", "org-x", json!({}))).await;
     let heard = stream.next_event().await;
     assert_eq!(heard.event.as_deref(), Some("held"));
-    control
-        .execute("SELECT pg_cancel_backend($1)", &[&held_pid])
-        .await
-        .unwrap();
-    let held_event = committing.await.unwrap();
+    let held_event = held.release().await;
     assert_eq!(heard.json()["id"], held_event.id.to_string());
     open.rollback().await.unwrap();
     let next = db
@@ -358,4 +383,43 @@ async fn a_commit_heard_during_a_read_before_it_is_visible_is_delivered() {
         next.id.to_string(),
         "the held event is not sent again"
     );
+}
+
+/// A commit heard while nobody on the relay followed its scope (so it was
+/// dropped), still out of every snapshot when the scope's first subscriber
+/// joins and its first read runs, reaches that subscriber once it becomes
+/// visible: by the join's snapshot it committed after the join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_heard_before_its_scope_was_followed_and_visible_after_is_delivered() {
+    let (_cluster, db, server) = relay_with_a_standby_that_never_comes().await;
+    let (mut watcher, _) = server
+        .subscribe(&token("watcher", "org-w", json!({})), None, "")
+        .await;
+    let held = HeldCommit::emit(&db, NewEvent::durable("held", "org-z", json!({}))).await;
+    // Heard in commit order: once this one is, the held one was too.
+    let marker = db
+        .emit(NewEvent::durable("marker", "org-w", json!({})))
+        .await;
+    assert_eq!(
+        watcher.next_event().await.json()["id"],
+        marker.id.to_string()
+    );
+
+    let (mut stream, _) = server
+        .subscribe(&token("alice", "org-z", json!({})), None, "")
+        .await;
+    let held_event = held.release().await;
+    let next = db
+        .emit(NewEvent::durable("after", "org-z", json!({})))
+        .await;
+    let mut received: Vec<String> = stream
+        .events(2)
+        .await
+        .iter()
+        .map(|frame| frame.json()["id"].as_str().unwrap().to_owned())
+        .collect();
+    received.sort();
+    let mut expected = vec![held_event.id.to_string(), next.id.to_string()];
+    expected.sort();
+    assert_eq!(received, expected, "each once");
 }
