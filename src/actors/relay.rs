@@ -80,6 +80,9 @@ pub struct Relay {
     owed_reads: Vec<(String, ReadPlan)>,
     /// History checks that failed in a row since the last that answered.
     failed_checks: u32,
+    /// Whether rows can be heard before they are visible (the replication
+    /// stream): each scope's first read may then owe a second.
+    heard_before_visible: bool,
     /// Dropped with the relay once it has stopped: shutdown waits for that.
     _running: tokio::sync::mpsc::Sender<()>,
 }
@@ -119,8 +122,17 @@ impl Relay {
             witnesses: VecDeque::with_capacity(WITNESSES),
             owed_reads: Vec::new(),
             failed_checks: 0,
+            heard_before_visible: false,
             _running: running,
         }
+    }
+
+    /// Rows reach this relay on the replication stream, where a commit can
+    /// arrive before other sessions' snapshots see it (the logical wake-up
+    /// mode); see [`ScopeState::new`].
+    pub fn hearing_before_visible(mut self, heard_before_visible: bool) -> Self {
+        self.heard_before_visible = heard_before_visible;
+        self
     }
 
     /// The scope's state, activating it if needed, and for a new scope
@@ -149,10 +161,10 @@ impl Relay {
                 let scope = entry.insert(ActiveScope {
                     hub,
                     sessions: std::collections::HashSet::new(),
-                    state: ScopeState::new(History::new(
-                        Arc::clone(&joined.snapshot),
-                        joined.scope_newest,
-                    )),
+                    state: ScopeState::new(
+                        History::new(Arc::clone(&joined.snapshot), joined.scope_newest),
+                        self.heard_before_visible,
+                    ),
                 });
                 let first_read = scope.state.take_pending();
                 (scope, first_read)

@@ -176,14 +176,22 @@ impl ScopeState {
     /// while nobody here listened, and only a whole read finds them. Until
     /// it is done no mark raises the horizon. The caller starts it at once
     /// ([`ScopeState::take_pending`]).
-    pub fn new(history: History) -> Self {
+    ///
+    /// `heard_before_visible`: whether rows can reach the relay before
+    /// other sessions' snapshots see them (the replication stream; a
+    /// notification is only delivered once its transaction is visible),
+    /// in which case the first read may owe a second ([`Recheck`]).
+    pub fn new(history: History, heard_before_visible: bool) -> Self {
         ScopeState {
             watermark: history.newest,
             horizon: history.snapshot.xmin(),
             history,
             reading: false,
             pending: Some(Pending::Whole),
-            recheck: Recheck::FirstRead,
+            recheck: match heard_before_visible {
+                true => Recheck::FirstRead,
+                false => Recheck::Settled,
+            },
             heard_while_reading: Vec::new(),
             heard_rows: 0,
             above_horizon: BTreeMap::new(),
@@ -444,10 +452,10 @@ mod tests {
     /// by transaction 103, which was still running: the horizon starts at
     /// 103. The first read found nothing new.
     fn activated_at(newest: i64) -> ScopeState {
-        let mut state = ScopeState::new(History::new(
-            Arc::new(Snapshot::parse("103:106:103").unwrap()),
-            newest,
-        ));
+        let mut state = ScopeState::new(
+            History::new(Arc::new(Snapshot::parse("103:106:103").unwrap()), newest),
+            true,
+        );
         let first = state.take_pending().expect("a new scope reads first");
         state.read_done(first, Vec::new(), ReadEnd::Whole { first: idle(103) }, 500);
         state
@@ -455,10 +463,10 @@ mod tests {
 
     #[test]
     fn a_new_scope_reads_first_and_takes_no_mark_until_then() {
-        let mut state = ScopeState::new(History::new(
-            Arc::new(Snapshot::parse("103:106:103").unwrap()),
-            5,
-        ));
+        let mut state = ScopeState::new(
+            History::new(Arc::new(Snapshot::parse("103:106:103").unwrap()), 5),
+            true,
+        );
         state.horizon_heard(500);
         assert_eq!(
             state.horizon(),
@@ -736,12 +744,12 @@ mod tests {
     /// A scope whose first read found nothing while transaction 107 (on
     /// the stream before anyone here followed the scope, so its row was
     /// dropped) was still running in the snapshots of the join and of the
-    /// read.
-    fn first_read_with_107_running() -> ScopeState {
-        let mut state = ScopeState::new(History::new(
-            Arc::new(Snapshot::parse("103:110:103,107").unwrap()),
-            5,
-        ));
+    /// read; heard on the replication stream, or as a notification.
+    fn first_read_with_107_running(heard_before_visible: bool) -> ScopeState {
+        let mut state = ScopeState::new(
+            History::new(Arc::new(Snapshot::parse("103:110:103,107").unwrap()), 5),
+            heard_before_visible,
+        );
         let first = state.take_pending().unwrap();
         let running = SnapshotBounds {
             xmin: 107,
@@ -753,7 +761,7 @@ mod tests {
 
     #[test]
     fn a_row_heard_before_activation_and_not_yet_visible_is_found_by_one_more_read() {
-        let mut state = first_read_with_107_running();
+        let mut state = first_read_with_107_running(true);
         assert_eq!(state.horizon(), 107);
         assert!(state.horizon_heard(109).is_none());
         assert_eq!(
@@ -779,7 +787,7 @@ mod tests {
     #[test]
     fn a_later_read_begun_after_those_transactions_ended_settles_the_recheck() {
         let mut state = activated_at(5);
-        let mut fresh = first_read_with_107_running();
+        let mut fresh = first_read_with_107_running(true);
         let reconnect = fresh.whole_read().unwrap();
         fresh.read_done(
             reconnect,
@@ -792,6 +800,11 @@ mod tests {
         // A scope whose first read saw nothing running owes nothing either.
         assert!(state.horizon_heard(300).is_none());
         assert_eq!(state.horizon(), 300);
+        // Nor one fed by notifications: a notification arrives only once
+        // its transaction is visible, so the join's snapshot saw 107.
+        let mut notified = first_read_with_107_running(false);
+        assert!(notified.horizon_heard(300).is_none());
+        assert_eq!(notified.horizon(), 300);
     }
 
     #[test]

@@ -193,6 +193,11 @@ pub async fn run_with(
         hubs.clone(),
     );
     let presence_task = presence_task.map(actix::spawn);
+    // The embedded database only ever notifies.
+    let wakeup = match backend.notifications {
+        NotificationSource::Logical(_) => WakeupMode::Logical,
+        _ => WakeupMode::Notify,
+    };
     let relay = Relay::new(
         db.clone(),
         outbox.clone(),
@@ -206,13 +211,9 @@ pub async fn run_with(
         hubs.clone(),
         actors_running.clone(),
     )
+    .hearing_before_visible(wakeup == WakeupMode::Logical)
     .start();
     let relay = Counted::new(relay, metrics.actor(ActorKind::Relay).clone());
-    // The embedded database only ever notifies.
-    let wakeup = match backend.notifications {
-        NotificationSource::Logical(_) => WakeupMode::Logical,
-        _ => WakeupMode::Notify,
-    };
     let listener_actor = Listener::new(
         backend.notifications,
         HorizonMarks {
